@@ -1,0 +1,63 @@
+// Blocks and segments: the bookkeeping units of the caching allocator.
+//
+// A Segment is one backend allocation. It is cut into a doubly linked list of
+// Blocks that tile it exactly. Internal to allocator/; guarded by the owning
+// DeviceAllocator's mutex.
+#ifndef CMA_ALLOCATOR_BLOCK_H_
+#define CMA_ALLOCATOR_BLOCK_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <tuple>
+
+#include "absl/container/btree_set.h"
+#include "absl/container/inlined_vector.h"
+#include "backends/backend.h"
+#include "policy/size_policy.h"
+
+namespace cma {
+
+struct Segment;
+
+struct Block {
+  std::uintptr_t addr = 0;
+  std::size_t size = 0;       // rounded size this block covers
+  std::size_t requested = 0;  // what the caller asked for (0 when free)
+  Stream stream = kDefaultStream;  // stream on which the block is safe to reuse at once
+  Segment* segment = nullptr;
+  Block* prev = nullptr;  // neighbours inside the segment
+  Block* next = nullptr;
+  bool allocated = false;
+  int pending_events = 0;  // > 0 while freed but still used by other streams
+  // Streams other than `stream` that used the block (record_stream).
+  absl::InlinedVector<Stream, 2> stream_uses;
+
+  void* ptr() const { return reinterpret_cast<void*>(addr); }
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+  bool is_free() const { return !allocated && pending_events == 0; }
+};
+
+struct Segment {
+  std::uintptr_t base = 0;
+  std::size_t size = 0;
+  PoolKind pool = PoolKind::kSmall;
+  Block* first = nullptr;
+  // Where the memory was last placed (a prefetch or move target), so a reused
+  // block that is already there needs no migration.
+  Location location;
+  bool placed = false;
+
+  void* ptr_base() const { return reinterpret_cast<void*>(base); }
+};
+
+// Free blocks ordered for best fit within a stream: (stream, size, address).
+struct BlockOrder {
+  bool operator()(const Block* a, const Block* b) const {
+    return std::tie(a->stream, a->size, a->addr) < std::tie(b->stream, b->size, b->addr);
+  }
+};
+using BlockPool = absl::btree_set<Block*, BlockOrder>;
+
+}  // namespace cma
+
+#endif  // CMA_ALLOCATOR_BLOCK_H_

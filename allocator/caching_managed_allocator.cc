@@ -1,0 +1,137 @@
+#include "allocator/caching_managed_allocator.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace cma {
+
+absl::StatusOr<std::unique_ptr<CachingManagedAllocator>> CachingManagedAllocator::Create(
+    Backend& backend, absl::string_view config) {
+  absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(config);
+  if (!parsed.ok()) return parsed.status();
+  return Create(backend, *std::move(parsed));
+}
+
+absl::StatusOr<std::unique_ptr<CachingManagedAllocator>> CachingManagedAllocator::Create(
+    Backend& backend, AllocatorConfig config) {
+  absl::StatusOr<int> count = backend.DeviceCount();
+  if (!count.ok()) return count.status();
+  if (*count <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cma: the ", backend.name(), " backend reports no device"));
+  }
+  for (int d : config.accessed_by) {
+    if (d >= *count) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "CMA_ALLOC_CONF: accessed_by names device %d but the backend has %d", d, *count));
+    }
+  }
+  std::unique_ptr<CachingManagedAllocator> a(new CachingManagedAllocator(backend, std::move(config)));
+  for (int d = 0; d < *count; ++d) {
+    absl::StatusOr<MemInfo> mem = backend.GetMemInfo(d);
+    if (!mem.ok()) return mem.status();
+    // Default budget: never more managed memory than the device has free now,
+    // because oversubscribing managed memory can hang a shared GPU.
+    std::size_t budget = a->config_.managed_budget_bytes;
+    if (budget == 0) {
+      budget = static_cast<std::size_t>(static_cast<double>(mem->free_bytes) *
+                                        a->config_.managed_budget_fraction);
+    }
+    a->devices_.push_back(
+        std::make_unique<DeviceAllocator>(d, &backend, &a->config_, mem->total_bytes, budget));
+  }
+  return a;
+}
+
+absl::StatusOr<DeviceAllocator*> CachingManagedAllocator::Device(int device) {
+  if (device < 0 || device >= static_cast<int>(devices_.size())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cma: invalid device %d (the %s backend has %d devices)", device, backend_.name(),
+        devices_.size()));
+  }
+  return devices_[device].get();
+}
+
+absl::StatusOr<void*> CachingManagedAllocator::Allocate(std::size_t bytes, int device,
+                                                        Stream stream) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->Allocate(bytes, stream);
+}
+
+absl::Status CachingManagedAllocator::Free(void* ptr) {
+  if (ptr == nullptr) return absl::InvalidArgumentError("cma: free of a null pointer");
+  for (auto& d : devices_) {
+    absl::Status s = d->Free(ptr);
+    if (!absl::IsNotFound(s)) return s;
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "cma: free of %p, which this allocator did not allocate (foreign pointer)", ptr));
+}
+
+absl::Status CachingManagedAllocator::RecordStream(void* ptr, Stream stream) {
+  for (auto& d : devices_) {
+    absl::Status s = d->RecordStream(ptr, stream);
+    if (!absl::IsNotFound(s)) return s;
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "cma: record_stream on %p, which is not an allocation of this allocator", ptr));
+}
+
+absl::StatusOr<int> CachingManagedAllocator::DeviceOf(void* ptr) {
+  for (auto& d : devices_) {
+    if (d->Lookup(ptr).ok()) return d->device();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("cma: %p is not an allocation of this allocator", ptr));
+}
+
+absl::Status CachingManagedAllocator::EmptyCache() {
+  for (auto& d : devices_) {
+    if (absl::Status s = d->EmptyCache(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DeviceStats> CachingManagedAllocator::GetStats(int device) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->GetStats();
+}
+
+DeviceStats CachingManagedAllocator::GetStats() {
+  DeviceStats total;
+  for (auto& d : devices_) total += d->GetStats();
+  return total;
+}
+
+absl::Status CachingManagedAllocator::ResetPeakStats(int device) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  (*d)->ResetPeakStats();
+  return absl::OkStatus();
+}
+
+absl::Status CachingManagedAllocator::ResetAccumulatedStats(int device) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  (*d)->ResetAccumulatedStats();
+  return absl::OkStatus();
+}
+
+std::vector<SegmentSnapshot> CachingManagedAllocator::Snapshot() {
+  std::vector<SegmentSnapshot> out;
+  for (auto& d : devices_) d->AppendSnapshot(&out);
+  return out;
+}
+
+absl::Status CachingManagedAllocator::CheckInvariants() {
+  for (auto& d : devices_) {
+    if (absl::Status s = d->CheckInvariants(); !s.ok()) {
+      return absl::InternalError(absl::StrCat("device ", d->device(), ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cma

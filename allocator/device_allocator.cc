@@ -1,0 +1,523 @@
+#include "allocator/device_allocator.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "allocator/format.h"
+#include "policy/size_policy.h"
+
+namespace cma {
+
+DeviceAllocator::DeviceAllocator(int device, Backend* backend, const AllocatorConfig* config,
+                                 std::size_t device_total, std::size_t budget)
+    : device_(device),
+      backend_(backend),
+      config_(config),
+      device_total_(device_total),
+      budget_(budget) {
+  stats_.managed_budget_bytes = static_cast<std::int64_t>(budget);
+}
+
+DeviceAllocator::~DeviceAllocator() {
+  absl::MutexLock l(&mu_);
+  ProcessPendingFrees(/*synchronize=*/true);
+  for (auto& [base, seg] : segments_) {
+    (void)backend_->FreeManaged(seg->ptr_base());
+    for (Block* b = seg->first; b != nullptr;) {
+      Block* next = b->next;
+      delete b;
+      b = next;
+    }
+    delete seg;
+  }
+  for (Event e : spare_events_) (void)backend_->DestroyEvent(e);
+  for (auto& p : pending_) (void)backend_->DestroyEvent(p.event);
+  for (Block* b : spare_blocks_) delete b;
+}
+
+void DeviceAllocator::UpdateStat(StatArray& s, PoolKind pool, std::int64_t delta) {
+  const int idx = pool == PoolKind::kSmall ? kSmallPool : kLargePool;
+  if (delta >= 0) {
+    s[kAllPools].Add(delta);
+    s[idx].Add(delta);
+  } else {
+    s[kAllPools].Sub(-delta);
+    s[idx].Sub(-delta);
+  }
+}
+
+absl::Status DeviceAllocator::CheckStream(Stream stream) {
+  if (known_streams_.contains(stream)) return absl::OkStatus();
+  absl::Status s = backend_->ValidateStream(device_, stream);
+  if (!s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cma: invalid stream for device ", device_, ": ", s.message()));
+  }
+  known_streams_.insert(stream);
+  return absl::OkStatus();
+}
+
+Block* DeviceAllocator::NewBlock() {
+  if (spare_blocks_.empty()) return new Block;
+  Block* b = spare_blocks_.back();
+  spare_blocks_.pop_back();
+  *b = Block();
+  return b;
+}
+
+void DeviceAllocator::DeleteBlock(Block* b) { spare_blocks_.push_back(b); }
+
+void DeviceAllocator::InsertFree(Block* b) {
+  PoolOf(b->segment->pool).insert(b);
+  if (b->is_split()) {
+    UpdateStat(stats_.inactive_split, b->segment->pool, 1);
+    UpdateStat(stats_.inactive_split_bytes, b->segment->pool, b->size);
+  }
+}
+
+void DeviceAllocator::EraseFree(Block* b) {
+  PoolOf(b->segment->pool).erase(b);
+  if (b->is_split()) {
+    UpdateStat(stats_.inactive_split, b->segment->pool, -1);
+    UpdateStat(stats_.inactive_split_bytes, b->segment->pool, -static_cast<std::int64_t>(b->size));
+  }
+}
+
+// ---------------------------------------------------------------- allocate
+
+absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream) {
+  if (bytes == 0) {
+    return absl::InvalidArgumentError("cma: cannot allocate 0 bytes");
+  }
+  if (bytes > device_total_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cma: request of %d bytes (%s) exceeds the total memory of device %d (%s)", bytes,
+        FormatBytes(bytes), device_, FormatBytes(device_total_)));
+  }
+  absl::MutexLock l(&mu_);
+  if (absl::Status s = CheckStream(stream); !s.ok()) return s;
+  if (!pending_.empty()) ProcessPendingFrees(/*synchronize=*/false);
+
+  const std::size_t rounded = RoundRequest(bytes, *config_);
+  const PoolKind pool = PoolFor(rounded);
+  Block* b = FindSameStream(rounded, pool, stream);
+  if (b == nullptr) b = FindCrossStream(rounded, pool, stream, /*synchronize=*/false);
+  if (b == nullptr) {
+    absl::StatusOr<Block*> fresh = NewSegment(rounded, pool, stream);
+    if (!fresh.ok() && absl::IsResourceExhausted(fresh.status())) {
+      // Out of memory: wait for pending frees, reuse what they return, then
+      // give the cache back and try the backend once more.
+      ++stats_.num_alloc_retries;
+      ProcessPendingFrees(/*synchronize=*/true);
+      b = FindSameStream(rounded, pool, stream);
+      if (b == nullptr) b = FindCrossStream(rounded, pool, stream, /*synchronize=*/true);
+      if (b == nullptr) {
+        ReleaseCachedSegments(0);
+        fresh = NewSegment(rounded, pool, stream);
+      }
+    }
+    if (b == nullptr) {
+      if (!fresh.ok()) {
+        if (!absl::IsResourceExhausted(fresh.status())) return fresh.status();
+        ++stats_.num_ooms;
+        return absl::ResourceExhaustedError(OomMessage(bytes, fresh.status()));
+      }
+      b = *fresh;
+    }
+  }
+  return HandOut(b, rounded, bytes, pool, stream);
+}
+
+Block* DeviceAllocator::FindSameStream(std::size_t rounded, PoolKind pool, Stream stream) {
+  BlockPool& p = PoolOf(pool);
+  Block key;
+  key.stream = stream;
+  key.size = rounded;
+  auto it = p.lower_bound(&key);
+  if (it == p.end() || (*it)->stream != stream || !CanServe((*it)->size, rounded, *config_)) {
+    return nullptr;
+  }
+  Block* b = *it;
+  EraseFree(b);
+  return b;
+}
+
+Block* DeviceAllocator::FindCrossStream(std::size_t rounded, PoolKind pool, Stream stream,
+                                        bool synchronize) {
+  BlockPool& p = PoolOf(pool);
+  std::vector<Block*> candidates;  // the best fit of each other stream
+  for (auto it = p.begin(); it != p.end();) {
+    const Stream s = (*it)->stream;
+    Block key;
+    key.stream = s;
+    if (s != stream) {
+      key.size = rounded;
+      auto c = p.lower_bound(&key);
+      if (c != p.end() && (*c)->stream == s && CanServe((*c)->size, rounded, *config_)) {
+        candidates.push_back(*c);
+      }
+    }
+    key.size = ~std::size_t{0};
+    key.addr = ~std::uintptr_t{0};
+    it = p.upper_bound(&key);
+  }
+  std::sort(candidates.begin(), candidates.end(),
+            [](const Block* a, const Block* b) { return a->size < b->size; });
+  for (Block* c : candidates) {
+    // Everything in the pool was freed before now, so once an event recorded
+    // now on its stream completes, no queued work can still touch it.
+    absl::StatusOr<Event> ev = TakeEvent();
+    if (!ev.ok()) return nullptr;
+    bool idle = false;
+    if (backend_->RecordEvent(*ev, c->stream).ok()) {
+      if (synchronize) {
+        idle = backend_->SynchronizeEvent(*ev).ok();
+      } else {
+        absl::StatusOr<bool> q = backend_->QueryEvent(*ev);
+        idle = q.ok() && *q;
+      }
+    }
+    spare_events_.push_back(*ev);
+    if (idle) {
+      EraseFree(c);
+      ++stats_.num_cross_stream_reuse;
+      return c;
+    }
+  }
+  return nullptr;
+}
+
+absl::StatusOr<Block*> DeviceAllocator::NewSegment(std::size_t rounded, PoolKind pool,
+                                                   Stream stream) {
+  const std::size_t size = SegmentSizeFor(rounded);
+  const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
+  if (reserved + size > budget_) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "a new %s segment would exceed the managed budget of device %d (%s reserved of %s)",
+        FormatBytes(size), device_, FormatBytes(reserved), FormatBytes(budget_)));
+  }
+  absl::StatusOr<void*> mem = backend_->AllocateManaged(device_, size);
+  if (!mem.ok()) return mem.status();
+  auto* seg = new Segment;
+  seg->base = reinterpret_cast<std::uintptr_t>(*mem);
+  seg->size = size;
+  seg->pool = pool;
+  Block* b = NewBlock();
+  b->addr = seg->base;
+  b->size = size;
+  b->stream = stream;
+  b->segment = seg;
+  seg->first = b;
+  segments_[seg->base] = seg;
+  UpdateStat(stats_.segment, pool, 1);
+  UpdateStat(stats_.reserved_bytes, pool, size);
+  ++stats_.num_device_alloc;
+  return b;
+}
+
+void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t requested,
+                               PoolKind pool, Stream stream) {
+  b->stream = stream;
+  if (ShouldSplit(b->size, rounded, pool, *config_)) {
+    Block* rest = NewBlock();
+    rest->addr = b->addr + rounded;
+    rest->size = b->size - rounded;
+    rest->stream = stream;
+    rest->segment = b->segment;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next != nullptr) b->next->prev = rest;
+    b->next = rest;
+    b->size = rounded;
+    InsertFree(rest);
+  }
+  b->allocated = true;
+  b->requested = requested;
+  b->stream_uses.clear();
+  allocated_[b->addr] = b;
+  UpdateStat(stats_.allocation, pool, 1);
+  UpdateStat(stats_.allocated_bytes, pool, b->size);
+  UpdateStat(stats_.requested_bytes, pool, requested);
+  UpdateStat(stats_.active, pool, 1);
+  UpdateStat(stats_.active_bytes, pool, b->size);
+  return b->ptr();
+}
+
+// ---------------------------------------------------------------- free
+
+absl::Status DeviceAllocator::Free(void* ptr) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  absl::MutexLock l(&mu_);
+  auto it = allocated_.find(addr);
+  if (it == allocated_.end()) {
+    auto seg_it = segments_.upper_bound(addr);
+    if (seg_it == segments_.begin()) return absl::NotFoundError("not in this device's segments");
+    const Segment* seg = (--seg_it)->second;
+    if (addr >= seg->base + seg->size) return absl::NotFoundError("not in this device's segments");
+    for (const Block* b = seg->first; b != nullptr; b = b->next) {
+      if (addr < b->addr || addr >= b->addr + b->size) continue;
+      if (b->addr == addr) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("cma: double free of %p on device %d (the block is already free)",
+                            ptr, device_));
+      }
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "cma: %p points %d bytes into a block at %p; free takes the pointer allocate returned",
+          ptr, addr - b->addr, b->ptr()));
+    }
+    return absl::InternalError("cma: segment does not cover its own range");
+  }
+  Block* b = it->second;
+  const PoolKind pool = b->segment->pool;
+
+  // Work queued on other streams may still use the block: record an event on
+  // each and keep the block out of the pools until they complete. If an event
+  // cannot be recorded, wait for the stream instead; if even that fails the
+  // free is refused and the block stays allocated.
+  absl::InlinedVector<Event, 2> events;
+  absl::Status failure;
+  for (Stream s : b->stream_uses) {
+    absl::StatusOr<Event> ev = TakeEvent();
+    if (!ev.ok()) {
+      failure = ev.status();
+      break;
+    }
+    if (absl::Status r = backend_->RecordEvent(*ev, s); !r.ok()) {
+      spare_events_.push_back(*ev);
+      failure = r;
+      break;
+    }
+    events.push_back(*ev);
+  }
+  if (!failure.ok()) {
+    for (Event e : events) spare_events_.push_back(e);
+    events.clear();
+    for (Stream s : b->stream_uses) {
+      if (absl::Status w = backend_->SynchronizeStream(s); !w.ok()) {
+        return absl::InternalError(absl::StrCat(
+            "cma: free of ", absl::StrFormat("%p", ptr),
+            " could not order against a stream that used it (", failure.message(), "; ",
+            w.message(), "); the block stays allocated"));
+      }
+    }
+  }
+
+  allocated_.erase(it);
+  UpdateStat(stats_.allocation, pool, -1);
+  UpdateStat(stats_.allocated_bytes, pool, -static_cast<std::int64_t>(b->size));
+  UpdateStat(stats_.requested_bytes, pool, -static_cast<std::int64_t>(b->requested));
+  b->allocated = false;
+  b->requested = 0;
+  b->stream_uses.clear();
+  if (!events.empty()) {
+    b->pending_events = static_cast<int>(events.size());
+    for (Event e : events) pending_.push_back({b, e});
+    return absl::OkStatus();
+  }
+  UpdateStat(stats_.active, pool, -1);
+  UpdateStat(stats_.active_bytes, pool, -static_cast<std::int64_t>(b->size));
+  ReturnBlock(b);
+  return absl::OkStatus();
+}
+
+Block* DeviceAllocator::TryMerge(Block* dst, Block* src) {
+  // dst and src are neighbours; src is absorbed into dst.
+  if (src == nullptr || !src->is_free() || src->stream != dst->stream) return dst;
+  EraseFree(src);
+  if (src == dst->next) {
+    dst->size += src->size;
+    dst->next = src->next;
+    if (src->next != nullptr) src->next->prev = dst;
+    DeleteBlock(src);
+    return dst;
+  }
+  // src is dst's predecessor: it keeps the lower address.
+  src->size += dst->size;
+  src->next = dst->next;
+  if (dst->next != nullptr) dst->next->prev = src;
+  DeleteBlock(dst);
+  return src;
+}
+
+void DeviceAllocator::ReturnBlock(Block* b) {
+  b = TryMerge(b, b->prev);
+  b = TryMerge(b, b->next);
+  InsertFree(b);
+}
+
+absl::StatusOr<Event> DeviceAllocator::TakeEvent() {
+  if (!spare_events_.empty()) {
+    Event e = spare_events_.back();
+    spare_events_.pop_back();
+    return e;
+  }
+  return backend_->CreateEvent(device_);
+}
+
+void DeviceAllocator::ProcessPendingFrees(bool synchronize) {
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < pending_.size(); ++i) {
+    PendingFree pf = pending_[i];
+    bool done;
+    if (synchronize) {
+      done = backend_->SynchronizeEvent(pf.event).ok();
+    } else {
+      absl::StatusOr<bool> q = backend_->QueryEvent(pf.event);
+      done = q.ok() && *q;
+    }
+    if (!done) {  // never reuse memory that queued work may still touch
+      pending_[kept++] = pf;
+      continue;
+    }
+    spare_events_.push_back(pf.event);
+    Block* b = pf.block;
+    if (--b->pending_events == 0) {
+      UpdateStat(stats_.active, b->segment->pool, -1);
+      UpdateStat(stats_.active_bytes, b->segment->pool, -static_cast<std::int64_t>(b->size));
+      ReturnBlock(b);
+    }
+  }
+  pending_.resize(kept);
+}
+
+// ---------------------------------------------------------------- release
+
+std::size_t DeviceAllocator::ReleaseCachedSegments(std::size_t goal) {
+  std::vector<Segment*> idle;
+  for (auto& [base, seg] : segments_) {
+    if (seg->first->is_free() && seg->first->next == nullptr) idle.push_back(seg);
+  }
+  std::sort(idle.begin(), idle.end(),
+            [](const Segment* a, const Segment* b) { return a->size > b->size; });
+  std::size_t released = 0;
+  absl::flat_hash_set<Stream> synced;
+  for (Segment* seg : idle) {
+    if (goal != 0 && released >= goal) break;
+    // The segment's last user may still have work queued: wait for it
+    // before the memory goes back.
+    const Stream s = seg->first->stream;
+    if (!synced.contains(s)) {
+      if (!backend_->SynchronizeStream(s).ok()) continue;
+      synced.insert(s);
+    }
+    released += seg->size;
+    ReleaseSegment(seg);
+  }
+  if (!synced.empty()) ++stats_.num_sync_all_streams;
+  return released;
+}
+
+void DeviceAllocator::ReleaseSegment(Segment* seg) {
+  Block* b = seg->first;
+  EraseFree(b);
+  if (!backend_->FreeManaged(seg->ptr_base()).ok()) {
+    InsertFree(b);  // keep it cached rather than lose track of it
+    return;
+  }
+  UpdateStat(stats_.segment, seg->pool, -1);
+  UpdateStat(stats_.reserved_bytes, seg->pool, -static_cast<std::int64_t>(seg->size));
+  ++stats_.num_device_free;
+  segments_.erase(seg->base);
+  DeleteBlock(b);
+  delete seg;
+}
+
+absl::Status DeviceAllocator::EmptyCache() {
+  absl::MutexLock l(&mu_);
+  ProcessPendingFrees(/*synchronize=*/true);
+  ReleaseCachedSegments(0);
+  return absl::OkStatus();
+}
+
+std::string DeviceAllocator::OomMessage(std::size_t bytes, const absl::Status& cause) {
+  absl::StatusOr<MemInfo> mem = backend_->GetMemInfo(device_);
+  const std::size_t cached = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current -
+                                                      stats_.active_bytes[kAllPools].current);
+  return absl::StrFormat(
+      "cma: out of memory on device %d: tried to allocate %s; device total %s, free %s; this "
+      "allocator has %s reserved, %s allocated (%s requested), %s cached and %s managed budget; "
+      "num_alloc_retries=%d num_ooms=%d; backend said: %s",
+      device_, FormatBytes(bytes), FormatBytes(device_total_),
+      mem.ok() ? FormatBytes(mem->free_bytes) : std::string("unknown"),
+      FormatBytes(stats_.reserved_bytes[kAllPools].current),
+      FormatBytes(stats_.allocated_bytes[kAllPools].current),
+      FormatBytes(stats_.requested_bytes[kAllPools].current), FormatBytes(cached),
+      FormatBytes(budget_), stats_.num_alloc_retries, stats_.num_ooms, cause.message());
+}
+
+// ---------------------------------------------------------------- queries
+
+absl::Status DeviceAllocator::RecordStream(void* ptr, Stream stream) {
+  absl::MutexLock l(&mu_);
+  auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == allocated_.end()) return absl::NotFoundError("not allocated on this device");
+  if (absl::Status s = CheckStream(stream); !s.ok()) return s;
+  Block* b = it->second;
+  if (stream == b->stream) return absl::OkStatus();
+  if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
+    b->stream_uses.push_back(stream);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<std::size_t, Stream>> DeviceAllocator::Lookup(void* ptr) {
+  absl::MutexLock l(&mu_);
+  auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == allocated_.end()) return absl::NotFoundError("not allocated on this device");
+  return std::make_pair(it->second->requested, it->second->stream);
+}
+
+DeviceStats DeviceAllocator::GetStats() {
+  absl::MutexLock l(&mu_);
+  return stats_;
+}
+
+void DeviceAllocator::ResetPeakStats() {
+  absl::MutexLock l(&mu_);
+  for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+                       &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+                       &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+    for (Stat& s : *a) s.peak = s.current;
+  }
+}
+
+void DeviceAllocator::ResetAccumulatedStats() {
+  absl::MutexLock l(&mu_);
+  for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+                       &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+                       &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+    for (Stat& s : *a) s.allocated = s.freed = 0;
+  }
+  stats_.num_alloc_retries = stats_.num_ooms = stats_.num_device_alloc = stats_.num_device_free = 0;
+  stats_.num_sync_all_streams = stats_.num_cross_stream_reuse = 0;
+}
+
+void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
+  absl::MutexLock l(&mu_);
+  for (auto& [base, seg] : segments_) {
+    SegmentSnapshot s;
+    s.device = device_;
+    s.address = seg->base;
+    s.total_size = seg->size;
+    s.segment_type = seg->pool == PoolKind::kSmall ? "small" : "large";
+    s.location = seg->placed ? LocationName(seg->location) : "unplaced";
+    for (const Block* b = seg->first; b != nullptr; b = b->next) {
+      BlockSnapshot bs;
+      bs.address = b->addr;
+      bs.size = b->size;
+      bs.requested = b->requested;
+      bs.stream = b->stream;
+      bs.state = b->allocated ? "active_allocated"
+                              : (b->pending_events > 0 ? "active_pending_free" : "inactive");
+      if (b->allocated) {
+        s.allocated_size += b->size;
+        s.requested_size += b->requested;
+      }
+      s.blocks.push_back(bs);
+    }
+    out->push_back(std::move(s));
+  }
+}
+
+}  // namespace cma

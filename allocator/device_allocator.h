@@ -1,0 +1,120 @@
+// DeviceAllocator: the caching allocator's state for one device.
+//
+// Internal to allocator/: CachingManagedAllocator owns one per device and is
+// the public entry point. Every method takes the instance's mutex, so all are
+// safe to call concurrently. Methods that reject bad input return
+// kInvalidArgument and leave the state exactly as it was.
+#ifndef CMA_ALLOCATOR_DEVICE_ALLOCATOR_H_
+#define CMA_ALLOCATOR_DEVICE_ALLOCATOR_H_
+
+#include <cstddef>
+#include <vector>
+
+#include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "allocator/block.h"
+#include "allocator/snapshot.h"
+#include "allocator/stats.h"
+#include "backends/backend.h"
+#include "policy/config.h"
+
+namespace cma {
+
+class DeviceAllocator {
+ public:
+  // `backend` and `config` must outlive this object. `budget` caps the bytes
+  // of managed memory this device may reserve.
+  DeviceAllocator(int device, Backend* backend, const AllocatorConfig* config,
+                  std::size_t device_total, std::size_t budget);
+  // Releases every segment, also those still handed out.
+  ~DeviceAllocator();
+  DeviceAllocator(const DeviceAllocator&) = delete;
+  DeviceAllocator& operator=(const DeviceAllocator&) = delete;
+
+  int device() const { return device_; }
+
+  absl::StatusOr<void*> Allocate(std::size_t bytes, Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
+  // kNotFound when `ptr` lies in none of this device's segments (the caller
+  // may ask another device); kInvalidArgument for a double free or a pointer
+  // into the middle of a block.
+  absl::Status Free(void* ptr) ABSL_LOCKS_EXCLUDED(mu_);
+  // Marks `ptr` as used by `stream`, so that a later free waits for the work
+  // queued on `stream` before the memory is reused elsewhere.
+  absl::Status RecordStream(void* ptr, Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns every fully-free segment to the backend.
+  absl::Status EmptyCache() ABSL_LOCKS_EXCLUDED(mu_);
+  // The allocated block at `ptr`: its size as requested and its stream.
+  absl::StatusOr<std::pair<std::size_t, Stream>> Lookup(void* ptr) ABSL_LOCKS_EXCLUDED(mu_);
+
+  DeviceStats GetStats() ABSL_LOCKS_EXCLUDED(mu_);
+  void ResetPeakStats() ABSL_LOCKS_EXCLUDED(mu_);
+  void ResetAccumulatedStats() ABSL_LOCKS_EXCLUDED(mu_);
+  void AppendSnapshot(std::vector<SegmentSnapshot>* out) ABSL_LOCKS_EXCLUDED(mu_);
+  // Verifies that segments are tiled exactly by blocks, neighbours agree,
+  // free lists hold exactly the free blocks, no two free neighbours of one
+  // stream are left unmerged, and the stats equal a recount.
+  absl::Status CheckInvariants() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  absl::Status CheckStream(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  BlockPool& PoolOf(PoolKind k) { return k == PoolKind::kSmall ? small_pool_ : large_pool_; }
+  void UpdateStat(StatArray& s, PoolKind pool, std::int64_t delta);
+
+  Block* NewBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeleteBlock(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void InsertFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Block* FindSameStream(std::size_t rounded, PoolKind pool, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A free block of another stream whose queued work has completed (or, with
+  // `synchronize`, after waiting for it).
+  Block* FindCrossStream(std::size_t rounded, PoolKind pool, Stream stream, bool synchronize)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Block*> NewSegment(std::size_t rounded, PoolKind pool, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void* HandOut(Block* b, std::size_t rounded, std::size_t requested, PoolKind pool,
+                Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts a block whose uses have all completed back into its pool, merging
+  // free neighbours of the same stream.
+  void ReturnBlock(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Block* TryMerge(Block* dst, Block* src) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::StatusOr<Event> TakeEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ProcessPendingFrees(bool synchronize) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees fully-free segments (largest first until `goal` bytes are
+  // released; all of them when goal is 0) after synchronising their streams.
+  std::size_t ReleaseCachedSegments(std::size_t goal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseSegment(Segment* seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string OomMessage(std::size_t bytes, const absl::Status& cause)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const int device_;
+  Backend* const backend_;
+  const AllocatorConfig* const config_;
+  const std::size_t device_total_;
+  const std::size_t budget_;
+
+  absl::Mutex mu_;
+  BlockPool small_pool_ ABSL_GUARDED_BY(mu_);
+  BlockPool large_pool_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::uintptr_t, Block*> allocated_ ABSL_GUARDED_BY(mu_);
+  absl::btree_map<std::uintptr_t, Segment*> segments_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<Stream> known_streams_ ABSL_GUARDED_BY(mu_);
+  struct PendingFree {
+    Block* block;
+    Event event;
+  };
+  std::vector<PendingFree> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<Event> spare_events_ ABSL_GUARDED_BY(mu_);
+  std::vector<Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);
+  DeviceStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace cma
+
+#endif  // CMA_ALLOCATOR_DEVICE_ALLOCATOR_H_

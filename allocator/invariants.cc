@@ -1,0 +1,103 @@
+// DeviceAllocator::CheckInvariants: a full recount of the allocator's state,
+// run by tests after every step of randomized workloads.
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "allocator/device_allocator.h"
+
+namespace cma {
+namespace {
+
+absl::Status Broken(const std::string& what) {
+  return absl::InternalError("cma invariant violated: " + what);
+}
+
+struct Recount {
+  std::int64_t count[2] = {0, 0};
+  std::int64_t bytes[2] = {0, 0};
+  void Add(PoolKind p, std::int64_t b) {
+    ++count[static_cast<int>(p)];
+    bytes[static_cast<int>(p)] += b;
+  }
+};
+
+absl::Status Compare(const char* name, const StatArray& s, const std::int64_t (&v)[2]) {
+  if (s[kSmallPool].current != v[0] || s[kLargePool].current != v[1] ||
+      s[kAllPools].current != v[0] + v[1]) {
+    return Broken(absl::StrFormat("stat %s is %d/%d/%d (all/small/large), recount %d/%d/%d", name,
+                                  s[kAllPools].current, s[kSmallPool].current,
+                                  s[kLargePool].current, v[0] + v[1], v[0], v[1]));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DeviceAllocator::CheckInvariants() {
+  absl::MutexLock l(&mu_);
+  Recount segments, allocated, requested, active, inactive_split;
+  std::size_t free_blocks[2] = {0, 0};
+  std::size_t allocated_blocks = 0;
+  std::uintptr_t previous_end = 0;
+  for (auto& [base, seg] : segments_) {
+    if (base != seg->base) return Broken("segment map key differs from segment base");
+    if (base < previous_end) return Broken(absl::StrFormat("segment %#x overlaps its predecessor", base));
+    previous_end = base + seg->size;
+    segments.Add(seg->pool, seg->size);
+    if (seg->first == nullptr || seg->first->prev != nullptr) {
+      return Broken(absl::StrFormat("segment %#x has a bad first block", base));
+    }
+    std::uintptr_t expect = seg->base;
+    for (const Block* b = seg->first; b != nullptr; b = b->next) {
+      if (b->segment != seg) return Broken(absl::StrFormat("block %#x names the wrong segment", b->addr));
+      if (b->addr != expect) return Broken(absl::StrFormat("gap or overlap at %#x in segment %#x", expect, base));
+      if (b->size == 0) return Broken(absl::StrFormat("empty block at %#x", b->addr));
+      if (b->next != nullptr && b->next->prev != b) return Broken(absl::StrFormat("broken links after %#x", b->addr));
+      expect += b->size;
+      const bool in_pool = PoolOf(seg->pool).contains(const_cast<Block*>(b));
+      if (b->allocated) {
+        ++allocated_blocks;
+        auto it = allocated_.find(b->addr);
+        if (it == allocated_.end() || it->second != b) return Broken(absl::StrFormat("allocated block %#x missing from the map", b->addr));
+        if (in_pool) return Broken(absl::StrFormat("allocated block %#x is in a free pool", b->addr));
+        if (b->pending_events != 0) return Broken("allocated block has pending events");
+        allocated.Add(seg->pool, b->size);
+        requested.Add(seg->pool, b->requested);
+        active.Add(seg->pool, b->size);
+      } else if (b->pending_events > 0) {
+        if (in_pool) return Broken(absl::StrFormat("block %#x awaiting events is in a pool", b->addr));
+        const auto n = std::count_if(pending_.begin(), pending_.end(),
+                                     [b](const PendingFree& p) { return p.block == b; });
+        if (n != b->pending_events) return Broken(absl::StrFormat("block %#x pending count %d, list has %d", b->addr, b->pending_events, n));
+        active.Add(seg->pool, b->size);
+      } else {
+        if (!in_pool) return Broken(absl::StrFormat("free block %#x is not in its pool", b->addr));
+        ++free_blocks[static_cast<int>(seg->pool)];
+        if (b->is_split()) inactive_split.Add(seg->pool, b->size);
+        if (b->next != nullptr && b->next->is_free() && b->next->stream == b->stream) {
+          return Broken(absl::StrFormat("free neighbours %#x and %#x of one stream not merged", b->addr, b->next->addr));
+        }
+      }
+    }
+    if (expect != seg->base + seg->size) return Broken(absl::StrFormat("blocks of segment %#x do not add up to its size", base));
+  }
+  if (small_pool_.size() != free_blocks[0] || large_pool_.size() != free_blocks[1]) {
+    return Broken(absl::StrFormat("pools hold %d/%d blocks, segments have %d/%d free", small_pool_.size(), large_pool_.size(), free_blocks[0], free_blocks[1]));
+  }
+  if (allocated_.size() != allocated_blocks) return Broken("allocation map holds blocks that no segment has");
+  for (const PendingFree& p : pending_) {
+    if (p.block->allocated || p.block->pending_events <= 0) return Broken("pending list names a block not awaiting events");
+  }
+  if (absl::Status s = Compare("segment", stats_.segment, segments.count); !s.ok()) return s;
+  if (absl::Status s = Compare("reserved_bytes", stats_.reserved_bytes, segments.bytes); !s.ok()) return s;
+  if (absl::Status s = Compare("allocation", stats_.allocation, allocated.count); !s.ok()) return s;
+  if (absl::Status s = Compare("allocated_bytes", stats_.allocated_bytes, allocated.bytes); !s.ok()) return s;
+  if (absl::Status s = Compare("requested_bytes", stats_.requested_bytes, requested.bytes); !s.ok()) return s;
+  if (absl::Status s = Compare("active", stats_.active, active.count); !s.ok()) return s;
+  if (absl::Status s = Compare("active_bytes", stats_.active_bytes, active.bytes); !s.ok()) return s;
+  if (absl::Status s = Compare("inactive_split", stats_.inactive_split, inactive_split.count); !s.ok()) return s;
+  if (absl::Status s = Compare("inactive_split_bytes", stats_.inactive_split_bytes, inactive_split.bytes); !s.ok()) return s;
+  return absl::OkStatus();
+}
+
+}  // namespace cma

@@ -1,0 +1,37 @@
+// A point-in-time copy of every segment and block, for debugging and for
+// tools (the memory_snapshot of PyTorch, in this library's terms).
+#ifndef CMA_ALLOCATOR_SNAPSHOT_H_
+#define CMA_ALLOCATOR_SNAPSHOT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+
+namespace cma {
+
+struct BlockSnapshot {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  std::size_t requested = 0;
+  // "active_allocated", "active_pending_free" (awaiting other streams) or "inactive".
+  std::string state;
+  Stream stream = kDefaultStream;
+};
+
+struct SegmentSnapshot {
+  int device = 0;
+  std::uintptr_t address = 0;
+  std::size_t total_size = 0;
+  std::size_t allocated_size = 0;
+  std::size_t requested_size = 0;
+  std::string segment_type;  // "small" or "large"
+  std::string location;      // last placement: "device N", "host" or "unplaced"
+  std::vector<BlockSnapshot> blocks;
+};
+
+}  // namespace cma
+
+#endif  // CMA_ALLOCATOR_SNAPSHOT_H_

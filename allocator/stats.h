@@ -1,0 +1,69 @@
+// Allocator statistics with PyTorch's names and meaning
+// (torch.cuda.memory_stats), plus managed-memory counters.
+//
+// Value types; the allocator fills them under its lock and hands out copies.
+#ifndef CMA_ALLOCATOR_STATS_H_
+#define CMA_ALLOCATOR_STATS_H_
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace cma {
+
+struct Stat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;  // total ever added
+  std::int64_t freed = 0;      // total ever removed
+
+  void Add(std::int64_t n) {
+    current += n;
+    allocated += n;
+    if (current > peak) peak = current;
+  }
+  void Sub(std::int64_t n) {
+    current -= n;
+    freed += n;
+  }
+};
+
+// Index 0: all pools; 1: small pool; 2: large pool.
+using StatArray = std::array<Stat, 3>;
+enum StatPool { kAllPools = 0, kSmallPool = 1, kLargePool = 2 };
+
+struct DeviceStats {
+  StatArray allocation;  // blocks handed to callers
+  StatArray segment;     // backend allocations
+  StatArray active;      // allocated blocks plus freed ones still awaiting events
+  StatArray inactive_split;  // free blocks that are pieces of a split segment
+  StatArray allocated_bytes;
+  StatArray reserved_bytes;
+  StatArray active_bytes;
+  StatArray inactive_split_bytes;
+  StatArray requested_bytes;
+  std::int64_t num_alloc_retries = 0;
+  std::int64_t num_ooms = 0;
+  std::int64_t num_device_alloc = 0;
+  std::int64_t num_device_free = 0;
+  std::int64_t num_sync_all_streams = 0;
+  std::int64_t num_cross_stream_reuse = 0;
+  // Managed-memory placement.
+  std::int64_t prefetch_calls = 0;
+  std::int64_t prefetched_bytes_to_device = 0;
+  std::int64_t prefetched_bytes_to_host = 0;
+  std::int64_t advise_calls = 0;
+  std::int64_t discarded_bytes = 0;
+  std::int64_t moves = 0;
+  std::int64_t managed_budget_bytes = 0;
+
+  // Flattened as PyTorch does: "allocated_bytes.all.current", "num_ooms", ...
+  std::map<std::string, std::int64_t> Flatten() const;
+  // Sum of two devices' stats (peaks add, which bounds the true joint peak).
+  DeviceStats& operator+=(const DeviceStats& o);
+};
+
+}  // namespace cma
+
+#endif  // CMA_ALLOCATOR_STATS_H_

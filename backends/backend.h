@@ -1,0 +1,194 @@
+// The one interface through which the allocator reaches a vendor runtime.
+//
+// A Backend wraps managed memory, placement (advise/prefetch/discard), streams
+// and events, the virtual memory management (VMM) API used by the symmetric
+// mode, and device facts. Implementations: backends/host (CPU emulation, always
+// built), backends/cuda and backends/hip (built where their toolkits exist).
+//
+// Contract:
+//  * Thread safety: every method may be called concurrently from any thread.
+//  * Errors: every failure is an absl::Status naming the call and, for vendor
+//    backends, the vendor's error string. Out-of-memory is kResourceExhausted;
+//    bad handles or arguments are kInvalidArgument. A failed call leaves no
+//    resource behind.
+//  * Ownership: handles returned by Create*/Allocate*/Reserve belong to the
+//    caller, who must release them with the matching Destroy/Free/Release.
+//  * Streams and events are opaque integers: a vendor backend stores its
+//    native handle (cudaStream_t, hipEvent_t) in them. Stream 0 is each
+//    device's default (legacy) stream.
+#ifndef CMA_BACKENDS_BACKEND_H_
+#define CMA_BACKENDS_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace cma {
+
+using Stream = std::uintptr_t;
+using Event = std::uintptr_t;
+inline constexpr Stream kDefaultStream = 0;
+
+// Where managed memory should live: one device, or the host.
+struct Location {
+  enum class Kind { kDevice, kHost };
+  Kind kind = Kind::kDevice;
+  int device = 0;  // meaningful only for kDevice
+
+  static Location Host() { return {Kind::kHost, -1}; }
+  static Location Device(int d) { return {Kind::kDevice, d}; }
+  bool is_host() const { return kind == Kind::kHost; }
+  friend bool operator==(const Location& a, const Location& b) {
+    return a.kind == b.kind && (a.kind == Kind::kHost || a.device == b.device);
+  }
+  friend bool operator!=(const Location& a, const Location& b) { return !(a == b); }
+};
+std::string LocationName(const Location& l);
+
+// Managed-memory advice, as cudaMemAdvise/hipMemAdvise take it.
+enum class Advice {
+  kSetReadMostly,
+  kUnsetReadMostly,
+  kSetPreferredLocation,
+  kUnsetPreferredLocation,
+  kSetAccessedBy,
+  kUnsetAccessedBy,
+  kSetCoarseGrain,  // HIP only; other backends report Unimplemented
+  kUnsetCoarseGrain,
+};
+const char* AdviceName(Advice a);
+
+struct Range {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+};
+
+// What a backend can report about a managed range (cudaMemRangeGetAttribute).
+struct RangeAttributes {
+  bool read_mostly = false;
+  bool has_preferred_location = false;
+  Location preferred_location;
+  bool has_last_prefetch = false;
+  Location last_prefetch_location;
+  std::vector<int> accessed_by;  // devices
+};
+
+struct MemInfo {
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+};
+
+struct DeviceFacts {
+  std::string name;
+  std::size_t total_bytes = 0;
+  bool concurrent_managed_access = false;  // GPU may touch managed memory while the CPU does
+  bool pageable_memory_access = false;     // GPU may touch plain malloc'ed memory
+  bool page_fault_migration = false;       // managed memory migrates on fault (HIP: XNACK)
+  bool vmm_supported = false;
+  bool posix_fd_handles = false;
+  bool fabric_handles = false;
+  bool multicast_supported = false;
+  std::size_t vmm_granularity = 0;  // minimum; 0 when VMM is unsupported
+};
+
+// Shareable VMM handle kinds.
+enum class HandleType { kPosixFd, kFabric };
+
+// A physical VMM allocation (CUmemGenericAllocationHandle, memfd, ...).
+using PhysicalHandle = std::uint64_t;
+using MulticastHandle = std::uint64_t;
+
+// A handle that can travel to another process: a POSIX file descriptor
+// (passed with SCM_RIGHTS) or a 64-byte fabric handle.
+struct ShareableHandle {
+  HandleType type = HandleType::kPosixFd;
+  int fd = -1;
+  unsigned char fabric[64] = {};
+  std::size_t bytes = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "host", "cuda" or "hip".
+  virtual const char* name() const = 0;
+
+  // ---- device facts ----
+  virtual absl::StatusOr<int> DeviceCount() = 0;
+  virtual absl::StatusOr<DeviceFacts> GetDeviceFacts(int device) = 0;
+  virtual absl::StatusOr<MemInfo> GetMemInfo(int device) = 0;
+
+  // ---- managed memory ----
+  // Allocates `bytes` of managed memory whose home is `device` (the device
+  // used to count capacity; the memory itself may migrate anywhere).
+  virtual absl::StatusOr<void*> AllocateManaged(int device, std::size_t bytes) = 0;
+  virtual absl::Status FreeManaged(void* ptr) = 0;
+
+  // ---- placement ----
+  virtual absl::Status Advise(void* ptr, std::size_t bytes, Advice advice,
+                              Location location) = 0;
+  virtual absl::Status Prefetch(void* ptr, std::size_t bytes, Location location,
+                                Stream stream) = 0;
+  // Batch forms. Backends without the batch call loop over the ranges.
+  virtual absl::Status PrefetchBatch(absl::Span<const Range> ranges, Location location,
+                                     Stream stream) = 0;
+  // Marks ranges' contents dead: the next access may see any value and no
+  // data is migrated for them.
+  virtual absl::Status DiscardBatch(absl::Span<const Range> ranges, Stream stream) = 0;
+  virtual absl::Status DiscardAndPrefetchBatch(absl::Span<const Range> ranges,
+                                               Location location, Stream stream) = 0;
+  virtual absl::StatusOr<RangeAttributes> GetRangeAttributes(void* ptr,
+                                                             std::size_t bytes) = 0;
+
+  // ---- streams and events ----
+  virtual absl::StatusOr<Stream> CreateStream(int device) = 0;
+  virtual absl::Status DestroyStream(Stream stream) = 0;
+  // OK when `stream` is a live stream usable on `device` (the default stream
+  // is valid on every device); kInvalidArgument otherwise.
+  virtual absl::Status ValidateStream(int device, Stream stream) = 0;
+  virtual absl::Status SynchronizeStream(Stream stream) = 0;
+  virtual absl::StatusOr<Event> CreateEvent(int device) = 0;
+  virtual absl::Status DestroyEvent(Event event) = 0;
+  virtual absl::Status RecordEvent(Event event, Stream stream) = 0;
+  // true when all work captured by the event has completed.
+  virtual absl::StatusOr<bool> QueryEvent(Event event) = 0;
+  virtual absl::Status SynchronizeEvent(Event event) = 0;
+  virtual absl::Status StreamWaitEvent(Stream stream, Event event) = 0;
+
+  // ---- virtual memory management (symmetric mode) ----
+  virtual absl::StatusOr<std::size_t> VmmGranularity(int device) = 0;
+  virtual absl::StatusOr<PhysicalHandle> VmmCreate(int device, std::size_t bytes,
+                                                   HandleType exportable) = 0;
+  virtual absl::Status VmmRelease(PhysicalHandle handle) = 0;
+  virtual absl::StatusOr<void*> VmmReserve(std::size_t bytes, std::size_t alignment) = 0;
+  virtual absl::Status VmmFreeAddress(void* address, std::size_t bytes) = 0;
+  virtual absl::Status VmmMap(void* address, std::size_t bytes, PhysicalHandle handle) = 0;
+  virtual absl::Status VmmUnmap(void* address, std::size_t bytes) = 0;
+  // One call granting read/write to every listed device.
+  virtual absl::Status VmmSetAccess(void* address, std::size_t bytes,
+                                    absl::Span<const int> devices) = 0;
+  // The caller owns the returned FD (close it) or fabric bytes.
+  virtual absl::StatusOr<ShareableHandle> VmmExport(PhysicalHandle handle,
+                                                    HandleType type) = 0;
+  // Does not take ownership of `shared.fd`.
+  virtual absl::StatusOr<PhysicalHandle> VmmImport(const ShareableHandle& shared) = 0;
+
+  // ---- multicast (guarded opt-in; never exercised on shared GPU machines) ----
+  virtual absl::StatusOr<MulticastHandle> MulticastCreate(absl::Span<const int> devices,
+                                                          std::size_t bytes) = 0;
+  virtual absl::Status MulticastAddDevice(MulticastHandle mc, int device) = 0;
+  virtual absl::Status MulticastBindMemory(MulticastHandle mc, std::size_t mc_offset,
+                                           PhysicalHandle mem, std::size_t mem_offset,
+                                           std::size_t bytes) = 0;
+  virtual absl::Status MulticastRelease(MulticastHandle mc) = 0;
+};
+
+}  // namespace cma
+
+#endif  // CMA_BACKENDS_BACKEND_H_

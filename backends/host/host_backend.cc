@@ -1,0 +1,697 @@
+#include "backends/host/host_backend.h"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace cma {
+namespace {
+
+absl::Status Errno(const char* call) {
+  return absl::InternalError(absl::StrFormat("%s failed: %s", call, std::strerror(errno)));
+}
+
+bool Overlaps(std::uintptr_t a, std::size_t an, std::uintptr_t b, std::size_t bn) {
+  return a < b + bn && b < a + an;
+}
+
+}  // namespace
+
+HostBackend::HostBackend(HostBackendOptions options)
+    : options_(options),
+      capacity_(options.device_count, options.device_capacity),
+      used_(options.device_count, 0) {
+  streams_[kDefaultStream] = StreamState{-1};
+}
+
+HostBackend::~HostBackend() {
+  // Tests check LiveResources() before teardown; here we only make sure the
+  // process does not keep leaked mappings or descriptors around.
+  for (auto& [addr, m] : mappings_) munmap(reinterpret_cast<void*>(addr), m.bytes);
+  for (auto& [addr, bytes] : reservations_) munmap(reinterpret_cast<void*>(addr), bytes);
+  for (auto& [h, p] : physical_) close(p.fd);
+  for (auto& [addr, a] : managed_) munmap(reinterpret_cast<void*>(addr), a.bytes);
+}
+
+void HostBackend::Count(const char* method) { ++calls_[method]; }
+
+absl::Status HostBackend::CheckDevice(int device) const {
+  if (device < 0 || device >= options_.device_count) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "invalid device %d: the host backend has %d devices", device, options_.device_count));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<HostBackend::StreamState*> HostBackend::FindStream(Stream stream) {
+  auto it = streams_.find(stream);
+  if (it == streams_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("unknown stream 0x%x (never created or already destroyed)", stream));
+  }
+  return &it->second;
+}
+
+void HostBackend::Advance(StreamState& s) const {
+  if (!options_.manual_completion) s.completed = s.submitted;
+}
+
+// ---------------------------------------------------------------- devices
+
+absl::StatusOr<int> HostBackend::DeviceCount() {
+  absl::MutexLock l(&mu_);
+  Count("DeviceCount");
+  return options_.device_count;
+}
+
+absl::StatusOr<DeviceFacts> HostBackend::GetDeviceFacts(int device) {
+  absl::MutexLock l(&mu_);
+  Count("GetDeviceFacts");
+  if (auto s = CheckDevice(device); !s.ok()) return s;
+  DeviceFacts f;
+  f.name = absl::StrFormat("host-emulated device %d", device);
+  f.total_bytes = capacity_[device];
+  f.concurrent_managed_access = true;
+  f.pageable_memory_access = true;
+  f.page_fault_migration = true;
+  f.vmm_supported = true;
+  f.posix_fd_handles = true;
+  f.fabric_handles = options_.fabric_handles;
+  f.multicast_supported = options_.multicast_supported;
+  f.vmm_granularity = options_.vmm_granularity;
+  return f;
+}
+
+absl::StatusOr<MemInfo> HostBackend::GetMemInfo(int device) {
+  absl::MutexLock l(&mu_);
+  Count("GetMemInfo");
+  if (auto s = CheckDevice(device); !s.ok()) return s;
+  const std::size_t cap = capacity_[device];
+  return MemInfo{cap > used_[device] ? cap - used_[device] : 0, cap};
+}
+
+void HostBackend::SetDeviceCapacity(int device, std::size_t bytes) {
+  absl::MutexLock l(&mu_);
+  if (device >= 0 && device < options_.device_count) capacity_[device] = bytes;
+}
+
+// ---------------------------------------------------------------- managed
+
+absl::StatusOr<void*> HostBackend::AllocateManaged(int device, std::size_t bytes) {
+  absl::MutexLock l(&mu_);
+  Count("AllocateManaged");
+  if (auto s = CheckDevice(device); !s.ok()) return s;
+  if (bytes == 0) return absl::InvalidArgumentError("AllocateManaged: size 0");
+  if (used_[device] + bytes > capacity_[device] || used_[device] + bytes < bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "AllocateManaged: out of memory on host-emulated device %d (asked %d bytes, %d of %d in "
+        "use)",
+        device, bytes, used_[device], capacity_[device]));
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("AllocateManaged: mmap of %d bytes failed: %s", bytes, strerror(errno)));
+  }
+  used_[device] += bytes;
+  managed_[reinterpret_cast<std::uintptr_t>(p)] = ManagedAllocation{device, bytes, {}};
+  return p;
+}
+
+absl::Status HostBackend::FreeManaged(void* ptr) {
+  absl::MutexLock l(&mu_);
+  Count("FreeManaged");
+  auto it = managed_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == managed_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("FreeManaged: %p is not a managed allocation of this backend", ptr));
+  }
+  if (munmap(ptr, it->second.bytes) != 0) return Errno("munmap");
+  used_[it->second.device] -= it->second.bytes;
+  managed_.erase(it);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- placement
+
+absl::StatusOr<HostBackend::ManagedAllocation*> HostBackend::FindManaged(void* ptr,
+                                                                         std::size_t bytes) {
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = managed_.upper_bound(p);
+  if (it != managed_.begin()) {
+    --it;
+    if (p >= it->first && p + bytes <= it->first + it->second.bytes && bytes > 0) {
+      return &it->second;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "range [%p, +%d) does not lie inside one managed allocation", ptr, bytes));
+}
+
+absl::Status HostBackend::CheckRanges(absl::Span<const Range> ranges, const char* call) {
+  for (const Range& r : ranges) {
+    auto a = FindManaged(r.ptr, r.bytes);
+    if (!a.ok()) return absl::InvalidArgumentError(absl::StrCat(call, ": ", a.status().message()));
+  }
+  return absl::OkStatus();
+}
+
+void HostBackend::Record(PlacementRecord record) { records_.push_back(record); }
+
+absl::Status HostBackend::Advise(void* ptr, std::size_t bytes, Advice advice, Location location) {
+  absl::MutexLock l(&mu_);
+  Count("Advise");
+  auto a = FindManaged(ptr, bytes);
+  if (!a.ok()) return absl::InvalidArgumentError(absl::StrCat("Advise: ", a.status().message()));
+  if (!location.is_host()) {
+    if (auto s = CheckDevice(location.device); !s.ok()) return s;
+  }
+  RangeAttributes& attr = (*a)->attributes;
+  switch (advice) {
+    case Advice::kSetReadMostly: attr.read_mostly = true; break;
+    case Advice::kUnsetReadMostly: attr.read_mostly = false; break;
+    case Advice::kSetPreferredLocation:
+      attr.has_preferred_location = true;
+      attr.preferred_location = location;
+      break;
+    case Advice::kUnsetPreferredLocation: attr.has_preferred_location = false; break;
+    case Advice::kSetAccessedBy:
+      if (location.is_host()) return absl::InvalidArgumentError("Advise: accessed-by needs a device");
+      attr.accessed_by.push_back(location.device);
+      break;
+    case Advice::kUnsetAccessedBy:
+      for (auto it = attr.accessed_by.begin(); it != attr.accessed_by.end(); ++it) {
+        if (*it == location.device) {
+          attr.accessed_by.erase(it);
+          break;
+        }
+      }
+      break;
+    case Advice::kSetCoarseGrain:
+    case Advice::kUnsetCoarseGrain:
+      return absl::UnimplementedError("Advise: coarse-grain advice exists only on HIP");
+  }
+  Record({PlacementRecord::Op::kAdvise, ptr, bytes, advice, location, kDefaultStream, false});
+  return absl::OkStatus();
+}
+
+absl::Status HostBackend::Prefetch(void* ptr, std::size_t bytes, Location location,
+                                   Stream stream) {
+  const Range r{ptr, bytes};
+  absl::MutexLock l(&mu_);
+  Count("Prefetch");
+  if (auto s = CheckRanges({&r, 1}, "Prefetch"); !s.ok()) return s;
+  if (!location.is_host()) {
+    if (auto s = CheckDevice(location.device); !s.ok()) return s;
+  }
+  auto st = FindStream(stream);
+  if (!st.ok()) return st.status();
+  auto a = FindManaged(ptr, bytes);
+  (*a)->attributes.has_last_prefetch = true;
+  (*a)->attributes.last_prefetch_location = location;
+  Record({PlacementRecord::Op::kPrefetch, ptr, bytes, Advice::kSetReadMostly, location, stream,
+          false});
+  return absl::OkStatus();
+}
+
+absl::Status HostBackend::PrefetchBatch(absl::Span<const Range> ranges, Location location,
+                                        Stream stream) {
+  absl::MutexLock l(&mu_);
+  Count("PrefetchBatch");
+  if (auto s = CheckRanges(ranges, "PrefetchBatch"); !s.ok()) return s;
+  if (!location.is_host()) {
+    if (auto s = CheckDevice(location.device); !s.ok()) return s;
+  }
+  if (auto st = FindStream(stream); !st.ok()) return st.status();
+  for (const Range& r : ranges) {
+    auto a = FindManaged(r.ptr, r.bytes);
+    (*a)->attributes.has_last_prefetch = true;
+    (*a)->attributes.last_prefetch_location = location;
+    Record({PlacementRecord::Op::kPrefetch, r.ptr, r.bytes, Advice::kSetReadMostly, location,
+            stream, true});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostBackend::DiscardBatch(absl::Span<const Range> ranges, Stream stream) {
+  absl::MutexLock l(&mu_);
+  Count("DiscardBatch");
+  if (auto s = CheckRanges(ranges, "DiscardBatch"); !s.ok()) return s;
+  if (auto st = FindStream(stream); !st.ok()) return st.status();
+  for (const Range& r : ranges) {
+    Record({PlacementRecord::Op::kDiscard, r.ptr, r.bytes, Advice::kSetReadMostly,
+            Location::Host(), stream, true});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostBackend::DiscardAndPrefetchBatch(absl::Span<const Range> ranges,
+                                                  Location location, Stream stream) {
+  absl::MutexLock l(&mu_);
+  Count("DiscardAndPrefetchBatch");
+  if (auto s = CheckRanges(ranges, "DiscardAndPrefetchBatch"); !s.ok()) return s;
+  if (!location.is_host()) {
+    if (auto s = CheckDevice(location.device); !s.ok()) return s;
+  }
+  if (auto st = FindStream(stream); !st.ok()) return st.status();
+  for (const Range& r : ranges) {
+    auto a = FindManaged(r.ptr, r.bytes);
+    (*a)->attributes.has_last_prefetch = true;
+    (*a)->attributes.last_prefetch_location = location;
+    Record({PlacementRecord::Op::kDiscardAndPrefetch, r.ptr, r.bytes, Advice::kSetReadMostly,
+            location, stream, true});
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RangeAttributes> HostBackend::GetRangeAttributes(void* ptr, std::size_t bytes) {
+  absl::MutexLock l(&mu_);
+  Count("GetRangeAttributes");
+  auto a = FindManaged(ptr, bytes);
+  if (!a.ok()) return a.status();
+  return (*a)->attributes;
+}
+
+std::vector<PlacementRecord> HostBackend::Records() const {
+  absl::MutexLock l(&mu_);
+  return records_;
+}
+
+void HostBackend::ClearRecords() {
+  absl::MutexLock l(&mu_);
+  records_.clear();
+}
+
+// ---------------------------------------------------------------- streams/events
+
+absl::StatusOr<Stream> HostBackend::CreateStream(int device) {
+  absl::MutexLock l(&mu_);
+  Count("CreateStream");
+  if (auto s = CheckDevice(device); !s.ok()) return s;
+  const Stream id = next_id_++;
+  streams_[id] = StreamState{device};
+  return id;
+}
+
+absl::Status HostBackend::DestroyStream(Stream stream) {
+  absl::MutexLock l(&mu_);
+  Count("DestroyStream");
+  if (stream == kDefaultStream) {
+    return absl::InvalidArgumentError("DestroyStream: the default stream cannot be destroyed");
+  }
+  if (!streams_.erase(stream)) {
+    return absl::InvalidArgumentError(absl::StrFormat("DestroyStream: unknown stream 0x%x", stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostBackend::ValidateStream(int device, Stream stream) {
+  absl::MutexLock l(&mu_);
+  Count("ValidateStream");
+  if (auto s = CheckDevice(device); !s.ok()) return s;
+  auto st = FindStream(stream);
+  if (!st.ok()) return st.status();
+  if ((*st)->device != -1 && (*st)->device != device) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "stream 0x%x belongs to device %d, not device %d", stream, (*st)->device, device));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostBackend::SynchronizeStream(Stream stream) {
+  absl::MutexLock l(&mu_);
+  Count("SynchronizeStream");
+  auto st = FindStream(stream);
+  if (!st.ok()) return st.status();
+  (*st)->completed = (*st)->submitted;
+  return absl::OkStatus();
+}
+
+absl::Status HostBackend::EnqueueWork(Stream stream) {
+  absl::MutexLock l(&mu_);
+  auto st = FindStream(stream);
+  if (!st.ok()) return st.status();
+  ++(*st)->submitted;
+  Advance(**st);
+  return absl::OkStatus();
+}
+
+absl::Status HostBackend::CompleteWork(Stream stream) {
+  absl::MutexLock l(&mu_);
+  auto st = FindStream(stream);
+  if (!st.ok()) return st.status();
+  (*st)->completed = (*st)->submitted;
+  return absl::OkStatus();
+}
+
+std::int64_t HostBackend::PendingWork(Stream stream) {
+  absl::MutexLock l(&mu_);
+  auto st = FindStream(stream);
+  return st.ok() ? (*st)->submitted - (*st)->completed : 0;
+}
+
+absl::StatusOr<Event> HostBackend::CreateEvent(int device) {
+  absl::MutexLock l(&mu_);
+  Count("CreateEvent");
+  if (auto s = CheckDevice(device); !s.ok()) return s;
+  const Event id = next_id_++;
+  events_[id] = EventState{device};
+  return id;
+}
+
+absl::Status HostBackend::DestroyEvent(Event event) {
+  absl::MutexLock l(&mu_);
+  Count("DestroyEvent");
+  if (!events_.erase(event)) {
+    return absl::InvalidArgumentError(absl::StrFormat("DestroyEvent: unknown event 0x%x", event));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostBackend::RecordEvent(Event event, Stream stream) {
+  absl::MutexLock l(&mu_);
+  Count("RecordEvent");
+  auto it = events_.find(event);
+  if (it == events_.end()) {
+    return absl::InvalidArgumentError(absl::StrFormat("RecordEvent: unknown event 0x%x", event));
+  }
+  auto st = FindStream(stream);
+  if (!st.ok()) return st.status();
+  it->second.stream = stream;
+  it->second.ticket = (*st)->submitted;
+  it->second.recorded = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> HostBackend::QueryEvent(Event event) {
+  absl::MutexLock l(&mu_);
+  Count("QueryEvent");
+  auto it = events_.find(event);
+  if (it == events_.end()) {
+    return absl::InvalidArgumentError(absl::StrFormat("QueryEvent: unknown event 0x%x", event));
+  }
+  if (!it->second.recorded) return true;  // as CUDA: an unrecorded event is complete
+  auto st = streams_.find(it->second.stream);
+  // A destroyed stream's work is considered finished.
+  return st == streams_.end() || st->second.completed >= it->second.ticket;
+}
+
+absl::Status HostBackend::SynchronizeEvent(Event event) {
+  absl::MutexLock l(&mu_);
+  Count("SynchronizeEvent");
+  auto it = events_.find(event);
+  if (it == events_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("SynchronizeEvent: unknown event 0x%x", event));
+  }
+  auto st = streams_.find(it->second.stream);
+  if (it->second.recorded && st != streams_.end() && st->second.completed < it->second.ticket) {
+    st->second.completed = it->second.ticket;  // the "device" finishes that work
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostBackend::StreamWaitEvent(Stream stream, Event event) {
+  absl::MutexLock l(&mu_);
+  Count("StreamWaitEvent");
+  if (auto st = FindStream(stream); !st.ok()) return st.status();
+  if (!events_.contains(event)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("StreamWaitEvent: unknown event 0x%x", event));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- VMM
+
+absl::StatusOr<std::size_t> HostBackend::VmmGranularity(int device) {
+  absl::MutexLock l(&mu_);
+  Count("VmmGranularity");
+  if (auto s = CheckDevice(device); !s.ok()) return s;
+  return options_.vmm_granularity;
+}
+
+absl::StatusOr<PhysicalHandle> HostBackend::VmmCreate(int device, std::size_t bytes,
+                                                      HandleType exportable) {
+  absl::MutexLock l(&mu_);
+  Count("VmmCreate");
+  if (auto s = CheckDevice(device); !s.ok()) return s;
+  if (bytes == 0 || bytes % options_.vmm_granularity != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "VmmCreate: %d bytes is not a positive multiple of the granularity %d", bytes,
+        options_.vmm_granularity));
+  }
+  if (exportable == HandleType::kFabric && !options_.fabric_handles) {
+    return absl::UnimplementedError("VmmCreate: fabric handles are not supported on this device");
+  }
+  if (used_[device] + bytes > capacity_[device]) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("VmmCreate: out of memory on device %d", device));
+  }
+  const int fd = memfd_create("cma-vmm", MFD_CLOEXEC);
+  if (fd < 0) return Errno("memfd_create");
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    close(fd);
+    return Errno("ftruncate");
+  }
+  used_[device] += bytes;
+  const PhysicalHandle h = next_id_++;
+  physical_[h] = PhysicalMemory{fd, bytes, device};
+  return h;
+}
+
+absl::Status HostBackend::VmmRelease(PhysicalHandle handle) {
+  absl::MutexLock l(&mu_);
+  Count("VmmRelease");
+  auto it = physical_.find(handle);
+  if (it == physical_.end()) {
+    return absl::InvalidArgumentError(absl::StrFormat("VmmRelease: unknown handle %d", handle));
+  }
+  // As with CUDA, mappings keep the memory alive; the handle goes now.
+  close(it->second.fd);
+  if (it->second.device >= 0) used_[it->second.device] -= it->second.bytes;
+  physical_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> HostBackend::VmmReserve(std::size_t bytes, std::size_t alignment) {
+  absl::MutexLock l(&mu_);
+  Count("VmmReserve");
+  if (bytes == 0 || bytes % options_.vmm_granularity != 0) {
+    return absl::InvalidArgumentError("VmmReserve: size must be a positive multiple of granularity");
+  }
+  const std::size_t align = alignment ? alignment : options_.vmm_granularity;
+  void* raw = mmap(nullptr, bytes + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+  if (raw == MAP_FAILED) return Errno("mmap(reserve)");
+  // Trim to an aligned range.
+  auto base = reinterpret_cast<std::uintptr_t>(raw);
+  const std::uintptr_t aligned = (base + align - 1) / align * align;
+  if (aligned > base) munmap(raw, aligned - base);
+  const std::uintptr_t tail = aligned + bytes;
+  if (base + bytes + align > tail) munmap(reinterpret_cast<void*>(tail), base + bytes + align - tail);
+  reservations_[aligned] = bytes;
+  return reinterpret_cast<void*>(aligned);
+}
+
+absl::Status HostBackend::VmmFreeAddress(void* address, std::size_t bytes) {
+  absl::MutexLock l(&mu_);
+  Count("VmmFreeAddress");
+  const auto a = reinterpret_cast<std::uintptr_t>(address);
+  auto it = reservations_.find(a);
+  if (it == reservations_.end() || it->second != bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("VmmFreeAddress: [%p, +%d) is not a reservation", address, bytes));
+  }
+  for (auto& [m, map] : mappings_) {
+    if (Overlaps(m, map.bytes, a, bytes)) {
+      return absl::FailedPreconditionError("VmmFreeAddress: range still has mappings");
+    }
+  }
+  munmap(address, bytes);
+  reservations_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status HostBackend::VmmMap(void* address, std::size_t bytes, PhysicalHandle handle) {
+  absl::MutexLock l(&mu_);
+  Count("VmmMap");
+  const auto a = reinterpret_cast<std::uintptr_t>(address);
+  auto ph = physical_.find(handle);
+  if (ph == physical_.end()) {
+    return absl::InvalidArgumentError(absl::StrFormat("VmmMap: unknown handle %d", handle));
+  }
+  if (bytes != ph->second.bytes) {
+    return absl::InvalidArgumentError("VmmMap: size must equal the physical allocation's size");
+  }
+  auto r = reservations_.upper_bound(a);
+  if (r == reservations_.begin() || (--r, a + bytes > r->first + r->second)) {
+    return absl::InvalidArgumentError("VmmMap: range is not inside a reservation");
+  }
+  for (auto& [m, map] : mappings_) {
+    if (Overlaps(m, map.bytes, a, bytes)) {
+      return absl::InvalidArgumentError("VmmMap: range is already mapped");
+    }
+  }
+  void* p = mmap(address, bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, ph->second.fd, 0);
+  if (p == MAP_FAILED) return Errno("mmap(map)");
+  mappings_[a] = Mapping{bytes, handle};
+  return absl::OkStatus();
+}
+
+absl::Status HostBackend::VmmUnmap(void* address, std::size_t bytes) {
+  absl::MutexLock l(&mu_);
+  Count("VmmUnmap");
+  auto it = mappings_.find(reinterpret_cast<std::uintptr_t>(address));
+  if (it == mappings_.end() || it->second.bytes != bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("VmmUnmap: [%p, +%d) is not a mapping", address, bytes));
+  }
+  // Put the reservation back to PROT_NONE anonymous memory.
+  void* p = mmap(address, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
+                 -1, 0);
+  if (p == MAP_FAILED) return Errno("mmap(unmap)");
+  mappings_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status HostBackend::VmmSetAccess(void* address, std::size_t bytes,
+                                       absl::Span<const int> devices) {
+  absl::MutexLock l(&mu_);
+  Count("VmmSetAccess");
+  for (int d : devices) {
+    if (auto s = CheckDevice(d); !s.ok()) return s;
+  }
+  const auto a = reinterpret_cast<std::uintptr_t>(address);
+  std::size_t covered = 0;
+  for (auto& [m, map] : mappings_) {
+    if (m >= a && m + map.bytes <= a + bytes) covered += map.bytes;
+  }
+  if (covered != bytes) {
+    return absl::InvalidArgumentError("VmmSetAccess: range is not fully mapped");
+  }
+  if (mprotect(address, bytes, devices.empty() ? PROT_NONE : PROT_READ | PROT_WRITE) != 0) {
+    return Errno("mprotect");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShareableHandle> HostBackend::VmmExport(PhysicalHandle handle, HandleType type) {
+  absl::MutexLock l(&mu_);
+  Count("VmmExport");
+  auto it = physical_.find(handle);
+  if (it == physical_.end()) {
+    return absl::InvalidArgumentError(absl::StrFormat("VmmExport: unknown handle %d", handle));
+  }
+  if (type == HandleType::kFabric) {
+    return absl::UnimplementedError("VmmExport: the host backend exports POSIX FDs only");
+  }
+  ShareableHandle out;
+  out.type = HandleType::kPosixFd;
+  out.fd = dup(it->second.fd);
+  if (out.fd < 0) return Errno("dup");
+  out.bytes = it->second.bytes;
+  return out;
+}
+
+absl::StatusOr<PhysicalHandle> HostBackend::VmmImport(const ShareableHandle& shared) {
+  absl::MutexLock l(&mu_);
+  Count("VmmImport");
+  if (shared.type != HandleType::kPosixFd) {
+    return absl::UnimplementedError("VmmImport: the host backend imports POSIX FDs only");
+  }
+  struct stat st;
+  if (shared.fd < 0 || fstat(shared.fd, &st) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("VmmImport: bad descriptor %d", shared.fd));
+  }
+  const int fd = dup(shared.fd);
+  if (fd < 0) return Errno("dup");
+  const PhysicalHandle h = next_id_++;
+  // Imported memory belongs to its exporter's device: it is not counted here.
+  physical_[h] = PhysicalMemory{fd, static_cast<std::size_t>(st.st_size), -1};
+  return h;
+}
+
+// ---------------------------------------------------------------- multicast
+
+absl::StatusOr<MulticastHandle> HostBackend::MulticastCreate(absl::Span<const int> devices,
+                                                             std::size_t bytes) {
+  absl::MutexLock l(&mu_);
+  Count("MulticastCreate");
+  if (!options_.multicast_supported) {
+    return absl::UnimplementedError("MulticastCreate: multicast is not supported on this device");
+  }
+  if (bytes == 0 || bytes % options_.vmm_granularity != 0) {
+    return absl::InvalidArgumentError("MulticastCreate: size must be a multiple of granularity");
+  }
+  for (int d : devices) {
+    if (auto s = CheckDevice(d); !s.ok()) return s;
+  }
+  const MulticastHandle h = next_id_++;
+  multicast_[h] = {};
+  return h;
+}
+
+absl::Status HostBackend::MulticastAddDevice(MulticastHandle mc, int device) {
+  absl::MutexLock l(&mu_);
+  Count("MulticastAddDevice");
+  auto it = multicast_.find(mc);
+  if (it == multicast_.end()) return absl::InvalidArgumentError("unknown multicast object");
+  if (auto s = CheckDevice(device); !s.ok()) return s;
+  it->second.push_back(device);
+  return absl::OkStatus();
+}
+
+absl::Status HostBackend::MulticastBindMemory(MulticastHandle mc, std::size_t, PhysicalHandle mem,
+                                              std::size_t, std::size_t) {
+  absl::MutexLock l(&mu_);
+  Count("MulticastBindMemory");
+  if (!multicast_.contains(mc)) return absl::InvalidArgumentError("unknown multicast object");
+  if (!physical_.contains(mem)) return absl::InvalidArgumentError("unknown physical handle");
+  return absl::OkStatus();
+}
+
+absl::Status HostBackend::MulticastRelease(MulticastHandle mc) {
+  absl::MutexLock l(&mu_);
+  Count("MulticastRelease");
+  if (!multicast_.erase(mc)) return absl::InvalidArgumentError("unknown multicast object");
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- introspection
+
+HostResourceCounts HostBackend::LiveResources() const {
+  absl::MutexLock l(&mu_);
+  HostResourceCounts c;
+  c.managed_allocations = static_cast<int>(managed_.size());
+  for (auto& [p, a] : managed_) c.managed_bytes += a.bytes;
+  c.streams = static_cast<int>(streams_.size()) - 1;  // the default stream always exists
+  c.events = static_cast<int>(events_.size());
+  c.physical_handles = static_cast<int>(physical_.size());
+  c.reservations = static_cast<int>(reservations_.size());
+  c.mappings = static_cast<int>(mappings_.size());
+  c.multicast_objects = static_cast<int>(multicast_.size());
+  return c;
+}
+
+std::int64_t HostBackend::CallCount(const std::string& method) const {
+  absl::MutexLock l(&mu_);
+  auto it = calls_.find(method);
+  return it == calls_.end() ? 0 : it->second;
+}
+
+std::int64_t HostBackend::TotalCalls() const {
+  absl::MutexLock l(&mu_);
+  std::int64_t n = 0;
+  for (auto& [k, v] : calls_) n += v;
+  return n;
+}
+
+}  // namespace cma

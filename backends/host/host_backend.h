@@ -1,0 +1,202 @@
+// HostBackend: the whole Backend interface emulated on the CPU, so that every
+// allocator and policy test runs without a GPU.
+//
+//  * Managed memory is anonymous mmap; each numbered device has its own
+//    capacity (HostBackendOptions), so out-of-memory is testable.
+//  * Streams are ordered queues of abstract work. By default work completes
+//    the moment it is enqueued; with `manual_completion` it stays pending until
+//    the test calls CompleteWork, which simulates "a kernel still uses this
+//    block". Events capture a stream's position and complete when the stream
+//    passes it; SynchronizeEvent/SynchronizeStream complete the work they wait
+//    for, as a real device eventually would.
+//  * VMM physical memory is a memfd; a reserved range is PROT_NONE until
+//    mapped and given access, and an exported handle is a dup'ed FD that can
+//    cross processes with SCM_RIGHTS.
+//  * Every advise/prefetch/discard call is recorded (Records()) so that tests
+//    can assert exactly what the policies asked for.
+//
+// Thread safety: all methods are safe to call concurrently.
+#ifndef CMA_BACKENDS_HOST_HOST_BACKEND_H_
+#define CMA_BACKENDS_HOST_HOST_BACKEND_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "backends/backend.h"
+
+namespace cma {
+
+struct HostBackendOptions {
+  int device_count = 2;
+  std::size_t device_capacity = std::size_t{8} << 30;  // per device
+  bool manual_completion = false;
+  std::size_t vmm_granularity = std::size_t{2} << 20;
+  bool multicast_supported = false;
+  bool fabric_handles = false;
+};
+
+// One recorded placement call.
+struct PlacementRecord {
+  enum class Op { kAdvise, kPrefetch, kDiscard, kDiscardAndPrefetch };
+  Op op;
+  void* ptr;
+  std::size_t bytes;
+  Advice advice;       // kAdvise only
+  Location location;   // target (advise/prefetch); unused for kDiscard
+  Stream stream;
+  bool batched;        // came through a *Batch call
+};
+
+// Live resources, for leak checks at teardown.
+struct HostResourceCounts {
+  int managed_allocations = 0;
+  std::size_t managed_bytes = 0;
+  int streams = 0;
+  int events = 0;
+  int physical_handles = 0;
+  int reservations = 0;
+  int mappings = 0;
+  int multicast_objects = 0;
+  friend bool operator==(const HostResourceCounts& a, const HostResourceCounts& b) {
+    return a.managed_allocations == b.managed_allocations &&
+           a.managed_bytes == b.managed_bytes && a.streams == b.streams &&
+           a.events == b.events && a.physical_handles == b.physical_handles &&
+           a.reservations == b.reservations && a.mappings == b.mappings &&
+           a.multicast_objects == b.multicast_objects;
+  }
+};
+
+class HostBackend final : public Backend {
+ public:
+  explicit HostBackend(HostBackendOptions options = {});
+  ~HostBackend() override;
+  HostBackend(const HostBackend&) = delete;
+  HostBackend& operator=(const HostBackend&) = delete;
+
+  const char* name() const override { return "host"; }
+
+  absl::StatusOr<int> DeviceCount() override;
+  absl::StatusOr<DeviceFacts> GetDeviceFacts(int device) override;
+  absl::StatusOr<MemInfo> GetMemInfo(int device) override;
+
+  absl::StatusOr<void*> AllocateManaged(int device, std::size_t bytes) override;
+  absl::Status FreeManaged(void* ptr) override;
+
+  absl::Status Advise(void* ptr, std::size_t bytes, Advice advice, Location location) override;
+  absl::Status Prefetch(void* ptr, std::size_t bytes, Location location, Stream stream) override;
+  absl::Status PrefetchBatch(absl::Span<const Range> ranges, Location location,
+                             Stream stream) override;
+  absl::Status DiscardBatch(absl::Span<const Range> ranges, Stream stream) override;
+  absl::Status DiscardAndPrefetchBatch(absl::Span<const Range> ranges, Location location,
+                                       Stream stream) override;
+  absl::StatusOr<RangeAttributes> GetRangeAttributes(void* ptr, std::size_t bytes) override;
+
+  absl::StatusOr<Stream> CreateStream(int device) override;
+  absl::Status DestroyStream(Stream stream) override;
+  absl::Status ValidateStream(int device, Stream stream) override;
+  absl::Status SynchronizeStream(Stream stream) override;
+  absl::StatusOr<Event> CreateEvent(int device) override;
+  absl::Status DestroyEvent(Event event) override;
+  absl::Status RecordEvent(Event event, Stream stream) override;
+  absl::StatusOr<bool> QueryEvent(Event event) override;
+  absl::Status SynchronizeEvent(Event event) override;
+  absl::Status StreamWaitEvent(Stream stream, Event event) override;
+
+  absl::StatusOr<std::size_t> VmmGranularity(int device) override;
+  absl::StatusOr<PhysicalHandle> VmmCreate(int device, std::size_t bytes,
+                                           HandleType exportable) override;
+  absl::Status VmmRelease(PhysicalHandle handle) override;
+  absl::StatusOr<void*> VmmReserve(std::size_t bytes, std::size_t alignment) override;
+  absl::Status VmmFreeAddress(void* address, std::size_t bytes) override;
+  absl::Status VmmMap(void* address, std::size_t bytes, PhysicalHandle handle) override;
+  absl::Status VmmUnmap(void* address, std::size_t bytes) override;
+  absl::Status VmmSetAccess(void* address, std::size_t bytes,
+                            absl::Span<const int> devices) override;
+  absl::StatusOr<ShareableHandle> VmmExport(PhysicalHandle handle, HandleType type) override;
+  absl::StatusOr<PhysicalHandle> VmmImport(const ShareableHandle& shared) override;
+
+  absl::StatusOr<MulticastHandle> MulticastCreate(absl::Span<const int> devices,
+                                                  std::size_t bytes) override;
+  absl::Status MulticastAddDevice(MulticastHandle mc, int device) override;
+  absl::Status MulticastBindMemory(MulticastHandle mc, std::size_t mc_offset,
+                                   PhysicalHandle mem, std::size_t mem_offset,
+                                   std::size_t bytes) override;
+  absl::Status MulticastRelease(MulticastHandle mc) override;
+
+  // ---- test controls ----
+  // Enqueues one unit of pending work on `stream` (a "kernel"). In immediate
+  // mode it completes at once.
+  absl::Status EnqueueWork(Stream stream);
+  // Completes all work enqueued so far on `stream`.
+  absl::Status CompleteWork(Stream stream);
+  // Number of enqueued-but-incomplete work units on `stream`.
+  std::int64_t PendingWork(Stream stream);
+  std::vector<PlacementRecord> Records() const;
+  void ClearRecords();
+  HostResourceCounts LiveResources() const;
+  // Calls of one method name so far ("AllocateManaged", "RecordEvent", ...).
+  std::int64_t CallCount(const std::string& method) const;
+  std::int64_t TotalCalls() const;
+  // Changes a device's capacity (e.g. to create memory pressure mid-test).
+  void SetDeviceCapacity(int device, std::size_t bytes);
+
+ private:
+  struct StreamState {
+    int device;  // -1 for the default stream (valid everywhere)
+    std::int64_t submitted = 0;
+    std::int64_t completed = 0;
+  };
+  struct EventState {
+    int device;
+    Stream stream = 0;
+    std::int64_t ticket = 0;  // stream position captured at record time
+    bool recorded = false;
+  };
+  struct ManagedAllocation {
+    int device;
+    std::size_t bytes;
+    RangeAttributes attributes;
+  };
+  struct PhysicalMemory {
+    int fd;
+    std::size_t bytes;
+    int device;
+  };
+  struct Mapping {
+    std::size_t bytes;
+    PhysicalHandle handle;
+  };
+
+  void Count(const char* method) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckDevice(int device) const;
+  absl::StatusOr<StreamState*> FindStream(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<ManagedAllocation*> FindManaged(void* ptr, std::size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckRanges(absl::Span<const Range> ranges, const char* call)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Record(PlacementRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Advance(StreamState& s) const;  // immediate mode completes at once
+
+  const HostBackendOptions options_;
+  mutable absl::Mutex mu_;
+  std::vector<std::size_t> capacity_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::size_t> used_ ABSL_GUARDED_BY(mu_);
+  std::map<std::uintptr_t, ManagedAllocation> managed_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Stream, StreamState> streams_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Event, EventState> events_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<PhysicalHandle, PhysicalMemory> physical_ ABSL_GUARDED_BY(mu_);
+  std::map<std::uintptr_t, std::size_t> reservations_ ABSL_GUARDED_BY(mu_);
+  std::map<std::uintptr_t, Mapping> mappings_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<MulticastHandle, std::vector<int>> multicast_ ABSL_GUARDED_BY(mu_);
+  std::vector<PlacementRecord> records_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::int64_t> calls_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace cma
+
+#endif  // CMA_BACKENDS_HOST_HOST_BACKEND_H_

@@ -1,0 +1,184 @@
+#include "policy/config.h"
+
+#include <cstdlib>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace cma {
+namespace {
+
+constexpr absl::string_view kKeys =
+    "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, prefetch, "
+    "preferred_location, accessed_by, discard_on_free, managed_budget, release_threshold, "
+    "multicast";
+
+absl::Status Bad(absl::string_view key, absl::string_view value, absl::string_view accepted) {
+  return absl::InvalidArgumentError(absl::StrCat("CMA_ALLOC_CONF: bad value '", value,
+                                                 "' for key '", key, "'; accepted: ", accepted));
+}
+
+absl::StatusOr<bool> ParseFlag(absl::string_view key, absl::string_view v) {
+  if (v == "1" || v == "true") return true;
+  if (v == "0" || v == "false") return false;
+  return Bad(key, v, "0 or 1");
+}
+
+absl::Status ApplyKey(absl::string_view key, absl::string_view v, AllocatorConfig& c) {
+  if (key == "max_split_size_mb") {
+    std::size_t mb;
+    if (!absl::SimpleAtoi(v, &mb) || mb == 0 || mb > (std::size_t{1} << 40)) {
+      return Bad(key, v, "a positive number of MiB");
+    }
+    c.max_split_size = mb << 20;
+  } else if (key == "roundup_power2_divisions") {
+    int n;
+    if (!absl::SimpleAtoi(v, &n) || n < 0 || n > 64 || (n & (n - 1)) != 0) {
+      return Bad(key, v, "0 or a power of two up to 64");
+    }
+    c.roundup_power2_divisions = n;
+  } else if (key == "garbage_collection_threshold") {
+    double t;
+    if (!absl::SimpleAtod(v, &t) || !(t > 0.0 && t < 1.0)) {
+      return Bad(key, v, "a fraction strictly between 0 and 1");
+    }
+    c.garbage_collection_threshold = t;
+  } else if (key == "prefetch") {
+    if (v == "none") c.prefetch = PrefetchPolicy::kNone;
+    else if (v == "on_alloc") c.prefetch = PrefetchPolicy::kOnAlloc;
+    else if (v == "on_move") c.prefetch = PrefetchPolicy::kOnMove;
+    else return Bad(key, v, "none, on_alloc, on_move");
+  } else if (key == "preferred_location") {
+    if (v == "none") c.preferred_location = PreferredLocationPolicy::kNone;
+    else if (v == "device") c.preferred_location = PreferredLocationPolicy::kDevice;
+    else if (v == "host") c.preferred_location = PreferredLocationPolicy::kHost;
+    else return Bad(key, v, "none, device, host");
+  } else if (key == "accessed_by") {
+    c.accessed_by.clear();
+    c.accessed_by_all = false;
+    if (v == "all") {
+      c.accessed_by_all = true;
+    } else if (v != "none") {
+      for (absl::string_view d : absl::StrSplit(v, '+')) {
+        int dev;
+        if (!absl::SimpleAtoi(d, &dev) || dev < 0) {
+          return Bad(key, v, "none, all, or device ids joined by '+' (e.g. 0+1)");
+        }
+        c.accessed_by.push_back(dev);
+      }
+    }
+  } else if (key == "discard_on_free") {
+    auto f = ParseFlag(key, v);
+    if (!f.ok()) return f.status();
+    c.discard_on_free = *f;
+  } else if (key == "managed_budget") {
+    double frac;
+    // A number up to 1 is a fraction; a whole number above it, or one with a
+    // K/M/G suffix, is a size in bytes.
+    const bool is_number = absl::SimpleAtod(v, &frac);
+    if (is_number && (frac <= 1.0 || v.find('.') != absl::string_view::npos)) {
+      if (!(frac > 0.0 && frac <= 1.0)) {
+        return Bad(key, v, "a fraction in (0, 1] or a size such as 8G");
+      }
+      c.managed_budget_fraction = frac;
+      c.managed_budget_bytes = 0;
+    } else {
+      auto s = ParseSize(v);
+      if (!s.ok() || *s == 0) return Bad(key, v, "a fraction in (0, 1] or a size such as 8G");
+      c.managed_budget_bytes = *s;
+    }
+  } else if (key == "release_threshold") {
+    auto s = ParseSize(v);
+    if (!s.ok()) return Bad(key, v, "a size such as 0, 512M or 2G");
+    c.release_threshold = *s;
+  } else if (key == "multicast") {
+    auto f = ParseFlag(key, v);
+    if (!f.ok()) return f.status();
+    c.multicast = *f;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CMA_ALLOC_CONF: unknown key '", key, "'; accepted keys: ", kKeys));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::size_t> ParseSize(absl::string_view text) {
+  absl::string_view t = absl::StripAsciiWhitespace(text);
+  std::size_t shift = 0;
+  if (!t.empty()) {
+    switch (absl::ascii_toupper(t.back())) {
+      case 'K': shift = 10; break;
+      case 'M': shift = 20; break;
+      case 'G': shift = 30; break;
+      default: break;
+    }
+    if (shift) t.remove_suffix(1);
+  }
+  std::size_t n;
+  if (!absl::SimpleAtoi(t, &n) || (shift && n > (std::numeric_limits<std::size_t>::max() >> shift))) {
+    return absl::InvalidArgumentError(absl::StrCat("not a size: '", text, "'"));
+  }
+  return n << shift;
+}
+
+absl::StatusOr<AllocatorConfig> ParseAllocatorConfig(absl::string_view text) {
+  AllocatorConfig c;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    item = absl::StripAsciiWhitespace(item);
+    const auto colon = item.find(':');
+    if (colon == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CMA_ALLOC_CONF: '", item, "' is not key:value; accepted keys: ", kKeys));
+    }
+    const absl::string_view key = absl::StripAsciiWhitespace(item.substr(0, colon));
+    const absl::string_view value = absl::StripAsciiWhitespace(item.substr(colon + 1));
+    if (auto s = ApplyKey(key, value, c); !s.ok()) return s;
+  }
+  return c;
+}
+
+absl::StatusOr<AllocatorConfig> AllocatorConfigFromEnv() {
+  const char* env = std::getenv("CMA_ALLOC_CONF");
+  return ParseAllocatorConfig(env ? env : "");
+}
+
+std::string AllocatorConfig::ToString() const {
+  const AllocatorConfig d;
+  std::vector<std::string> parts;
+  if (max_split_size != d.max_split_size) {
+    parts.push_back(absl::StrCat("max_split_size_mb:", max_split_size >> 20));
+  }
+  if (roundup_power2_divisions) {
+    parts.push_back(absl::StrCat("roundup_power2_divisions:", roundup_power2_divisions));
+  }
+  if (garbage_collection_threshold > 0) {
+    parts.push_back(absl::StrCat("garbage_collection_threshold:", garbage_collection_threshold));
+  }
+  if (prefetch != d.prefetch) {
+    parts.push_back(absl::StrCat("prefetch:", prefetch == PrefetchPolicy::kNone ? "none" : "on_move"));
+  }
+  if (preferred_location != d.preferred_location) {
+    parts.push_back(absl::StrCat("preferred_location:",
+                                 preferred_location == PreferredLocationPolicy::kHost ? "host"
+                                                                                      : "device"));
+  }
+  if (accessed_by_all) parts.push_back("accessed_by:all");
+  else if (!accessed_by.empty()) parts.push_back(absl::StrCat("accessed_by:", absl::StrJoin(accessed_by, "+")));
+  if (discard_on_free) parts.push_back("discard_on_free:1");
+  if (managed_budget_bytes) parts.push_back(absl::StrCat("managed_budget:", managed_budget_bytes));
+  else if (managed_budget_fraction != 1.0) {
+    parts.push_back(absl::StrCat("managed_budget:", managed_budget_fraction));
+  }
+  if (release_threshold != d.release_threshold) {
+    parts.push_back(absl::StrCat("release_threshold:", release_threshold));
+  }
+  if (multicast) parts.push_back("multicast:1");
+  return absl::StrJoin(parts, ",");
+}
+
+}  // namespace cma

@@ -1,0 +1,67 @@
+// AllocatorConfig: every tunable of the allocator, parsed from one string in
+// the form `key:value,key:value` (the CMA_ALLOC_CONF environment variable, or
+// the same string passed through the API).
+//
+// Keys shared with PyTorch's PYTORCH_CUDA_ALLOC_CONF keep PyTorch's meaning:
+//   max_split_size_mb            blocks at least this large are never split
+//   roundup_power2_divisions     round sizes to 1/N steps of their power of two
+//   garbage_collection_threshold fraction of the budget above which idle
+//                                cached blocks are released before growing
+// This library's own keys:
+//   prefetch            none | on_alloc | on_move       (default on_alloc)
+//   preferred_location  none | device | host            (default none)
+//   accessed_by         none | all | D[+D...]           (default none)
+//   discard_on_free     0 | 1                            (default 0)
+//   managed_budget      fraction in (0,1] of the device's free memory at
+//                       start, or an absolute size such as 8G (default 1.0)
+//   release_threshold   size (e.g. 512M) of idle cache kept after frees;
+//                       above it fully-free segments go back (default: all kept)
+//   multicast           0 | 1: symmetric mode may use multicast (default 0)
+// Sizes take an optional K, M or G suffix (powers of 1024).
+//
+// Errors: an unknown key or bad value returns kInvalidArgument naming the key
+// and the accepted values; nothing is partially applied.
+// Thread safety: pure functions and a value type.
+#ifndef CMA_POLICY_CONFIG_H_
+#define CMA_POLICY_CONFIG_H_
+
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace cma {
+
+enum class PrefetchPolicy { kNone, kOnAlloc, kOnMove };
+enum class PreferredLocationPolicy { kNone, kDevice, kHost };
+
+struct AllocatorConfig {
+  std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
+  int roundup_power2_divisions = 0;  // 0: plain 512-byte rounding
+  double garbage_collection_threshold = 0.0;  // 0: off
+  PrefetchPolicy prefetch = PrefetchPolicy::kOnAlloc;
+  PreferredLocationPolicy preferred_location = PreferredLocationPolicy::kNone;
+  bool accessed_by_all = false;
+  std::vector<int> accessed_by;
+  bool discard_on_free = false;
+  double managed_budget_fraction = 1.0;  // used when managed_budget_bytes == 0
+  std::size_t managed_budget_bytes = 0;
+  std::size_t release_threshold = std::numeric_limits<std::size_t>::max();
+  bool multicast = false;
+
+  // The config back in `key:value` form (only keys that differ from defaults).
+  std::string ToString() const;
+};
+
+absl::StatusOr<AllocatorConfig> ParseAllocatorConfig(absl::string_view text);
+// Parses the CMA_ALLOC_CONF environment variable (defaults when unset).
+absl::StatusOr<AllocatorConfig> AllocatorConfigFromEnv();
+// "512", "64K", "20M", "8G" -> bytes.
+absl::StatusOr<std::size_t> ParseSize(absl::string_view text);
+
+}  // namespace cma
+
+#endif  // CMA_POLICY_CONFIG_H_

@@ -1,0 +1,46 @@
+#include "policy/size_policy.h"
+
+namespace cma {
+namespace {
+
+std::size_t RoundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+int FloorLog2(std::size_t n) { return 63 - __builtin_clzll(n); }
+
+}  // namespace
+
+std::size_t RoundRequest(std::size_t bytes, const AllocatorConfig& config) {
+  if (bytes <= kMinBlockSize) return kMinBlockSize;
+  const int div = config.roundup_power2_divisions;
+  // Power-of-two divisions pay off only above the small pool, where 512-byte
+  // rounding would leave many distinct sizes that fragment segments.
+  if (div > 1 && bytes > kSmallSize) {
+    const std::size_t floor_pow2 = std::size_t{1} << FloorLog2(bytes);
+    if (floor_pow2 == bytes) return bytes;
+    const std::size_t step = floor_pow2 / div;
+    if (step >= kMinBlockSize) return RoundUp(bytes, step);
+  }
+  return RoundUp(bytes, kMinBlockSize);
+}
+
+std::size_t SegmentSizeFor(std::size_t rounded) {
+  if (rounded <= kSmallSize) return kSmallSegment;
+  if (rounded < kMinLargeAlloc) return kLargeSegment;
+  return RoundUp(rounded, kLargeRounding);
+}
+
+bool CanServe(std::size_t block_size, std::size_t rounded, const AllocatorConfig& config) {
+  if (block_size < rounded) return false;
+  if (rounded < config.max_split_size && block_size >= config.max_split_size) return false;
+  if (rounded >= config.max_split_size && block_size >= rounded + kLargeSegment) return false;
+  return true;
+}
+
+bool ShouldSplit(std::size_t block_size, std::size_t rounded, PoolKind pool,
+                 const AllocatorConfig& config) {
+  const std::size_t remaining = block_size - rounded;
+  if (pool == PoolKind::kSmall) return remaining >= kMinBlockSize;
+  return rounded < config.max_split_size && remaining > kSmallSize;
+}
+
+}  // namespace cma

@@ -1,0 +1,45 @@
+// Size classes and rounding: which pool a request goes to, how much is carved
+// from the backend for it, and when a cached block may be split or reused.
+//
+// Pure functions of their arguments: no locks, no backend calls.
+#ifndef CMA_POLICY_SIZE_POLICY_H_
+#define CMA_POLICY_SIZE_POLICY_H_
+
+#include <cstddef>
+
+#include "policy/config.h"
+
+namespace cma {
+
+inline constexpr std::size_t kMinBlockSize = 512;              // every size rounds to this
+inline constexpr std::size_t kSmallSize = std::size_t{1} << 20;  // small pool: <= 1 MiB
+inline constexpr std::size_t kSmallSegment = std::size_t{2} << 20;
+inline constexpr std::size_t kLargeSegment = std::size_t{20} << 20;
+inline constexpr std::size_t kMinLargeAlloc = std::size_t{10} << 20;
+inline constexpr std::size_t kLargeRounding = std::size_t{2} << 20;
+
+enum class PoolKind { kSmall = 0, kLarge = 1 };
+
+// The size a request is rounded to before any pool lookup.
+std::size_t RoundRequest(std::size_t bytes, const AllocatorConfig& config);
+
+inline PoolKind PoolFor(std::size_t rounded) {
+  return rounded <= kSmallSize ? PoolKind::kSmall : PoolKind::kLarge;
+}
+
+// The size of a new segment carved from the backend for a rounded request.
+std::size_t SegmentSizeFor(std::size_t rounded);
+
+// Whether a cached free block of `block_size` may be handed out for a
+// rounded request of `rounded` bytes: blocks at least max_split_size long are
+// only reused for requests that waste little of them.
+bool CanServe(std::size_t block_size, std::size_t rounded, const AllocatorConfig& config);
+
+// Whether serving `rounded` bytes from a block of `block_size` should split
+// off the remainder as a new free block.
+bool ShouldSplit(std::size_t block_size, std::size_t rounded, PoolKind pool,
+                 const AllocatorConfig& config);
+
+}  // namespace cma
+
+#endif  // CMA_POLICY_SIZE_POLICY_H_

@@ -1,0 +1,117 @@
+#include "policy/config.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace cma {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ConfigTest, EmptyGivesDefaults) {
+  auto c = ParseAllocatorConfig("");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->prefetch, PrefetchPolicy::kOnAlloc);
+  EXPECT_EQ(c->managed_budget_fraction, 1.0);
+  EXPECT_FALSE(c->discard_on_free);
+  EXPECT_FALSE(c->multicast);
+  EXPECT_EQ(c->ToString(), "");
+}
+
+TEST(ConfigTest, ParsesEveryKey) {
+  auto c = ParseAllocatorConfig(
+      "max_split_size_mb:256, roundup_power2_divisions:4,garbage_collection_threshold:0.6,"
+      "prefetch:none,preferred_location:host,accessed_by:0+1,discard_on_free:1,"
+      "managed_budget:0.5,release_threshold:512M,multicast:1");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_split_size, std::size_t{256} << 20);
+  EXPECT_EQ(c->roundup_power2_divisions, 4);
+  EXPECT_DOUBLE_EQ(c->garbage_collection_threshold, 0.6);
+  EXPECT_EQ(c->prefetch, PrefetchPolicy::kNone);
+  EXPECT_EQ(c->preferred_location, PreferredLocationPolicy::kHost);
+  EXPECT_EQ(c->accessed_by, (std::vector<int>{0, 1}));
+  EXPECT_TRUE(c->discard_on_free);
+  EXPECT_DOUBLE_EQ(c->managed_budget_fraction, 0.5);
+  EXPECT_EQ(c->release_threshold, std::size_t{512} << 20);
+  EXPECT_TRUE(c->multicast);
+}
+
+TEST(ConfigTest, RoundTripsThroughToString) {
+  const char* text = "max_split_size_mb:64,prefetch:on_move,accessed_by:all,managed_budget:1073741824";
+  auto c = ParseAllocatorConfig(text);
+  ASSERT_TRUE(c.ok());
+  auto again = ParseAllocatorConfig(c->ToString());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->ToString(), c->ToString());
+  EXPECT_EQ(again->managed_budget_bytes, std::size_t{1} << 30);
+  EXPECT_TRUE(again->accessed_by_all);
+}
+
+TEST(ConfigTest, UnknownKeyNamesKeyAndAcceptedKeys) {
+  auto c = ParseAllocatorConfig("max_split_size_mb:64,expandable_segments:True");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("unknown key 'expandable_segments'"));
+  EXPECT_THAT(c.status().message(), HasSubstr("managed_budget"));
+}
+
+TEST(ConfigTest, BadValuesNameKeyAndAcceptedValues) {
+  struct Case { const char* text; const char* key; const char* accepted; };
+  for (const Case& k : {
+           Case{"prefetch:always", "prefetch", "none, on_alloc, on_move"},
+           Case{"preferred_location:gpu", "preferred_location", "none, device, host"},
+           Case{"discard_on_free:yes", "discard_on_free", "0 or 1"},
+           Case{"max_split_size_mb:-3", "max_split_size_mb", "positive number"},
+           Case{"roundup_power2_divisions:3", "roundup_power2_divisions", "power of two"},
+           Case{"garbage_collection_threshold:1.5", "garbage_collection_threshold", "between 0 and 1"},
+           Case{"managed_budget:1.5", "managed_budget", "fraction in (0, 1]"},
+           Case{"managed_budget:0", "managed_budget", "fraction in (0, 1]"},
+           Case{"release_threshold:lots", "release_threshold", "a size"},
+           Case{"accessed_by:0+x", "accessed_by", "device ids"},
+           Case{"multicast:2", "multicast", "0 or 1"},
+       }) {
+    auto c = ParseAllocatorConfig(k.text);
+    ASSERT_FALSE(c.ok()) << k.text;
+    EXPECT_THAT(c.status().message(), HasSubstr(std::string("'") + k.key + "'")) << k.text;
+    EXPECT_THAT(c.status().message(), HasSubstr(k.accepted)) << k.text;
+  }
+}
+
+TEST(ConfigTest, MissingColonIsAnError) {
+  auto c = ParseAllocatorConfig("prefetch");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("not key:value"));
+}
+
+TEST(ConfigTest, ParseSizeSuffixes) {
+  EXPECT_EQ(*ParseSize("512"), 512u);
+  EXPECT_EQ(*ParseSize("64K"), 64u << 10);
+  EXPECT_EQ(*ParseSize("20m"), 20u << 20);
+  EXPECT_EQ(*ParseSize("8G"), std::size_t{8} << 30);
+  EXPECT_FALSE(ParseSize("").ok());
+  EXPECT_FALSE(ParseSize("G").ok());
+  EXPECT_FALSE(ParseSize("99999999999999999999G").ok());
+}
+
+TEST(ConfigTest, ManagedBudgetAbsoluteSize) {
+  auto c = ParseAllocatorConfig("managed_budget:8G");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->managed_budget_bytes, std::size_t{8} << 30);
+}
+
+TEST(ConfigTest, LaterKeysOverrideEarlier) {
+  auto c = ParseAllocatorConfig("prefetch:none,prefetch:on_move");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->prefetch, PrefetchPolicy::kOnMove);
+}
+
+TEST(ConfigTest, FromEnv) {
+  setenv("CMA_ALLOC_CONF", "discard_on_free:1", 1);
+  auto c = AllocatorConfigFromEnv();
+  unsetenv("CMA_ALLOC_CONF");
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->discard_on_free);
+}
+
+}  // namespace
+}  // namespace cma

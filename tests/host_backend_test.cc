@@ -1,0 +1,207 @@
+#include "backends/host/host_backend.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace cma {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(HostBackendTest, ManagedMemoryIsUsableAndCounted) {
+  HostBackend b({.device_count = 2, .device_capacity = 64 << 20});
+  auto p = b.AllocateManaged(1, 4 << 20);
+  ASSERT_TRUE(p.ok());
+  std::memset(*p, 0xab, 4 << 20);
+  EXPECT_EQ(b.GetMemInfo(1)->free_bytes, 60u << 20);
+  EXPECT_EQ(b.GetMemInfo(0)->free_bytes, 64u << 20);
+  EXPECT_TRUE(b.FreeManaged(*p).ok());
+  EXPECT_EQ(b.LiveResources().managed_allocations, 0);
+}
+
+TEST(HostBackendTest, CapacityGivesResourceExhausted) {
+  HostBackend b({.device_count = 1, .device_capacity = 8 << 20});
+  auto p = b.AllocateManaged(0, 16 << 20);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(b.LiveResources().managed_allocations, 0);
+}
+
+TEST(HostBackendTest, BadDeviceAndForeignFree) {
+  HostBackend b({.device_count = 1});
+  EXPECT_EQ(b.AllocateManaged(3, 4096).status().code(), absl::StatusCode::kInvalidArgument);
+  int x;
+  EXPECT_THAT(b.FreeManaged(&x).message(), HasSubstr("not a managed allocation"));
+}
+
+TEST(HostBackendTest, ManualCompletionHoldsEvents) {
+  HostBackend b({.manual_completion = true});
+  Stream s = *b.CreateStream(0);
+  Event e = *b.CreateEvent(0);
+  ASSERT_TRUE(b.EnqueueWork(s).ok());
+  ASSERT_TRUE(b.RecordEvent(e, s).ok());
+  EXPECT_FALSE(*b.QueryEvent(e));
+  EXPECT_EQ(b.PendingWork(s), 1);
+  ASSERT_TRUE(b.CompleteWork(s).ok());
+  EXPECT_TRUE(*b.QueryEvent(e));
+  // Work enqueued after the record does not delay the event.
+  ASSERT_TRUE(b.RecordEvent(e, s).ok());
+  ASSERT_TRUE(b.EnqueueWork(s).ok());
+  EXPECT_TRUE(*b.QueryEvent(e));
+  EXPECT_TRUE(b.SynchronizeStream(s).ok());
+  EXPECT_EQ(b.PendingWork(s), 0);
+  EXPECT_TRUE(b.DestroyEvent(e).ok());
+  EXPECT_TRUE(b.DestroyStream(s).ok());
+}
+
+TEST(HostBackendTest, SynchronizeEventCompletesTheWork) {
+  HostBackend b({.manual_completion = true});
+  Stream s = *b.CreateStream(0);
+  Event e = *b.CreateEvent(0);
+  ASSERT_TRUE(b.EnqueueWork(s).ok());
+  ASSERT_TRUE(b.RecordEvent(e, s).ok());
+  ASSERT_TRUE(b.SynchronizeEvent(e).ok());
+  EXPECT_TRUE(*b.QueryEvent(e));
+  b.DestroyEvent(e).IgnoreError();
+  b.DestroyStream(s).IgnoreError();
+}
+
+TEST(HostBackendTest, ImmediateModeCompletesAtOnce) {
+  HostBackend b;
+  Stream s = *b.CreateStream(0);
+  Event e = *b.CreateEvent(0);
+  ASSERT_TRUE(b.EnqueueWork(s).ok());
+  ASSERT_TRUE(b.RecordEvent(e, s).ok());
+  EXPECT_TRUE(*b.QueryEvent(e));
+  b.DestroyEvent(e).IgnoreError();
+  b.DestroyStream(s).IgnoreError();
+}
+
+TEST(HostBackendTest, StreamValidation) {
+  HostBackend b({.device_count = 2});
+  Stream s = *b.CreateStream(1);
+  EXPECT_TRUE(b.ValidateStream(1, s).ok());
+  EXPECT_TRUE(b.ValidateStream(0, kDefaultStream).ok());
+  EXPECT_THAT(b.ValidateStream(0, s).message(), HasSubstr("belongs to device 1"));
+  EXPECT_THAT(b.ValidateStream(0, 12345).message(), HasSubstr("unknown stream"));
+  EXPECT_FALSE(b.DestroyStream(kDefaultStream).ok());
+  EXPECT_TRUE(b.DestroyStream(s).ok());
+  EXPECT_FALSE(b.ValidateStream(1, s).ok());
+}
+
+TEST(HostBackendTest, PlacementCallsAreRecordedAndQueryable) {
+  HostBackend b;
+  void* p = *b.AllocateManaged(0, 1 << 20);
+  ASSERT_TRUE(b.Advise(p, 1 << 20, Advice::kSetPreferredLocation, Location::Device(1)).ok());
+  ASSERT_TRUE(b.Advise(p, 1 << 20, Advice::kSetReadMostly, Location::Host()).ok());
+  ASSERT_TRUE(b.Prefetch(p, 4096, Location::Device(0), kDefaultStream).ok());
+  Range r{p, 8192};
+  ASSERT_TRUE(b.DiscardAndPrefetchBatch({&r, 1}, Location::Host(), kDefaultStream).ok());
+  auto recs = b.Records();
+  ASSERT_EQ(recs.size(), 4u);
+  EXPECT_EQ(recs[0].op, PlacementRecord::Op::kAdvise);
+  EXPECT_EQ(recs[2].op, PlacementRecord::Op::kPrefetch);
+  EXPECT_FALSE(recs[2].batched);
+  EXPECT_EQ(recs[3].op, PlacementRecord::Op::kDiscardAndPrefetch);
+  EXPECT_TRUE(recs[3].batched);
+  auto attr = b.GetRangeAttributes(p, 4096);
+  ASSERT_TRUE(attr.ok());
+  EXPECT_TRUE(attr->read_mostly);
+  EXPECT_EQ(attr->preferred_location, Location::Device(1));
+  EXPECT_TRUE(attr->last_prefetch_location.is_host());
+  b.FreeManaged(p).IgnoreError();
+}
+
+TEST(HostBackendTest, PlacementRejectsRangesOutsideAllocations) {
+  HostBackend b;
+  void* p = *b.AllocateManaged(0, 4096);
+  EXPECT_THAT(b.Prefetch(p, 8192, Location::Device(0), kDefaultStream).message(),
+              HasSubstr("does not lie inside one managed allocation"));
+  EXPECT_FALSE(b.Advise(p, 4096, Advice::kSetCoarseGrain, Location::Device(0)).ok());
+  EXPECT_TRUE(b.Records().empty());
+  b.FreeManaged(p).IgnoreError();
+}
+
+TEST(HostBackendTest, VmmMapsMemfdTwiceWithSharedContents) {
+  HostBackend b;
+  const std::size_t g = *b.VmmGranularity(0);
+  PhysicalHandle h = *b.VmmCreate(0, g, HandleType::kPosixFd);
+  void* a1 = *b.VmmReserve(g, 0);
+  void* a2 = *b.VmmReserve(g, 0);
+  ASSERT_TRUE(b.VmmMap(a1, g, h).ok());
+  ASSERT_TRUE(b.VmmMap(a2, g, h).ok());
+  int devs[] = {0, 1};
+  ASSERT_TRUE(b.VmmSetAccess(a1, g, devs).ok());
+  ASSERT_TRUE(b.VmmSetAccess(a2, g, devs).ok());
+  static_cast<char*>(a1)[100] = 42;
+  EXPECT_EQ(static_cast<char*>(a2)[100], 42);
+  EXPECT_FALSE(b.VmmFreeAddress(a1, g).ok());  // still mapped
+  ASSERT_TRUE(b.VmmUnmap(a1, g).ok());
+  ASSERT_TRUE(b.VmmUnmap(a2, g).ok());
+  ASSERT_TRUE(b.VmmFreeAddress(a1, g).ok());
+  ASSERT_TRUE(b.VmmFreeAddress(a2, g).ok());
+  ASSERT_TRUE(b.VmmRelease(h).ok());
+  EXPECT_EQ(b.LiveResources(), HostResourceCounts{});
+}
+
+TEST(HostBackendTest, VmmExportImportSharesMemory) {
+  HostBackend exporter, importer;
+  const std::size_t g = *exporter.VmmGranularity(0);
+  PhysicalHandle h = *exporter.VmmCreate(0, g, HandleType::kPosixFd);
+  auto shared = exporter.VmmExport(h, HandleType::kPosixFd);
+  ASSERT_TRUE(shared.ok());
+  PhysicalHandle h2 = *importer.VmmImport(*shared);
+  close(shared->fd);
+  void* a = *exporter.VmmReserve(g, 0);
+  void* b = *importer.VmmReserve(g, 0);
+  int dev0[] = {0};
+  ASSERT_TRUE(exporter.VmmMap(a, g, h).ok());
+  ASSERT_TRUE(exporter.VmmSetAccess(a, g, dev0).ok());
+  ASSERT_TRUE(importer.VmmMap(b, g, h2).ok());
+  ASSERT_TRUE(importer.VmmSetAccess(b, g, dev0).ok());
+  static_cast<int*>(b)[7] = 1234;
+  EXPECT_EQ(static_cast<int*>(a)[7], 1234);
+  for (HostBackend* be : {&exporter, &importer}) {
+    void* addr = be == &exporter ? a : b;
+    ASSERT_TRUE(be->VmmUnmap(addr, g).ok());
+    ASSERT_TRUE(be->VmmFreeAddress(addr, g).ok());
+  }
+  ASSERT_TRUE(exporter.VmmRelease(h).ok());
+  ASSERT_TRUE(importer.VmmRelease(h2).ok());
+}
+
+TEST(HostBackendTest, VmmRejectsBadSizes) {
+  HostBackend b;
+  EXPECT_FALSE(b.VmmCreate(0, 1000, HandleType::kPosixFd).ok());
+  EXPECT_FALSE(b.VmmReserve(0, 0).ok());
+  EXPECT_EQ(b.VmmCreate(0, 2 << 20, HandleType::kFabric).status().code(),
+            absl::StatusCode::kUnimplemented);
+}
+
+TEST(HostBackendTest, MulticastOnlyWhenSupported) {
+  HostBackend off;
+  int devs[] = {0, 1};
+  EXPECT_EQ(off.MulticastCreate(devs, 2 << 20).status().code(), absl::StatusCode::kUnimplemented);
+  HostBackend on({.multicast_supported = true});
+  auto mc = on.MulticastCreate(devs, 2 << 20);
+  ASSERT_TRUE(mc.ok());
+  EXPECT_TRUE(on.MulticastAddDevice(*mc, 1).ok());
+  EXPECT_TRUE(on.MulticastRelease(*mc).ok());
+  EXPECT_EQ(on.LiveResources().multicast_objects, 0);
+}
+
+TEST(HostBackendTest, CountsCalls) {
+  HostBackend b;
+  void* p = *b.AllocateManaged(0, 4096);
+  b.FreeManaged(p).IgnoreError();
+  EXPECT_EQ(b.CallCount("AllocateManaged"), 1);
+  EXPECT_EQ(b.CallCount("FreeManaged"), 1);
+  EXPECT_GE(b.TotalCalls(), 2);
+}
+
+}  // namespace
+}  // namespace cma

@@ -1,0 +1,66 @@
+#include "policy/size_policy.h"
+
+#include "gtest/gtest.h"
+
+namespace cma {
+namespace {
+
+TEST(SizePolicyTest, RoundsTo512) {
+  AllocatorConfig c;
+  EXPECT_EQ(RoundRequest(1, c), 512u);
+  EXPECT_EQ(RoundRequest(512, c), 512u);
+  EXPECT_EQ(RoundRequest(513, c), 1024u);
+  EXPECT_EQ(RoundRequest(18816, c), 18944u);
+}
+
+TEST(SizePolicyTest, PowerOfTwoDivisionsAboveSmallPool) {
+  AllocatorConfig c;
+  c.roundup_power2_divisions = 4;
+  // 5 MiB + 1 lies in [4 MiB, 8 MiB): steps of 1 MiB.
+  EXPECT_EQ(RoundRequest((5u << 20) + 1, c), 6u << 20);
+  EXPECT_EQ(RoundRequest(4u << 20, c), 4u << 20);
+  // The small pool keeps 512-byte rounding.
+  EXPECT_EQ(RoundRequest(3000, c), 3072u);
+}
+
+TEST(SizePolicyTest, PoolBoundaryIsOneMiB) {
+  EXPECT_EQ(PoolFor(1u << 20), PoolKind::kSmall);
+  EXPECT_EQ(PoolFor((1u << 20) + 512), PoolKind::kLarge);
+}
+
+TEST(SizePolicyTest, SegmentSizes) {
+  EXPECT_EQ(SegmentSizeFor(512), kSmallSegment);
+  EXPECT_EQ(SegmentSizeFor(1u << 20), kSmallSegment);
+  EXPECT_EQ(SegmentSizeFor(2u << 20), kLargeSegment);
+  EXPECT_EQ(SegmentSizeFor(10u << 20), 10u << 20);
+  EXPECT_EQ(SegmentSizeFor((10u << 20) + 512), 12u << 20);
+}
+
+TEST(SizePolicyTest, SplitRules) {
+  AllocatorConfig c;
+  EXPECT_TRUE(ShouldSplit(kSmallSegment, 512, PoolKind::kSmall, c));
+  EXPECT_FALSE(ShouldSplit(1024, 1024, PoolKind::kSmall, c));
+  EXPECT_TRUE(ShouldSplit(kLargeSegment, 2u << 20, PoolKind::kLarge, c));
+  // Large remainders of 1 MiB or less are not worth a block.
+  EXPECT_FALSE(ShouldSplit((3u << 20), 2u << 20, PoolKind::kLarge, c));
+}
+
+TEST(SizePolicyTest, MaxSplitSizeStopsSplittingAndLimitsWaste) {
+  AllocatorConfig c;
+  c.max_split_size = 64u << 20;
+  EXPECT_FALSE(ShouldSplit(128u << 20, 64u << 20, PoolKind::kLarge, c));
+  // A small request may not take an oversize block.
+  EXPECT_FALSE(CanServe(100u << 20, 2u << 20, c));
+  // An oversize request may take an oversize block that wastes < 20 MiB.
+  EXPECT_TRUE(CanServe(80u << 20, 70u << 20, c));
+  EXPECT_FALSE(CanServe(100u << 20, 70u << 20, c));
+}
+
+TEST(SizePolicyTest, CanServeNeedsEnoughBytes) {
+  AllocatorConfig c;
+  EXPECT_FALSE(CanServe(1024, 1536, c));
+  EXPECT_TRUE(CanServe(1536, 1536, c));
+}
+
+}  // namespace
+}  // namespace cma
