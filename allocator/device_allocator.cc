@@ -219,6 +219,7 @@ absl::StatusOr<Block*> DeviceAllocator::NewSegment(std::size_t rounded, PoolKind
 void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t requested,
                                PoolKind pool, Stream stream) {
   b->stream = stream;
+  b->allocated = true;
   if (ShouldSplit(b->size, rounded, pool, *config_)) {
     Block* rest = NewBlock();
     rest->addr = b->addr + rounded;
@@ -230,9 +231,10 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
     if (b->next != nullptr) b->next->prev = rest;
     b->next = rest;
     b->size = rounded;
-    InsertFree(rest);
+    // A block taken from another stream may border a free block of this
+    // stream: merge rather than leave two free neighbours apart.
+    ReturnBlock(rest);
   }
-  b->allocated = true;
   b->requested = requested;
   b->stream_uses.clear();
   allocated_[b->addr] = b;
@@ -386,7 +388,12 @@ void DeviceAllocator::ProcessPendingFrees(bool synchronize) {
 std::size_t DeviceAllocator::ReleaseCachedSegments(std::size_t goal) {
   std::vector<Segment*> idle;
   for (auto& [base, seg] : segments_) {
-    if (seg->first->is_free() && seg->first->next == nullptr) idle.push_back(seg);
+    // Fully free, though possibly in pieces of different streams.
+    bool all_free = true;
+    for (const Block* b = seg->first; b != nullptr && all_free; b = b->next) {
+      all_free = b->is_free();
+    }
+    if (all_free) idle.push_back(seg);
   }
   std::sort(idle.begin(), idle.end(),
             [](const Segment* a, const Segment* b) { return a->size > b->size; });
@@ -394,13 +401,15 @@ std::size_t DeviceAllocator::ReleaseCachedSegments(std::size_t goal) {
   absl::flat_hash_set<Stream> synced;
   for (Segment* seg : idle) {
     if (goal != 0 && released >= goal) break;
-    // The segment's last user may still have work queued: wait for it
+    // The segment's last users may still have work queued: wait for them
     // before the memory goes back.
-    const Stream s = seg->first->stream;
-    if (!synced.contains(s)) {
-      if (!backend_->SynchronizeStream(s).ok()) continue;
-      synced.insert(s);
+    bool quiet = true;
+    for (const Block* b = seg->first; b != nullptr && quiet; b = b->next) {
+      if (synced.contains(b->stream)) continue;
+      quiet = backend_->SynchronizeStream(b->stream).ok();
+      if (quiet) synced.insert(b->stream);
     }
+    if (!quiet) continue;
     released += seg->size;
     ReleaseSegment(seg);
   }
@@ -409,17 +418,18 @@ std::size_t DeviceAllocator::ReleaseCachedSegments(std::size_t goal) {
 }
 
 void DeviceAllocator::ReleaseSegment(Segment* seg) {
-  Block* b = seg->first;
-  EraseFree(b);
-  if (!backend_->FreeManaged(seg->ptr_base()).ok()) {
-    InsertFree(b);  // keep it cached rather than lose track of it
-    return;
+  // On failure the blocks stay cached rather than lost.
+  if (!backend_->FreeManaged(seg->ptr_base()).ok()) return;
+  for (Block* b = seg->first; b != nullptr;) {
+    Block* next = b->next;
+    EraseFree(b);
+    DeleteBlock(b);
+    b = next;
   }
   UpdateStat(stats_.segment, seg->pool, -1);
   UpdateStat(stats_.reserved_bytes, seg->pool, -static_cast<std::int64_t>(seg->size));
   ++stats_.num_device_free;
   segments_.erase(seg->base);
-  DeleteBlock(b);
   delete seg;
 }
 

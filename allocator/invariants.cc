@@ -1,6 +1,6 @@
 // DeviceAllocator::CheckInvariants: a full recount of the allocator's state,
 // run by tests after every step of randomized workloads.
-#include <algorithm>
+#include "absl/container/flat_hash_map.h"
 
 #include "absl/strings/str_format.h"
 #include "allocator/device_allocator.h"
@@ -39,6 +39,8 @@ absl::Status DeviceAllocator::CheckInvariants() {
   std::size_t free_blocks[2] = {0, 0};
   std::size_t allocated_blocks = 0;
   std::uintptr_t previous_end = 0;
+  absl::flat_hash_map<const Block*, int> pending_count;
+  for (const PendingFree& p : pending_) ++pending_count[p.block];
   for (auto& [base, seg] : segments_) {
     if (base != seg->base) return Broken("segment map key differs from segment base");
     if (base < previous_end) return Broken(absl::StrFormat("segment %#x overlaps its predecessor", base));
@@ -66,8 +68,7 @@ absl::Status DeviceAllocator::CheckInvariants() {
         active.Add(seg->pool, b->size);
       } else if (b->pending_events > 0) {
         if (in_pool) return Broken(absl::StrFormat("block %#x awaiting events is in a pool", b->addr));
-        const auto n = std::count_if(pending_.begin(), pending_.end(),
-                                     [b](const PendingFree& p) { return p.block == b; });
+        const int n = pending_count[b];
         if (n != b->pending_events) return Broken(absl::StrFormat("block %#x pending count %d, list has %d", b->addr, b->pending_events, n));
         active.Add(seg->pool, b->size);
       } else {

@@ -1,0 +1,120 @@
+// Randomized stress: 8 threads x 4 streams x 2 devices under memory pressure,
+// with the invariant checker after every step and a tag in every live block
+// that would expose two callers being handed overlapping memory.
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "tests/test_util.h"
+
+namespace cma {
+namespace {
+
+struct Live {
+  void* ptr;
+  std::size_t bytes;
+  std::uint64_t tag;
+};
+
+void WriteTag(const Live& l) {
+  std::memcpy(l.ptr, &l.tag, sizeof(l.tag));
+  std::memcpy(static_cast<char*>(l.ptr) + l.bytes - sizeof(l.tag), &l.tag, sizeof(l.tag));
+}
+
+bool TagIntact(const Live& l) {
+  std::uint64_t a, b;
+  std::memcpy(&a, l.ptr, sizeof(a));
+  std::memcpy(&b, static_cast<char*>(l.ptr) + l.bytes - sizeof(b), sizeof(b));
+  return a == l.tag && b == l.tag;
+}
+
+TEST_F(AllocatorTest, EightThreadsFourStreamsKeepInvariants) {
+  Make({.device_count = 2, .device_capacity = 192 << 20, .manual_completion = true});
+  std::vector<Stream> streams[2];
+  for (int d = 0; d < 2; ++d) {
+    streams[d].push_back(kDefaultStream);
+    for (int i = 0; i < 3; ++i) streams[d].push_back(*backend_->CreateStream(d));
+  }
+  constexpr int kThreads = 8;
+  constexpr int kSteps = 1000;
+  std::atomic<int> failures{0}, ooms{0}, allocs{0};
+  std::atomic<std::uint64_t> next_tag{1};
+  auto worker = [&](int id) {
+    std::mt19937_64 rng(1234 + id);
+    std::vector<Live> live;
+    for (int step = 0; step < kSteps && failures == 0; ++step) {
+      const int dev = rng() % 2;
+      const Stream s = streams[dev][rng() % 4];
+      const int op = rng() % 10;
+      if (op < 5 || live.empty()) {
+        // Mostly small, sometimes large, rarely huge.
+        const int kind = rng() % 20;
+        std::size_t n = kind < 14 ? 8 + rng() % 65536
+                        : kind < 19 ? (1 << 20) + rng() % (6 << 20)
+                                    : (12 << 20) + rng() % (20 << 20);
+        auto p = alloc_->Allocate(n, dev, s);
+        if (!p.ok()) {
+          if (p.status().code() == absl::StatusCode::kResourceExhausted) {
+            ++ooms;
+          } else {
+            ADD_FAILURE() << p.status();
+            ++failures;
+          }
+          continue;
+        }
+        ++allocs;
+        Live l{*p, n < 16 ? 16 : n, next_tag++};
+        if (n < 16) l.bytes = n;  // too small for two tags: write one
+        if (l.bytes >= 16) WriteTag(l);
+        live.push_back(l);
+      } else if (op < 8) {
+        const std::size_t i = rng() % live.size();
+        if (live[i].bytes >= 16 && !TagIntact(live[i])) {
+          ADD_FAILURE() << "block " << live[i].ptr << " was overwritten: handed out twice";
+          ++failures;
+        }
+        if (!alloc_->Free(live[i].ptr).ok()) ++failures;
+        live[i] = live.back();
+        live.pop_back();
+      } else if (op < 9) {
+        const std::size_t i = rng() % live.size();
+        const int d = *alloc_->DeviceOf(live[i].ptr);
+        const Stream other = streams[d][rng() % 4];
+        if (!alloc_->RecordStream(live[i].ptr, other).ok()) ++failures;
+        backend_->EnqueueWork(other).IgnoreError();  // a kernel on `other` uses it
+      } else {
+        // The "GPU" makes progress on a random stream.
+        backend_->CompleteWork(streams[dev][rng() % 4]).IgnoreError();
+      }
+      absl::Status inv = alloc_->CheckInvariants();
+      if (!inv.ok()) {
+        ADD_FAILURE() << inv;
+        ++failures;
+      }
+    }
+    for (const Live& l : live) {
+      if (l.bytes >= 16 && !TagIntact(l)) ++failures;
+      if (!alloc_->Free(l.ptr).ok()) ++failures;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures, 0);
+  EXPECT_GT(allocs, kThreads * kSteps / 3);
+  ExpectInvariants();
+  DeviceStats total = alloc_->GetStats();
+  EXPECT_EQ(total.allocation[kAllPools].current, 0);
+  EXPECT_EQ(total.num_ooms, ooms.load());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(alloc_->GetStats().reserved_bytes[kAllPools].current, 0);
+  alloc_.reset();
+  for (int d = 0; d < 2; ++d) {
+    for (int i = 1; i < 4; ++i) backend_->DestroyStream(streams[d][i]).IgnoreError();
+  }
+}
+
+}  // namespace
+}  // namespace cma
