@@ -29,6 +29,10 @@ struct Block {
   Block* next = nullptr;
   bool allocated = false;
   int pending_events = 0;  // > 0 while freed but still used by other streams
+  // Freed but not yet merged with its free neighbours: merging is deferred
+  // until a lookup misses, so a steady alloc/free cycle neither splits nor
+  // merges.
+  bool unmerged = false;
   // Streams other than `stream` that used the block (record_stream).
   absl::InlinedVector<Stream, 2> stream_uses;
 

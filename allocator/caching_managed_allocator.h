@@ -70,6 +70,7 @@ class CachingManagedAllocator {
   CachingManagedAllocator(Backend& backend, AllocatorConfig config)
       : backend_(backend), config_(std::move(config)) {}
   absl::StatusOr<DeviceAllocator*> Device(int device);
+  absl::Status BadDevice(int device) const;
 
   Backend& backend_;
   const AllocatorConfig config_;

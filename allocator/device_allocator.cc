@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/format.h"
+#include "policy/release_policy.h"
 #include "policy/size_policy.h"
 
 namespace cma {
@@ -17,6 +18,16 @@ DeviceAllocator::DeviceAllocator(int device, Backend* backend, const AllocatorCo
       device_total_(device_total),
       budget_(budget) {
   stats_.managed_budget_bytes = static_cast<std::int64_t>(budget);
+  // A pool that empties frees its btree root node and the next insert
+  // allocates it again; a sentinel no lookup can match keeps that malloc off
+  // the fast path.
+  for (BlockPool* pool : {&small_pool_, &large_pool_}) {
+    Block* sentinel = new Block;
+    sentinel->stream = ~Stream{0};
+    sentinel->size = ~std::size_t{0};
+    sentinel->addr = ~std::uintptr_t{0};
+    pool->insert(sentinel);
+  }
 }
 
 DeviceAllocator::~DeviceAllocator() {
@@ -34,27 +45,25 @@ DeviceAllocator::~DeviceAllocator() {
   for (Event e : spare_events_) (void)backend_->DestroyEvent(e);
   for (auto& p : pending_) (void)backend_->DestroyEvent(p.event);
   for (Block* b : spare_blocks_) delete b;
-}
-
-void DeviceAllocator::UpdateStat(StatArray& s, PoolKind pool, std::int64_t delta) {
-  const int idx = pool == PoolKind::kSmall ? kSmallPool : kLargePool;
-  if (delta >= 0) {
-    s[kAllPools].Add(delta);
-    s[idx].Add(delta);
-  } else {
-    s[kAllPools].Sub(-delta);
-    s[idx].Sub(-delta);
+  for (BlockPool* pool : {&small_pool_, &large_pool_}) {
+    for (Block* b : *pool) {
+      if (b->segment == nullptr) delete b;  // the sentinel
+    }
   }
 }
 
 absl::Status DeviceAllocator::CheckStream(Stream stream) {
-  if (known_streams_.contains(stream)) return absl::OkStatus();
+  if (stream == last_stream_ || known_streams_.contains(stream)) {
+    last_stream_ = stream;
+    return absl::OkStatus();
+  }
   absl::Status s = backend_->ValidateStream(device_, stream);
   if (!s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("cma: invalid stream for device ", device_, ": ", s.message()));
   }
   known_streams_.insert(stream);
+  last_stream_ = stream;
   return absl::OkStatus();
 }
 
@@ -66,7 +75,11 @@ Block* DeviceAllocator::NewBlock() {
   return b;
 }
 
-void DeviceAllocator::DeleteBlock(Block* b) { spare_blocks_.push_back(b); }
+void DeviceAllocator::DeleteBlock(Block* b) {
+  b->unmerged = false;  // entries left in unmerged_ now read as stale
+  b->segment = nullptr;
+  spare_blocks_.push_back(b);
+}
 
 void DeviceAllocator::InsertFree(Block* b) {
   PoolOf(b->segment->pool).insert(b);
@@ -104,12 +117,17 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   Block* b = FindSameStream(rounded, pool, stream);
   if (b == nullptr) b = FindCrossStream(rounded, pool, stream, /*synchronize=*/false);
   if (b == nullptr) {
+    const std::size_t release = ReleaseBeforeGrowth(
+        *config_, static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current),
+        static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].peak), SegmentSizeFor(rounded));
+    if (release > 0) ReleaseCachedSegments(release);
     absl::StatusOr<Block*> fresh = NewSegment(rounded, pool, stream);
     if (!fresh.ok() && absl::IsResourceExhausted(fresh.status())) {
       // Out of memory: wait for pending frees, reuse what they return, then
       // give the cache back and try the backend once more.
       ++stats_.num_alloc_retries;
       ProcessPendingFrees(/*synchronize=*/true);
+      CoalesceUnmerged();
       b = FindSameStream(rounded, pool, stream);
       if (b == nullptr) b = FindCrossStream(rounded, pool, stream, /*synchronize=*/true);
       if (b == nullptr) {
@@ -129,17 +147,56 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   return HandOut(b, rounded, bytes, pool, stream);
 }
 
-Block* DeviceAllocator::FindSameStream(std::size_t rounded, PoolKind pool, Stream stream) {
+absl::Status DeviceAllocator::DiagnoseBadFree(void* ptr) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  auto seg_it = segments_.upper_bound(addr);
+  if (seg_it == segments_.begin()) return absl::NotFoundError("not in this device's segments");
+  const Segment* seg = (--seg_it)->second;
+  if (addr >= seg->base + seg->size) return absl::NotFoundError("not in this device's segments");
+  for (const Block* b = seg->first; b != nullptr; b = b->next) {
+    if (addr < b->addr || addr >= b->addr + b->size) continue;
+    if (b->addr == addr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("cma: double free of %p on device %d (the block is already free)",
+                          ptr, device_));
+    }
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cma: %p points %d bytes into a block at %p; free takes the pointer allocate returned",
+        ptr, addr - b->addr, b->ptr()));
+  }
+  return absl::InternalError("cma: segment does not cover its own range");
+}
+
+BlockPool::iterator DeviceAllocator::FindFit(std::size_t rounded, PoolKind pool, Stream stream) {
   BlockPool& p = PoolOf(pool);
   Block key;
   key.stream = stream;
   key.size = rounded;
   auto it = p.lower_bound(&key);
   if (it == p.end() || (*it)->stream != stream || !CanServe((*it)->size, rounded, *config_)) {
-    return nullptr;
+    return p.end();
   }
+  return it;
+}
+
+Block* DeviceAllocator::FindSameStream(std::size_t rounded, PoolKind pool, Stream stream) {
+  BlockPool& p = PoolOf(pool);
+  auto it = FindFit(rounded, pool, stream);
+  // A fit that needs no split is the best there is. Anything else is judged
+  // only after deferred merges, or a large block would be split where merged
+  // fragments fit better.
+  if (!unmerged_.empty() &&
+      (it == p.end() || ShouldSplit((*it)->size, rounded, pool, *config_))) {
+    CoalesceUnmerged();
+    it = FindFit(rounded, pool, stream);
+  }
+  if (it == p.end()) return nullptr;
   Block* b = *it;
-  EraseFree(b);
+  p.erase(it);
+  if (b->is_split()) {
+    UpdateStat(stats_.inactive_split, pool, -1);
+    UpdateStat(stats_.inactive_split_bytes, pool, -static_cast<std::int64_t>(b->size));
+  }
   return b;
 }
 
@@ -149,6 +206,7 @@ Block* DeviceAllocator::FindCrossStream(std::size_t rounded, PoolKind pool, Stre
   std::vector<Block*> candidates;  // the best fit of each other stream
   for (auto it = p.begin(); it != p.end();) {
     const Stream s = (*it)->stream;
+    if ((*it)->segment == nullptr) break;  // the sentinel sorts last
     Block key;
     key.stream = s;
     if (s != stream) {
@@ -220,6 +278,7 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
                                PoolKind pool, Stream stream) {
   b->stream = stream;
   b->allocated = true;
+  b->unmerged = false;
   if (ShouldSplit(b->size, rounded, pool, *config_)) {
     Block* rest = NewBlock();
     rest->addr = b->addr + rounded;
@@ -232,7 +291,7 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
     b->next = rest;
     b->size = rounded;
     // A block taken from another stream may border a free block of this
-    // stream: merge rather than leave two free neighbours apart.
+    // stream: let the next coalescing merge them.
     ReturnBlock(rest);
   }
   b->requested = requested;
@@ -252,24 +311,7 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   absl::MutexLock l(&mu_);
   auto it = allocated_.find(addr);
-  if (it == allocated_.end()) {
-    auto seg_it = segments_.upper_bound(addr);
-    if (seg_it == segments_.begin()) return absl::NotFoundError("not in this device's segments");
-    const Segment* seg = (--seg_it)->second;
-    if (addr >= seg->base + seg->size) return absl::NotFoundError("not in this device's segments");
-    for (const Block* b = seg->first; b != nullptr; b = b->next) {
-      if (addr < b->addr || addr >= b->addr + b->size) continue;
-      if (b->addr == addr) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("cma: double free of %p on device %d (the block is already free)",
-                            ptr, device_));
-      }
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "cma: %p points %d bytes into a block at %p; free takes the pointer allocate returned",
-          ptr, addr - b->addr, b->ptr()));
-    }
-    return absl::InternalError("cma: segment does not cover its own range");
-  }
+  if (ABSL_PREDICT_FALSE(it == allocated_.end())) return DiagnoseBadFree(ptr);
   Block* b = it->second;
   const PoolKind pool = b->segment->pool;
 
@@ -323,29 +365,39 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   return absl::OkStatus();
 }
 
-Block* DeviceAllocator::TryMerge(Block* dst, Block* src) {
-  // dst and src are neighbours; src is absorbed into dst.
-  if (src == nullptr || !src->is_free() || src->stream != dst->stream) return dst;
-  EraseFree(src);
-  if (src == dst->next) {
-    dst->size += src->size;
-    dst->next = src->next;
-    if (src->next != nullptr) src->next->prev = dst;
-    DeleteBlock(src);
-    return dst;
-  }
-  // src is dst's predecessor: it keeps the lower address.
-  src->size += dst->size;
-  src->next = dst->next;
-  if (dst->next != nullptr) dst->next->prev = src;
-  DeleteBlock(dst);
-  return src;
+void DeviceAllocator::AbsorbNext(Block* b) {
+  Block* next = b->next;
+  EraseFree(next);
+  b->size += next->size;
+  b->next = next->next;
+  if (next->next != nullptr) next->next->prev = b;
+  DeleteBlock(next);
 }
 
 void DeviceAllocator::ReturnBlock(Block* b) {
-  b = TryMerge(b, b->prev);
-  b = TryMerge(b, b->next);
+  b->unmerged = true;
+  unmerged_.push_back(b);
   InsertFree(b);
+  // Bounds the list (and the work of one coalescing pass).
+  if (unmerged_.size() >= 4096) CoalesceUnmerged();
+}
+
+void DeviceAllocator::CoalesceUnmerged() {
+  for (Block* b : unmerged_) {
+    // Stale entries: handed out again, merged away, or seen already.
+    if (!b->unmerged) continue;
+    b->unmerged = false;
+    if (!b->is_free()) continue;
+    // Neighbours may themselves be runs of unmerged pieces: walk to the
+    // first free piece of the run, then absorb the rest into it.
+    Block* first = b;
+    while (Mergeable(first->prev, first)) first = first->prev;
+    if (!Mergeable(first->next, first)) continue;
+    EraseFree(first);
+    while (Mergeable(first->next, first)) AbsorbNext(first);
+    InsertFree(first);
+  }
+  unmerged_.clear();
 }
 
 absl::StatusOr<Event> DeviceAllocator::TakeEvent() {
@@ -436,6 +488,7 @@ void DeviceAllocator::ReleaseSegment(Segment* seg) {
 absl::Status DeviceAllocator::EmptyCache() {
   absl::MutexLock l(&mu_);
   ProcessPendingFrees(/*synchronize=*/true);
+  CoalesceUnmerged();
   ReleaseCachedSegments(0);
   return absl::OkStatus();
 }

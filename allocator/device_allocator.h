@@ -61,14 +61,23 @@ class DeviceAllocator {
 
  private:
   absl::Status CheckStream(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why `ptr` is not an allocated block: kNotFound (not this device's),
+  // double free or interior pointer.
+  absl::Status DiagnoseBadFree(void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   BlockPool& PoolOf(PoolKind k) { return k == PoolKind::kSmall ? small_pool_ : large_pool_; }
-  void UpdateStat(StatArray& s, PoolKind pool, std::int64_t delta);
+  static void UpdateStat(StatArray& s, PoolKind pool, std::int64_t delta) {
+    s[kAllPools].Update(delta);
+    s[pool == PoolKind::kSmall ? kSmallPool : kLargePool].Update(delta);
+  }
 
   Block* NewBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeleteBlock(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void InsertFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  BlockPool::iterator FindFit(std::size_t rounded, PoolKind pool, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the best-fitting free block of `stream` out of its pool.
   Block* FindSameStream(std::size_t rounded, PoolKind pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A free block of another stream whose queued work has completed (or, with
@@ -79,10 +88,17 @@ class DeviceAllocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void* HandOut(Block* b, std::size_t rounded, std::size_t requested, PoolKind pool,
                 Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Puts a block whose uses have all completed back into its pool, merging
-  // free neighbours of the same stream.
+  // Puts a block whose uses have all completed back into its pool; merging
+  // with free neighbours waits for CoalesceUnmerged.
   void ReturnBlock(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Block* TryMerge(Block* dst, Block* src) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Merges every block returned since the last call with its free
+  // neighbours of the same stream.
+  void CoalesceUnmerged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static bool Mergeable(const Block* neighbour, const Block* b) {
+    return neighbour != nullptr && neighbour->is_free() && neighbour->stream == b->stream;
+  }
+  // Merges b->next, a free block of b's stream, into b (b is out of the pool).
+  void AbsorbNext(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::StatusOr<Event> TakeEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ProcessPendingFrees(bool synchronize) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -112,6 +128,8 @@ class DeviceAllocator {
   std::vector<PendingFree> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<Event> spare_events_ ABSL_GUARDED_BY(mu_);
   std::vector<Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);
+  std::vector<Block*> unmerged_ ABSL_GUARDED_BY(mu_);  // may hold stale entries
+  Stream last_stream_ ABSL_GUARDED_BY(mu_) = kDefaultStream;  // last validated
   DeviceStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,5 +1,7 @@
 // DeviceAllocator::CheckInvariants: a full recount of the allocator's state,
 // run by tests after every step of randomized workloads.
+#include <algorithm>
+
 #include "absl/container/flat_hash_map.h"
 
 #include "absl/strings/str_format.h"
@@ -73,16 +75,21 @@ absl::Status DeviceAllocator::CheckInvariants() {
         active.Add(seg->pool, b->size);
       } else {
         if (!in_pool) return Broken(absl::StrFormat("free block %#x is not in its pool", b->addr));
+        if (b->unmerged && std::find(unmerged_.begin(), unmerged_.end(), b) == unmerged_.end()) {
+          return Broken(absl::StrFormat("unmerged block %#x is missing from the list", b->addr));
+        }
         ++free_blocks[static_cast<int>(seg->pool)];
         if (b->is_split()) inactive_split.Add(seg->pool, b->size);
-        if (b->next != nullptr && b->next->is_free() && b->next->stream == b->stream) {
-          return Broken(absl::StrFormat("free neighbours %#x and %#x of one stream not merged", b->addr, b->next->addr));
+        if (b->next != nullptr && b->next->is_free() && b->next->stream == b->stream &&
+            !b->unmerged && !b->next->unmerged) {
+          return Broken(absl::StrFormat("free neighbours %#x (+%d) and %#x (+%d) of one stream not merged", b->addr, b->size, b->next->addr, b->next->size));
         }
       }
     }
     if (expect != seg->base + seg->size) return Broken(absl::StrFormat("blocks of segment %#x do not add up to its size", base));
   }
-  if (small_pool_.size() != free_blocks[0] || large_pool_.size() != free_blocks[1]) {
+  // Each pool also holds one sentinel.
+  if (small_pool_.size() != free_blocks[0] + 1 || large_pool_.size() != free_blocks[1] + 1) {
     return Broken(absl::StrFormat("pools hold %d/%d blocks, segments have %d/%d free", small_pool_.size(), large_pool_.size(), free_blocks[0], free_blocks[1]));
   }
   if (allocated_.size() != allocated_blocks) return Broken("allocation map holds blocks that no segment has");

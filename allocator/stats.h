@@ -27,6 +27,13 @@ struct Stat {
     current -= n;
     freed += n;
   }
+  void Update(std::int64_t delta) {
+    if (delta >= 0) {
+      Add(delta);
+    } else {
+      Sub(-delta);
+    }
+  }
 };
 
 // Index 0: all pools; 1: small pool; 2: large pool.

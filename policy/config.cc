@@ -14,7 +14,7 @@ namespace {
 constexpr absl::string_view kKeys =
     "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, prefetch, "
     "preferred_location, accessed_by, discard_on_free, managed_budget, release_threshold, "
-    "multicast";
+    "release_before_peak, multicast";
 
 absl::Status Bad(absl::string_view key, absl::string_view value, absl::string_view accepted) {
   return absl::InvalidArgumentError(absl::StrCat("CMA_ALLOC_CONF: bad value '", value,
@@ -94,6 +94,10 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view v, AllocatorConfi
     auto s = ParseSize(v);
     if (!s.ok()) return Bad(key, v, "a size such as 0, 512M or 2G");
     c.release_threshold = *s;
+  } else if (key == "release_before_peak") {
+    auto f = ParseFlag(key, v);
+    if (!f.ok()) return f.status();
+    c.release_before_peak = *f;
   } else if (key == "multicast") {
     auto f = ParseFlag(key, v);
     if (!f.ok()) return f.status();
@@ -177,6 +181,7 @@ std::string AllocatorConfig::ToString() const {
   if (release_threshold != d.release_threshold) {
     parts.push_back(absl::StrCat("release_threshold:", release_threshold));
   }
+  if (!release_before_peak) parts.push_back("release_before_peak:0");
   if (multicast) parts.push_back("multicast:1");
   return absl::StrJoin(parts, ",");
 }

@@ -63,18 +63,39 @@ TEST_F(AllocatorTest, SteadyStateMakesNoBackendCall) {
 }
 
 TEST_F(AllocatorTest, FreedBlocksMergeBackIntoOneBlock) {
-  void* a = Alloc(4096);
-  void* b = Alloc(4096);
-  void* c = Alloc(4096);
+  // Three blocks fill one 2 MiB small segment exactly.
+  void* a = Alloc(512 << 10);
+  void* b = Alloc(512 << 10);
+  void* c = Alloc(1 << 20);
+  EXPECT_EQ(Stats().segment[kAllPools].current, 1);
   ASSERT_TRUE(alloc_->Free(b).ok());
-  EXPECT_EQ(Stats().inactive_split[kAllPools].current, 2);  // b and the tail
+  EXPECT_EQ(Stats().inactive_split[kAllPools].current, 1);
   ASSERT_TRUE(alloc_->Free(a).ok());
+  // Merging is deferred until a lookup misses: 1 MiB fits only in a and b
+  // merged back together.
+  void* merged = Alloc(1 << 20);
+  EXPECT_EQ(merged, a);
+  EXPECT_EQ(Stats().segment[kAllPools].current, 1);
+  ASSERT_TRUE(alloc_->Free(merged).ok());
   ASSERT_TRUE(alloc_->Free(c).ok());
-  auto snap = alloc_->Snapshot();
-  ASSERT_EQ(snap.size(), 1u);
-  ASSERT_EQ(snap[0].blocks.size(), 1u);
-  EXPECT_EQ(snap[0].blocks[0].size, 2u << 20);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 0);
   EXPECT_EQ(Stats().inactive_split[kAllPools].current, 0);
+}
+
+TEST_F(AllocatorTest, SteadyCycleNeitherSplitsNorMerges) {
+  void* keep = Alloc(4096);
+  void* p = Alloc(1 << 20);
+  ASSERT_TRUE(alloc_->Free(p).ok());
+  for (int i = 0; i < 100; ++i) {
+    void* q = Alloc(1 << 20);
+    ASSERT_EQ(q, p);
+    ASSERT_TRUE(alloc_->Free(q).ok());
+  }
+  // Still two free pieces besides `keep`: p's block and the tail.
+  EXPECT_EQ(Stats().inactive_split[kAllPools].current, 2);
+  ExpectInvariants();
+  alloc_->Free(keep).IgnoreError();
 }
 
 TEST_F(AllocatorTest, BestFitPicksSmallestFreeBlock) {
@@ -90,6 +111,7 @@ TEST_F(AllocatorTest, BestFitPicksSmallestFreeBlock) {
 }
 
 TEST_F(AllocatorTest, SmallAndLargePoolsNeverMix) {
+  Make({}, "release_before_peak:0");
   void* l = Alloc(4 << 20);
   alloc_->Free(l).IgnoreError();
   void* s = Alloc(4096);
@@ -99,7 +121,7 @@ TEST_F(AllocatorTest, SmallAndLargePoolsNeverMix) {
 }
 
 TEST_F(AllocatorTest, MaxSplitSizeKeepsOversizeBlocksWhole) {
-  Make({}, "max_split_size_mb:32");
+  Make({}, "max_split_size_mb:32,release_before_peak:0");
   void* big = Alloc(40 << 20);
   alloc_->Free(big).IgnoreError();
   // A 2 MiB request may not carve the 40 MiB block.
@@ -136,7 +158,9 @@ TEST_F(AllocatorTest, DevicesHaveSeparatePools) {
 class StreamTest : public AllocatorTest {
  protected:
   void SetUp() override {
-    Make({.device_count = 2, .device_capacity = std::size_t{1} << 30, .manual_completion = true});
+    // Pure stream-ordering semantics: no release of idle segments on growth.
+    Make({.device_count = 2, .device_capacity = std::size_t{1} << 30, .manual_completion = true},
+         "release_before_peak:0");
     s1_ = *backend_->CreateStream(0);
     s2_ = *backend_->CreateStream(0);
   }
@@ -247,6 +271,21 @@ TEST_F(StreamTest, FreeBlocksOfTwoStreamsDoNotMerge) {
   ExpectInvariants();
 }
 
+TEST_F(StreamTest, ReleaseBeforePeakWaitsForQueuedWork) {
+  Make({.device_count = 2, .device_capacity = std::size_t{1} << 30, .manual_completion = true});
+  s1_ = *backend_->CreateStream(0);
+  s2_ = *backend_->CreateStream(0);
+  void* p = Alloc(4096, 0, s1_);
+  ASSERT_TRUE(backend_->EnqueueWork(s1_).ok());
+  ASSERT_TRUE(alloc_->Free(p).ok());
+  // s2 cannot take s1's busy block; growing would raise the high-water mark,
+  // so the idle segment is released, but only after s1's work completes.
+  void* q = Alloc(4096, 0, s2_);
+  EXPECT_EQ(backend_->PendingWork(s1_), 0);
+  EXPECT_EQ(Stats().num_device_free, 1);
+  alloc_->Free(q).IgnoreError();
+}
+
 TEST_F(StreamTest, InvalidStreamIsRejected) {
   const std::string before = Fingerprint(*alloc_);
   auto p = alloc_->Allocate(4096, 0, 99999);
@@ -273,8 +312,24 @@ TEST_F(StreamTest, RecordStreamWithBadStreamChangesNothing) {
 
 // ---------------------------------------------------------------- OOM
 
+TEST_F(AllocatorTest, ReleaseBeforePeakGivesBackIdleSegments) {
+  void* a = Alloc(40 << 20);
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  // A larger request would raise the high-water mark: the idle 40 MiB go first.
+  void* b = Alloc(50 << 20);
+  DeviceStats s = Stats();
+  EXPECT_EQ(s.num_device_free, 1);
+  EXPECT_EQ(s.reserved_bytes[kAllPools].peak, 50 << 20);
+  ASSERT_TRUE(alloc_->Free(b).ok());
+  // Below the mark the cache is kept.
+  void* c = Alloc(10 << 20);
+  EXPECT_EQ(Stats().num_device_free, 1);
+  EXPECT_EQ(c, b);
+  alloc_->Free(c).IgnoreError();
+}
+
 TEST_F(AllocatorTest, OomReleasesCacheAndRetries) {
-  Make({.device_count = 1, .device_capacity = 64 << 20});
+  Make({.device_count = 1, .device_capacity = 64 << 20}, "release_before_peak:0");
   void* a = Alloc(40 << 20);
   ASSERT_TRUE(alloc_->Free(a).ok());
   // 40 MiB sit in the cache; 50 MiB need it back.

@@ -1,4 +1,5 @@
 #include "policy/size_policy.h"
+#include "policy/release_policy.h"
 
 #include "gtest/gtest.h"
 
@@ -60,6 +61,21 @@ TEST(SizePolicyTest, CanServeNeedsEnoughBytes) {
   AllocatorConfig c;
   EXPECT_FALSE(CanServe(1024, 1536, c));
   EXPECT_TRUE(CanServe(1536, 1536, c));
+}
+
+}  // namespace
+}  // namespace cma
+
+namespace cma {
+namespace {
+
+TEST(ReleasePolicyTest, ReleasesOnlyAboveHighWaterMark) {
+  AllocatorConfig c;
+  EXPECT_EQ(ReleaseBeforeGrowth(c, 100, 200, 50), 0u);   // stays under the mark
+  EXPECT_EQ(ReleaseBeforeGrowth(c, 100, 200, 100), 0u);  // reaches it exactly
+  EXPECT_EQ(ReleaseBeforeGrowth(c, 100, 200, 150), 150u);
+  c.release_before_peak = false;
+  EXPECT_EQ(ReleaseBeforeGrowth(c, 100, 200, 150), 0u);
 }
 
 }  // namespace

@@ -1,0 +1,228 @@
+// cma_bench: the allocator against what users would otherwise call, side by
+// side in one run, written as JSON.
+//
+//   cma_bench --backend=host|cuda|hip|best --suite=latency|replay|migration|all
+//             [--trace=a.csv.gz,b.csv] [--json=out.json]
+//
+// Latency: median alloc+free pair per size, cached allocator (steady state)
+// against the backend's raw managed allocation, plus vendor baselines where
+// the backend has them. Replay: real PyTorch traces, peak reserved against
+// peak requested.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "allocator/caching_managed_allocator.h"
+#include "backends/registry.h"
+#include "bench/baselines.h"
+#include "nlohmann/json.hpp"
+#include "bench/replay.h"
+#include "bench/trace.h"
+
+ABSL_FLAG(std::string, backend, "best", "host, cuda, hip or best");
+ABSL_FLAG(std::string, suite, "all", "latency, replay, migration or all");
+ABSL_FLAG(std::string, trace, "",
+          "comma-separated traces (CSV or .csv.gz); default: bench/traces/*.csv.gz");
+ABSL_FLAG(std::string, json, "", "write results here as JSON");
+ABSL_FLAG(std::string, config, "", "CMA_ALLOC_CONF text for the allocator under test");
+ABSL_FLAG(int, device, 0, "device to measure");
+ABSL_FLAG(int, reps, 15, "repetitions per latency point (the median is reported)");
+
+namespace cma {
+namespace {
+
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Median over `reps` batches of the mean time of one call of `pair`.
+template <typename F>
+double MedianPairNs(int reps, int per_rep, F&& pair) {
+  std::vector<double> samples;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < per_rep; ++i) {
+      if (!pair()) return -1;
+    }
+    samples.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() /
+                      per_rep);
+  }
+  return Median(samples);
+}
+
+absl::Status LatencySuite(Backend& backend, int device, const std::string& config, Json& out) {
+  auto alloc = CachingManagedAllocator::Create(backend, config);
+  if (!alloc.ok()) return alloc.status();
+  const int reps = absl::GetFlag(FLAGS_reps);
+  Json rows = Json::array();
+  std::cout << absl::StrFormat("%12s %16s %14s", "bytes", "cached_pair_ns", "raw_pair_ns");
+  std::vector<std::string> extra_names = BaselineNames(backend);
+  for (const std::string& n : extra_names) std::cout << absl::StrFormat(" %24s", n);
+  std::cout << "\n";
+  for (std::size_t bytes : {std::size_t{512}, std::size_t{4} << 10, std::size_t{64} << 10,
+                            std::size_t{256} << 10, std::size_t{1} << 20, std::size_t{4} << 20,
+                            std::size_t{16} << 20, std::size_t{64} << 20,
+                            std::size_t{256} << 20}) {
+    // Steady state: the block is cached after the first pair.
+    absl::Status failure;
+    auto cached_pair = [&]() {
+      absl::StatusOr<void*> p = (*alloc)->Allocate(bytes, device);
+      if (!p.ok()) {
+        failure = p.status();
+        return false;
+      }
+      failure = (*alloc)->Free(*p);
+      return failure.ok();
+    };
+    cached_pair();
+    const double cached = MedianPairNs(reps, 2000, cached_pair);
+    if (!failure.ok()) return failure;
+    auto raw_pair = [&]() {
+      absl::StatusOr<void*> p = backend.AllocateManaged(device, bytes);
+      if (!p.ok()) {
+        failure = p.status();
+        return false;
+      }
+      failure = backend.FreeManaged(*p);
+      return failure.ok();
+    };
+    raw_pair();
+    const double raw = MedianPairNs(reps, bytes >= (std::size_t{64} << 20) ? 5 : 50, raw_pair);
+    if (!failure.ok()) return failure;
+    Json row = Json::object();
+    row["bytes"] = static_cast<std::int64_t>(bytes);
+    row["cached_pair_ns"] = cached;
+    row["raw_pair_ns"] = raw;
+    row["raw_over_cached"] = raw / cached;
+    std::cout << absl::StrFormat("%12d %16.1f %14.1f", bytes, cached, raw);
+    for (const std::string& n : extra_names) {
+      absl::StatusOr<double> ns = MeasureBaseline(backend, n, device, bytes, reps);
+      if (!ns.ok()) return ns.status();
+      row[n] = *ns;
+      std::cout << absl::StrFormat(" %24.1f", *ns);
+    }
+    std::cout << "\n";
+    rows.push_back(std::move(row));
+  }
+  out["latency"] = std::move(rows);
+  return absl::OkStatus();
+}
+
+std::vector<std::string> DefaultTraces() {
+  std::string root;
+  if (const char* w = std::getenv("BUILD_WORKSPACE_DIRECTORY")) root = absl::StrCat(w, "/");
+  return {root + "bench/traces/resnet50_train.csv.gz",
+          root + "bench/traces/kvcache_two_streams.csv.gz"};
+}
+
+absl::Status ReplaySuite(Backend& backend, int device, const std::string& config, Json& out) {
+  std::vector<std::string> traces = absl::StrSplit(absl::GetFlag(FLAGS_trace), ',',
+                                                   absl::SkipEmpty());
+  if (traces.empty()) traces = DefaultTraces();
+  Json rows = Json::array();
+  std::cout << absl::StrFormat("%-28s %14s %14s %7s %9s %10s\n", "trace", "peak_requested",
+                               "peak_reserved", "ratio", "backend", "ns_per_op");
+  for (const std::string& path : traces) {
+    absl::StatusOr<std::vector<TraceOp>> ops = ReadTrace(path);
+    if (!ops.ok()) return ops.status();
+    auto alloc = CachingManagedAllocator::Create(backend, config);
+    if (!alloc.ok()) return alloc.status();
+    const std::string name = path.substr(path.find_last_of('/') + 1);
+    absl::StatusOr<ReplayResult> r = Replay(**alloc, device, *ops, name);
+    if (!r.ok()) return r.status();
+    Json row = Json::object();
+    row["trace"] = r->trace;
+    row["ops"] = static_cast<std::int64_t>(r->ops);
+    row["peak_requested"] = static_cast<std::int64_t>(r->peak_requested);
+    row["peak_reserved"] = static_cast<std::int64_t>(r->peak_reserved);
+    row["ratio"] = r->ratio;
+    row["backend_allocs"] = static_cast<std::int64_t>(r->backend_allocs);
+    row["ns_per_op"] = r->ns_per_op;
+    row["skipped_frees"] = static_cast<std::int64_t>(r->skipped_frees);
+    row["ooms"] = static_cast<std::int64_t>(r->ooms);
+    std::cout << absl::StrFormat("%-28s %14d %14d %7.3f %9d %10.1f\n", r->trace, r->peak_requested,
+                                 r->peak_reserved, r->ratio, r->backend_allocs, r->ns_per_op);
+    rows.push_back(std::move(row));
+  }
+  out["replay"] = std::move(rows);
+  return absl::OkStatus();
+}
+
+int Main() {
+  const std::string backend_name = absl::GetFlag(FLAGS_backend);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(backend_name);
+  if (!backend.ok()) {
+    std::cerr << "cma_bench: " << backend.status() << "\n";
+    return 2;
+  }
+  const int device = absl::GetFlag(FLAGS_device);
+  const std::string suite = absl::GetFlag(FLAGS_suite);
+  const std::string config = absl::GetFlag(FLAGS_config);
+  if (suite != "latency" && suite != "replay" && suite != "migration" && suite != "all") {
+    std::cerr << "cma_bench: --suite must be latency, replay, migration or all\n";
+    return 2;
+  }
+  Json out = Json::object();
+  out["backend"] = (*backend)->name();
+  absl::StatusOr<DeviceFacts> facts = (*backend)->GetDeviceFacts(device);
+  if (!facts.ok()) {
+    std::cerr << "cma_bench: " << facts.status() << "\n";
+    return 2;
+  }
+  out["device"] = facts->name;
+  out["page_fault_migration"] = facts->page_fault_migration;
+  out["concurrent_managed_access"] = facts->concurrent_managed_access;
+  out["config"] = config;
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  out["date"] = date;
+  std::cout << "backend " << (*backend)->name() << ", device " << device << ": " << facts->name
+            << "\n";
+  absl::Status s;
+  if (suite == "latency" || suite == "all") s.Update(LatencySuite(**backend, device, config, out));
+  if (s.ok() && (suite == "replay" || suite == "all")) {
+    s.Update(ReplaySuite(**backend, device, config, out));
+  }
+  if (s.ok() && (suite == "migration" || suite == "all")) {
+    s.Update(MigrationSuite(**backend, device, out));
+  }
+  if (!s.ok()) {
+    std::cerr << "cma_bench: " << s << "\n";
+    return 1;
+  }
+  const std::string json_path = absl::GetFlag(FLAGS_json);
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << out.dump(2) << "\n";
+    if (!f) {
+      std::cerr << "cma_bench: cannot write " << json_path << "\n";
+      return 1;
+    }
+    std::cout << "wrote " << json_path << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace cma
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return cma::Main();
+}

@@ -1,0 +1,23 @@
+// When cached memory goes back to the backend.
+//
+// Pure functions of their arguments: no locks, no backend calls.
+#ifndef CMA_POLICY_RELEASE_POLICY_H_
+#define CMA_POLICY_RELEASE_POLICY_H_
+
+#include <cstddef>
+
+#include "policy/config.h"
+
+namespace cma {
+
+// Bytes of idle cached segments to release before carving a new segment of
+// `new_segment` bytes. With release_before_peak (the default) the allocator
+// never raises its high-water mark of reserved memory while idle segments
+// could be given back instead; below the mark it keeps its cache, so a steady
+// state makes no backend call. Returns 0 for "release nothing".
+std::size_t ReleaseBeforeGrowth(const AllocatorConfig& config, std::size_t reserved,
+                                std::size_t peak_reserved, std::size_t new_segment);
+
+}  // namespace cma
+
+#endif  // CMA_POLICY_RELEASE_POLICY_H_

@@ -1,0 +1,63 @@
+// Replays the real PyTorch traces on the host backend: deterministic memory
+// figures (not timings) that guard the pool policies against regressions.
+#include "bench/replay.h"
+
+#include "gmock/gmock.h"
+#include "tests/test_util.h"
+
+namespace cma {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(TraceTest, ParsesAndRejects) {
+  auto ok = ParseTrace("seq,action,addr,size,stream\n0,alloc,16,100,0\n1,free,16,100,0\n");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_EQ(ok->size(), 2u);
+  EXPECT_TRUE((*ok)[0].alloc);
+  EXPECT_FALSE((*ok)[1].alloc);
+  EXPECT_THAT(ParseTrace("a,b\n").status().message(), HasSubstr("expected header"));
+  EXPECT_THAT(ParseTrace("seq,action,addr,size,stream\n0,grab,1,2,0\n").status().message(),
+              HasSubstr(":2: malformed"));
+  EXPECT_THAT(ParseTrace("").status().message(), HasSubstr("empty trace"));
+  EXPECT_FALSE(ReadTrace("/nonexistent/trace.csv.gz").ok());
+}
+
+class ReplayTest : public AllocatorTest {};
+
+TEST_F(ReplayTest, Resnet50TraceKeepsReservedClose) {
+  auto ops = ReadTrace("bench/traces/resnet50_train.csv.gz");
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  auto r = Replay(*alloc_, 0, *ops, "resnet50");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->peak_requested, 3153844328);  // a property of the trace
+  EXPECT_EQ(r->ooms, 0);
+  // PyTorch's own allocator reserved 1.16x on this run.
+  EXPECT_LT(r->ratio, 1.06);
+  EXPECT_GT(r->ratio, 1.0);
+  ExpectInvariants();
+}
+
+TEST_F(ReplayTest, KvCacheTwoStreamsReplaysCleanly) {
+  auto ops = ReadTrace("bench/traces/kvcache_two_streams.csv.gz");
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  auto r = Replay(*alloc_, 0, *ops, "kvcache");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->ooms, 0);
+  EXPECT_LT(r->ratio, 1.25);
+  EXPECT_EQ(backend_->LiveResources().streams, 0);  // replay cleaned up its streams
+}
+
+TEST_F(ReplayTest, CachingWithoutReleaseMakesFewerBackendCalls) {
+  auto ops = ReadTrace("bench/traces/resnet50_train.csv.gz");
+  ASSERT_TRUE(ops.ok());
+  auto with_release = Replay(*alloc_, 0, *ops, "resnet50");
+  Make({}, "release_before_peak:0");
+  auto keep_all = Replay(*alloc_, 0, *ops, "resnet50");
+  ASSERT_TRUE(with_release.ok() && keep_all.ok());
+  EXPECT_LT(keep_all->backend_allocs, with_release->backend_allocs);
+  EXPECT_GT(keep_all->ratio, with_release->ratio);
+}
+
+}  // namespace
+}  // namespace cma
