@@ -1,0 +1,153 @@
+// GPU-only tests: real kernels on real streams. Without a visible CUDA device
+// every test skips with the runtime's reason, so CI stays green.
+#include <cuda_runtime_api.h>
+
+#include "allocator/caching_managed_allocator.h"
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/kernels.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace cma {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr long long kLongSpin = 200'000'000;  // ~0.1 s at H100/H200 clocks
+
+class CudaGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto b = MakeCudaBackend();
+    if (!b.ok()) GTEST_SKIP() << "no GPU: " << b.status();
+    backend_ = std::move(*b);
+    auto a = CachingManagedAllocator::Create(*backend_, "release_before_peak:0");
+    ASSERT_TRUE(a.ok()) << a.status();
+    alloc_ = std::move(*a);
+    s1_ = *backend_->CreateStream(0);
+    s2_ = *backend_->CreateStream(0);
+    ASSERT_EQ(cudaMallocManaged(reinterpret_cast<void**>(&mismatches_), sizeof(*mismatches_)), cudaSuccess);
+    *mismatches_ = 0;
+  }
+  void TearDown() override {
+    if (!backend_) return;
+    EXPECT_TRUE(backend_->SynchronizeStream(s1_).ok());
+    EXPECT_TRUE(backend_->SynchronizeStream(s2_).ok());
+    EXPECT_TRUE(alloc_->CheckInvariants().ok()) << alloc_->CheckInvariants();
+    alloc_.reset();
+    cudaFree(mismatches_);
+    EXPECT_TRUE(backend_->DestroyStream(s1_).ok());
+    EXPECT_TRUE(backend_->DestroyStream(s2_).ok());
+  }
+  unsigned long long Mismatches(Stream s) {
+    EXPECT_TRUE(backend_->SynchronizeStream(s).ok());
+    return *mismatches_;
+  }
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<CachingManagedAllocator> alloc_;
+  Stream s1_ = 0, s2_ = 0;
+  unsigned long long* mismatches_ = nullptr;
+};
+
+TEST_F(CudaGpuTest, KernelStillWritingOnS1IsNeverHandedToS2) {
+  constexpr std::size_t kBytes = 8 << 20;
+  void* p = *alloc_->Allocate(kBytes, 0, s1_);
+  // A long kernel, then a fill: both queued on s1 when the host frees p.
+  ASSERT_TRUE(LaunchSpin(kLongSpin, s1_).ok());
+  ASSERT_TRUE(LaunchFill(p, kBytes, 1000, s1_).ok());
+  ASSERT_TRUE(alloc_->Free(p).ok());
+  void* q = *alloc_->Allocate(kBytes, 0, s2_);
+  EXPECT_NE(q, p) << "handed out memory that a queued kernel still writes";
+  ASSERT_TRUE(LaunchFill(q, kBytes, 2000, s2_).ok());
+  ASSERT_TRUE(LaunchCheck(q, kBytes, 2000, mismatches_, s2_).ok());
+  EXPECT_EQ(Mismatches(s2_), 0u);
+  ASSERT_TRUE(LaunchCheck(p, kBytes, 1000, mismatches_, s1_).ok());  // p's data intact
+  EXPECT_EQ(Mismatches(s1_), 0u);
+  // Once s1 is idle its cached block may serve s2.
+  void* r = *alloc_->Allocate(kBytes, 0, s2_);
+  EXPECT_EQ(r, p);
+  EXPECT_EQ(alloc_->GetStats().num_cross_stream_reuse, 1);
+  ASSERT_TRUE(alloc_->Free(q).ok());
+  ASSERT_TRUE(alloc_->Free(r).ok());
+}
+
+TEST_F(CudaGpuTest, SameStreamReuseIsOrderedByTheStream) {
+  constexpr std::size_t kBytes = 4 << 20;
+  void* p = *alloc_->Allocate(kBytes, 0, s1_);
+  ASSERT_TRUE(LaunchSpin(kLongSpin / 4, s1_).ok());
+  ASSERT_TRUE(LaunchFill(p, kBytes, 7, s1_).ok());
+  ASSERT_TRUE(alloc_->Free(p).ok());
+  void* q = *alloc_->Allocate(kBytes, 0, s1_);
+  EXPECT_EQ(q, p);  // safe: s1 runs the next kernel after the fill
+  ASSERT_TRUE(LaunchFill(q, kBytes, 99, s1_).ok());
+  ASSERT_TRUE(LaunchCheck(q, kBytes, 99, mismatches_, s1_).ok());
+  EXPECT_EQ(Mismatches(s1_), 0u);
+  ASSERT_TRUE(alloc_->Free(q).ok());
+}
+
+TEST_F(CudaGpuTest, RecordStreamKeepsBlockUntilOtherStreamFinishes) {
+  constexpr std::size_t kBytes = 8 << 20;
+  void* p = *alloc_->Allocate(kBytes, 0, s1_);
+  ASSERT_TRUE(LaunchFill(p, kBytes, 5, s1_).ok());
+  ASSERT_TRUE(backend_->SynchronizeStream(s1_).ok());
+  // s2 reads p after a long spin; the host frees p meanwhile.
+  ASSERT_TRUE(alloc_->RecordStream(p, s2_).ok());
+  ASSERT_TRUE(LaunchSpin(kLongSpin, s2_).ok());
+  ASSERT_TRUE(LaunchCheck(p, kBytes, 5, mismatches_, s2_).ok());
+  ASSERT_TRUE(alloc_->Free(p).ok());
+  void* q = *alloc_->Allocate(kBytes, 0, s1_);
+  EXPECT_NE(q, p) << "reused a block another stream still reads";
+  ASSERT_TRUE(LaunchFill(q, kBytes, 77, s1_).ok());
+  EXPECT_EQ(Mismatches(s2_), 0u);
+  ASSERT_TRUE(backend_->SynchronizeStream(s1_).ok());
+  void* r = *alloc_->Allocate(kBytes, 0, s1_);
+  EXPECT_EQ(r, p);  // s2's event has completed
+  ASSERT_TRUE(alloc_->Free(q).ok());
+  ASSERT_TRUE(alloc_->Free(r).ok());
+}
+
+TEST_F(CudaGpuTest, PrefetchAndAdviseAreVisibleInRangeAttributes) {
+  constexpr std::size_t kBytes = 16 << 20;
+  void* p = *alloc_->Allocate(kBytes, 0, s1_);
+  ASSERT_TRUE(backend_->Advise(p, kBytes, Advice::kSetReadMostly, Location::Device(0)).ok());
+  ASSERT_TRUE(backend_->Advise(p, kBytes, Advice::kSetAccessedBy, Location::Device(0)).ok());
+  ASSERT_TRUE(backend_->Prefetch(p, kBytes, Location::Device(0), s1_).ok());
+  ASSERT_TRUE(backend_->SynchronizeStream(s1_).ok());
+  auto attr = backend_->GetRangeAttributes(p, kBytes);
+  ASSERT_TRUE(attr.ok()) << attr.status();
+  EXPECT_TRUE(attr->read_mostly);
+  EXPECT_EQ(attr->last_prefetch_location, Location::Device(0));
+  EXPECT_THAT(attr->accessed_by, ::testing::Contains(0));
+  ASSERT_TRUE(backend_->Advise(p, kBytes, Advice::kUnsetReadMostly, Location::Device(0)).ok());
+  ASSERT_TRUE(backend_->Advise(p, kBytes, Advice::kUnsetAccessedBy, Location::Device(0)).ok());
+  Range r{p, kBytes};
+  ASSERT_TRUE(backend_->PrefetchBatch({&r, 1}, Location::Host(), s1_).ok());
+  ASSERT_TRUE(backend_->SynchronizeStream(s1_).ok());
+  EXPECT_TRUE(backend_->GetRangeAttributes(p, kBytes)->last_prefetch_location.is_host());
+  ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(CudaGpuTest, OomUnderConfiguredLimit) {
+  auto limited = CachingManagedAllocator::Create(*backend_, "managed_budget:256M");
+  ASSERT_TRUE(limited.ok());
+  void* a = *(*limited)->Allocate(200 << 20, 0, s1_);
+  auto b = (*limited)->Allocate(100 << 20, 0, s1_);
+  ASSERT_FALSE(b.ok());
+  EXPECT_THAT(b.status().message(), HasSubstr("out of memory on device 0"));
+  EXPECT_THAT(b.status().message(), HasSubstr("managed budget"));
+  ASSERT_TRUE((*limited)->Free(a).ok());
+}
+
+TEST_F(CudaGpuTest, CudaErrorsNameTheCall) {
+  auto bad = backend_->AllocateManaged(0, std::size_t{1} << 62);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("cudaMallocManaged"));
+  EXPECT_FALSE(backend_->ValidateStream(0, 12345).ok());
+  auto facts = backend_->GetDeviceFacts(0);
+  ASSERT_TRUE(facts.ok());
+  EXPECT_TRUE(facts->concurrent_managed_access);
+  EXPECT_GT(facts->vmm_granularity, 0u);
+}
+
+}  // namespace
+}  // namespace cma
