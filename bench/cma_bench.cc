@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <set>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -31,7 +32,7 @@
 #include "bench/trace.h"
 
 ABSL_FLAG(std::string, backend, "best", "host, cuda, hip or best");
-ABSL_FLAG(std::string, suite, "all", "latency, replay, migration or all");
+ABSL_FLAG(std::string, suite, "all", "comma-separated: latency, replay, migration, or all");
 ABSL_FLAG(std::string, trace, "",
           "comma-separated traces (CSV or .csv.gz); default: bench/traces/*.csv.gz");
 ABSL_FLAG(std::string, json, "", "write results here as JSON");
@@ -173,9 +174,16 @@ int Main() {
   const int device = absl::GetFlag(FLAGS_device);
   const std::string suite = absl::GetFlag(FLAGS_suite);
   const std::string config = absl::GetFlag(FLAGS_config);
-  if (suite != "latency" && suite != "replay" && suite != "migration" && suite != "all") {
-    std::cerr << "cma_bench: --suite must be latency, replay, migration or all\n";
-    return 2;
+  std::set<std::string> suites;
+  for (absl::string_view s : absl::StrSplit(suite, ',', absl::SkipEmpty())) {
+    if (s == "all") {
+      suites.insert({"latency", "replay", "migration"});
+    } else if (s == "latency" || s == "replay" || s == "migration") {
+      suites.insert(std::string(s));
+    } else {
+      std::cerr << "cma_bench: --suite takes latency, replay, migration or all (comma-separated)\n";
+      return 2;
+    }
   }
   Json out = Json::object();
   out["backend"] = (*backend)->name();
@@ -195,13 +203,9 @@ int Main() {
   std::cout << "backend " << (*backend)->name() << ", device " << device << ": " << facts->name
             << "\n";
   absl::Status s;
-  if (suite == "latency" || suite == "all") s.Update(LatencySuite(**backend, device, config, out));
-  if (s.ok() && (suite == "replay" || suite == "all")) {
-    s.Update(ReplaySuite(**backend, device, config, out));
-  }
-  if (s.ok() && (suite == "migration" || suite == "all")) {
-    s.Update(MigrationSuite(**backend, device, out));
-  }
+  if (suites.count("latency")) s.Update(LatencySuite(**backend, device, config, out));
+  if (s.ok() && suites.count("replay")) s.Update(ReplaySuite(**backend, device, config, out));
+  if (s.ok() && suites.count("migration")) s.Update(MigrationSuite(**backend, device, out));
   if (!s.ok()) {
     std::cerr << "cma_bench: " << s << "\n";
     return 1;
