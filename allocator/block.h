@@ -8,11 +8,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <tuple>
 
 #include "absl/container/btree_set.h"
 #include "absl/container/inlined_vector.h"
 #include "backends/backend.h"
+#include "policy/placement_policy.h"
 #include "policy/size_policy.h"
 
 namespace cma {
@@ -35,6 +37,12 @@ struct Block {
   bool unmerged = false;
   // Streams other than `stream` that used the block (record_stream).
   absl::InlinedVector<Stream, 2> stream_uses;
+  // Where this memory was last put (a prefetch or move target); unknown
+  // until placed. A reused block already there needs no migration.
+  bool placed = false;
+  Location location;
+  // Advice applied for the current allocation, withdrawn when it is freed.
+  std::unique_ptr<AllocationHints> hints;
 
   void* ptr() const { return reinterpret_cast<void*>(addr); }
   bool is_split() const { return prev != nullptr || next != nullptr; }
@@ -46,10 +54,6 @@ struct Segment {
   std::size_t size = 0;
   PoolKind pool = PoolKind::kSmall;
   Block* first = nullptr;
-  // Where the memory was last placed (a prefetch or move target), so a reused
-  // block that is already there needs no migration.
-  Location location;
-  bool placed = false;
 
   void* ptr_base() const { return reinterpret_cast<void*>(base); }
 };

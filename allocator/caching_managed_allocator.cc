@@ -49,7 +49,8 @@ absl::StatusOr<std::unique_ptr<CachingManagedAllocator>> CachingManagedAllocator
                                         a->config_.managed_budget_fraction);
     }
     a->devices_.push_back(
-        std::make_unique<DeviceAllocator>(d, &backend, &a->config_, mem->total_bytes, budget));
+        std::make_unique<DeviceAllocator>(d, *count, &backend, &a->config_, mem->total_bytes,
+                                          budget));
   }
   return a;
 }
@@ -67,11 +68,69 @@ absl::StatusOr<DeviceAllocator*> CachingManagedAllocator::Device(int device) {
   return devices_[device].get();
 }
 
+absl::Status CachingManagedAllocator::CheckHints(const AllocationHints& hints) const {
+  const int n = static_cast<int>(devices_.size());
+  if (hints.preferred_location && !hints.preferred_location->is_host() &&
+      (hints.preferred_location->device < 0 || hints.preferred_location->device >= n)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cma: hint names preferred device %d (%d devices)", hints.preferred_location->device, n));
+  }
+  for (int d : hints.accessed_by) {
+    if (d < 0 || d >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("cma: hint names accessed-by device %d (%d devices)", d, n));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<void*> CachingManagedAllocator::Allocate(std::size_t bytes, int device,
-                                                        Stream stream) {
+                                                        Stream stream,
+                                                        const AllocationHints* hints) {
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();
-  return (*d)->Allocate(bytes, stream);
+  if (ABSL_PREDICT_FALSE(hints != nullptr)) {
+    if (absl::Status s = CheckHints(*hints); !s.ok()) return s;
+  }
+  return (*d)->Allocate(bytes, stream, hints);
+}
+
+absl::Status CachingManagedAllocator::Move(void* ptr, Location target, Stream stream,
+                                           bool contents_dead) {
+  return MoveBatch({&ptr, 1}, target, stream, contents_dead);
+}
+
+absl::Status CachingManagedAllocator::MoveBatch(absl::Span<void* const> ptrs, Location target,
+                                                Stream stream, bool contents_dead) {
+  // Group by owning device; every pointer must be ours before anything moves.
+  std::vector<std::vector<void*>> groups(devices_.size());
+  for (void* p : ptrs) {
+    absl::StatusOr<int> d = DeviceOf(p);
+    if (!d.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("cma: move of %p, which is not an allocation of this allocator", p));
+    }
+    groups[*d].push_back(p);
+  }
+  for (std::size_t d = 0; d < groups.size(); ++d) {
+    if (groups[d].empty()) continue;
+    absl::Status s = devices_[d]->Move(groups[d], target, stream, contents_dead);
+    if (absl::IsNotFound(s)) {
+      return absl::InvalidArgumentError("cma: an allocation was freed while it was being moved");
+    }
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CachingManagedAllocator::SetHints(void* ptr, const AllocationHints& hints) {
+  if (absl::Status s = CheckHints(hints); !s.ok()) return s;
+  for (auto& d : devices_) {
+    absl::Status s = d->SetHints(ptr, hints);
+    if (!absl::IsNotFound(s)) return s;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("cma: hints for %p, which is not an allocation of this allocator", ptr));
 }
 
 absl::Status CachingManagedAllocator::Free(void* ptr) {

@@ -45,11 +45,32 @@ class CachingManagedAllocator {
   static absl::StatusOr<std::unique_ptr<CachingManagedAllocator>> Create(Backend& backend,
                                                                          absl::string_view config);
 
-  absl::StatusOr<void*> Allocate(std::size_t bytes, int device, Stream stream = kDefaultStream);
+  // Memory for use in stream order on `stream`: work queued later on
+  // `stream` may use it at once; the host, or another stream, only after
+  // synchronising with `stream` (placement may still be in flight, as with
+  // cudaMallocAsync). `hints` is advice for this allocation only.
+  absl::StatusOr<void*> Allocate(std::size_t bytes, int device, Stream stream = kDefaultStream,
+                                 const AllocationHints* hints = nullptr);
   absl::Status Free(void* ptr);
   absl::Status RecordStream(void* ptr, Stream stream);
   // Returns every fully-free cached segment of every device to the backend.
   absl::Status EmptyCache();
+
+  // Zero-copy move (PyTorch RFC-0023's tensor.to() without a copy): the
+  // allocation keeps its address and its data migrates to `target`, ordered
+  // on `stream` after the work already queued there. Work queued later on
+  // `stream` sees the data in place; the host must SynchronizeStream(stream)
+  // before touching data moved to it. `contents_dead` discards instead of
+  // migrating (the caller will overwrite everything). The block keeps
+  // belonging to the device that allocated it (its pool and budget); its
+  // recorded location follows the move, so a later reuse knows where it is.
+  absl::Status Move(void* ptr, Location target, Stream stream, bool contents_dead = false);
+  // Several allocations in one batch call per device (e.g. a model's tensors).
+  absl::Status MoveBatch(absl::Span<void* const> ptrs, Location target, Stream stream,
+                         bool contents_dead = false);
+  // Replaces the advice (read-mostly, preferred location, accessed-by) of
+  // one allocation; withdrawn again when it is freed.
+  absl::Status SetHints(void* ptr, const AllocationHints& hints);
 
   // The device that owns `ptr` (a pointer returned by Allocate and not freed).
   absl::StatusOr<int> DeviceOf(void* ptr);
@@ -71,6 +92,7 @@ class CachingManagedAllocator {
       : backend_(backend), config_(std::move(config)) {}
   absl::StatusOr<DeviceAllocator*> Device(int device);
   absl::Status BadDevice(int device) const;
+  absl::Status CheckHints(const AllocationHints& hints) const;
 
   Backend& backend_;
   const AllocatorConfig config_;

@@ -10,9 +10,11 @@
 
 namespace cma {
 
-DeviceAllocator::DeviceAllocator(int device, Backend* backend, const AllocatorConfig* config,
-                                 std::size_t device_total, std::size_t budget)
+DeviceAllocator::DeviceAllocator(int device, int device_count, Backend* backend,
+                                 const AllocatorConfig* config, std::size_t device_total,
+                                 std::size_t budget)
     : device_(device),
+      device_count_(device_count),
       backend_(backend),
       config_(config),
       device_total_(device_total),
@@ -99,7 +101,8 @@ void DeviceAllocator::EraseFree(Block* b) {
 
 // ---------------------------------------------------------------- allocate
 
-absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream) {
+absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream,
+                                                 const AllocationHints* hints) {
   if (bytes == 0) {
     return absl::InvalidArgumentError("cma: cannot allocate 0 bytes");
   }
@@ -119,7 +122,8 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   if (b == nullptr) {
     const std::size_t release = ReleaseBeforeGrowth(
         *config_, static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current),
-        static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].peak), SegmentSizeFor(rounded));
+        static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].peak), SegmentSizeFor(rounded),
+        budget_);
     if (release > 0) ReleaseCachedSegments(release);
     absl::StatusOr<Block*> fresh = NewSegment(rounded, pool, stream);
     if (!fresh.ok() && absl::IsResourceExhausted(fresh.status())) {
@@ -144,7 +148,9 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
       b = *fresh;
     }
   }
-  return HandOut(b, rounded, bytes, pool, stream);
+  void* p = HandOut(b, rounded, bytes, pool, stream);
+  PlaceForAllocation(b, stream, hints);
+  return p;
 }
 
 absl::Status DeviceAllocator::DiagnoseBadFree(void* ptr) {
@@ -271,6 +277,7 @@ absl::StatusOr<Block*> DeviceAllocator::NewSegment(std::size_t rounded, PoolKind
   UpdateStat(stats_.segment, pool, 1);
   UpdateStat(stats_.reserved_bytes, pool, size);
   ++stats_.num_device_alloc;
+  PrepareSegment(b, stream);
   return b;
 }
 
@@ -285,6 +292,8 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
     rest->size = b->size - rounded;
     rest->stream = stream;
     rest->segment = b->segment;
+    rest->placed = b->placed;  // placement of b's range changes only after this
+    rest->location = b->location;
     rest->prev = b;
     rest->next = b->next;
     if (b->next != nullptr) b->next->prev = rest;
@@ -348,6 +357,8 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   }
 
   allocated_.erase(it);
+  if (b->hints) ApplyAdvice(WithdrawHintAdvice(*b->hints), b->ptr(), b->size);
+  b->hints.reset();
   UpdateStat(stats_.allocation, pool, -1);
   UpdateStat(stats_.allocated_bytes, pool, -static_cast<std::int64_t>(b->size));
   UpdateStat(stats_.requested_bytes, pool, -static_cast<std::int64_t>(b->requested));
@@ -361,13 +372,22 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   }
   UpdateStat(stats_.active, pool, -1);
   UpdateStat(stats_.active_bytes, pool, -static_cast<std::int64_t>(b->size));
+  OnFreed(b);
   ReturnBlock(b);
+  const std::size_t excess = ReleaseAfterFree(
+      *config_, static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current),
+      static_cast<std::size_t>(stats_.active_bytes[kAllPools].current));
+  if (ABSL_PREDICT_FALSE(excess > 0)) {
+    CoalesceUnmerged();
+    ReleaseCachedSegments(excess);
+  }
   return absl::OkStatus();
 }
 
 void DeviceAllocator::AbsorbNext(Block* b) {
   Block* next = b->next;
   EraseFree(next);
+  if (!(b->placed && next->placed && b->location == next->location)) b->placed = false;
   b->size += next->size;
   b->next = next->next;
   if (next->next != nullptr) next->next->prev = b;
@@ -429,6 +449,7 @@ void DeviceAllocator::ProcessPendingFrees(bool synchronize) {
     if (--b->pending_events == 0) {
       UpdateStat(stats_.active, b->segment->pool, -1);
       UpdateStat(stats_.active_bytes, b->segment->pool, -static_cast<std::int64_t>(b->size));
+      OnFreed(b);
       ReturnBlock(b);
     }
   }
@@ -564,13 +585,13 @@ void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
     s.address = seg->base;
     s.total_size = seg->size;
     s.segment_type = seg->pool == PoolKind::kSmall ? "small" : "large";
-    s.location = seg->placed ? LocationName(seg->location) : "unplaced";
     for (const Block* b = seg->first; b != nullptr; b = b->next) {
       BlockSnapshot bs;
       bs.address = b->addr;
       bs.size = b->size;
       bs.requested = b->requested;
       bs.stream = b->stream;
+      bs.location = b->placed ? LocationName(b->location) : "unplaced";
       bs.state = b->allocated ? "active_allocated"
                               : (b->pending_events > 0 ? "active_pending_free" : "inactive");
       if (b->allocated) {

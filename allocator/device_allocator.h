@@ -21,6 +21,7 @@
 #include "allocator/stats.h"
 #include "backends/backend.h"
 #include "policy/config.h"
+#include "policy/placement_policy.h"
 
 namespace cma {
 
@@ -28,7 +29,7 @@ class DeviceAllocator {
  public:
   // `backend` and `config` must outlive this object. `budget` caps the bytes
   // of managed memory this device may reserve.
-  DeviceAllocator(int device, Backend* backend, const AllocatorConfig* config,
+  DeviceAllocator(int device, int device_count, Backend* backend, const AllocatorConfig* config,
                   std::size_t device_total, std::size_t budget);
   // Releases every segment, also those still handed out.
   ~DeviceAllocator();
@@ -37,7 +38,9 @@ class DeviceAllocator {
 
   int device() const { return device_; }
 
-  absl::StatusOr<void*> Allocate(std::size_t bytes, Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
+  // `hints` (optional) is advice for this allocation only.
+  absl::StatusOr<void*> Allocate(std::size_t bytes, Stream stream,
+                                 const AllocationHints* hints = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
   // kNotFound when `ptr` lies in none of this device's segments (the caller
   // may ask another device); kInvalidArgument for a double free or a pointer
   // into the middle of a block.
@@ -47,6 +50,13 @@ class DeviceAllocator {
   absl::Status RecordStream(void* ptr, Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
   // Returns every fully-free segment to the backend.
   absl::Status EmptyCache() ABSL_LOCKS_EXCLUDED(mu_);
+  // Zero-copy move of allocated blocks to `target`, ordered on `stream`
+  // (placement.cc). One batch call for all of `ptrs`. kNotFound if a pointer
+  // is not allocated here; nothing is moved then.
+  absl::Status Move(absl::Span<void* const> ptrs, Location target, Stream stream,
+                    bool contents_dead) ABSL_LOCKS_EXCLUDED(mu_);
+  // Replaces the advice of the allocation at `ptr`.
+  absl::Status SetHints(void* ptr, const AllocationHints& hints) ABSL_LOCKS_EXCLUDED(mu_);
   // The allocated block at `ptr`: its size as requested and its stream.
   absl::StatusOr<std::pair<std::size_t, Stream>> Lookup(void* ptr) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -109,7 +119,23 @@ class DeviceAllocator {
   std::string OomMessage(std::size_t bytes, const absl::Status& cause)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // ---- placement (placement.cc) ----
+  // Carries out `action` for `ranges`; counts it in the stats.
+  absl::Status Execute(PlacementAction action, absl::Span<const Range> ranges, Location target,
+                       Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyAdvice(const AdviceList& advice, void* ptr, std::size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Config advice and, with prefetch:on_alloc, one prefetch of the whole new
+  // segment (which places every small block later carved from it).
+  void PrepareSegment(Block* whole, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PlaceForAllocation(Block* b, Stream stream, const AllocationHints* hints)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // At free: withdraws the allocation's advice; with discard_on_free, marks
+  // the contents dead on the block's stream.
+  void OnFreed(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const int device_;
+  const int device_count_;
   Backend* const backend_;
   const AllocatorConfig* const config_;
   const std::size_t device_total_;

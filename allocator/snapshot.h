@@ -19,6 +19,7 @@ struct BlockSnapshot {
   // "active_allocated", "active_pending_free" (awaiting other streams) or "inactive".
   std::string state;
   Stream stream = kDefaultStream;
+  std::string location;  // last placement: "device N", "host" or "unplaced"
 };
 
 struct SegmentSnapshot {
@@ -28,7 +29,6 @@ struct SegmentSnapshot {
   std::size_t allocated_size = 0;
   std::size_t requested_size = 0;
   std::string segment_type;  // "small" or "large"
-  std::string location;      // last placement: "device N", "host" or "unplaced"
   std::vector<BlockSnapshot> blocks;
 };
 

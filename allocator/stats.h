@@ -63,6 +63,7 @@ struct DeviceStats {
   std::int64_t advise_calls = 0;
   std::int64_t discarded_bytes = 0;
   std::int64_t moves = 0;
+  std::int64_t num_placement_errors = 0;  // failed prefetch/advise/discard (hints only)
   std::int64_t managed_budget_bytes = 0;
 
   // Flattened as PyTorch does: "allocated_bytes.all.current", "num_ooms", ...

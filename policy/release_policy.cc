@@ -1,12 +1,26 @@
 #include "policy/release_policy.h"
 
+#include <algorithm>
+
 namespace cma {
 
 std::size_t ReleaseBeforeGrowth(const AllocatorConfig& config, std::size_t reserved,
-                                std::size_t peak_reserved, std::size_t new_segment) {
-  if (!config.release_before_peak) return 0;
-  if (reserved + new_segment <= peak_reserved) return 0;
-  return new_segment;
+                                std::size_t peak_reserved, std::size_t new_segment,
+                                std::size_t budget) {
+  std::size_t release = 0;
+  if (config.release_before_peak && reserved + new_segment > peak_reserved) release = new_segment;
+  if (config.garbage_collection_threshold > 0) {
+    const auto mark = static_cast<std::size_t>(config.garbage_collection_threshold *
+                                               static_cast<double>(budget));
+    if (reserved + new_segment > mark) release = std::max(release, reserved + new_segment - mark);
+  }
+  return release;
+}
+
+std::size_t ReleaseAfterFree(const AllocatorConfig& config, std::size_t reserved,
+                             std::size_t active) {
+  const std::size_t idle = reserved - active;
+  return idle > config.release_threshold ? idle - config.release_threshold : 0;
 }
 
 }  // namespace cma

@@ -15,8 +15,16 @@ namespace cma {
 // never raises its high-water mark of reserved memory while idle segments
 // could be given back instead; below the mark it keeps its cache, so a steady
 // state makes no backend call. Returns 0 for "release nothing".
+// With garbage_collection_threshold t, growth past t x budget also first
+// releases idle segments down to that mark.
 std::size_t ReleaseBeforeGrowth(const AllocatorConfig& config, std::size_t reserved,
-                                std::size_t peak_reserved, std::size_t new_segment);
+                                std::size_t peak_reserved, std::size_t new_segment,
+                                std::size_t budget);
+
+// Bytes of idle cache to release after a free: what exceeds release_threshold
+// (0 when under it or when no threshold is set).
+std::size_t ReleaseAfterFree(const AllocatorConfig& config, std::size_t reserved,
+                             std::size_t active);
 
 }  // namespace cma
 

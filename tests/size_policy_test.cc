@@ -71,11 +71,27 @@ namespace {
 
 TEST(ReleasePolicyTest, ReleasesOnlyAboveHighWaterMark) {
   AllocatorConfig c;
-  EXPECT_EQ(ReleaseBeforeGrowth(c, 100, 200, 50), 0u);   // stays under the mark
-  EXPECT_EQ(ReleaseBeforeGrowth(c, 100, 200, 100), 0u);  // reaches it exactly
-  EXPECT_EQ(ReleaseBeforeGrowth(c, 100, 200, 150), 150u);
+  EXPECT_EQ(ReleaseBeforeGrowth(c, 100, 200, 50, 1000), 0u);   // stays under the mark
+  EXPECT_EQ(ReleaseBeforeGrowth(c, 100, 200, 100, 1000), 0u);  // reaches it exactly
+  EXPECT_EQ(ReleaseBeforeGrowth(c, 100, 200, 150, 1000), 150u);
   c.release_before_peak = false;
-  EXPECT_EQ(ReleaseBeforeGrowth(c, 100, 200, 150), 0u);
+  EXPECT_EQ(ReleaseBeforeGrowth(c, 100, 200, 150, 1000), 0u);
+}
+
+TEST(ReleasePolicyTest, GarbageCollectionThresholdCapsGrowth) {
+  AllocatorConfig c;
+  c.release_before_peak = false;
+  c.garbage_collection_threshold = 0.5;
+  EXPECT_EQ(ReleaseBeforeGrowth(c, 400, 900, 50, 1000), 0u);    // 450 <= 500
+  EXPECT_EQ(ReleaseBeforeGrowth(c, 480, 900, 100, 1000), 80u);  // 580 - 500
+}
+
+TEST(ReleasePolicyTest, ReleaseThresholdAfterFree) {
+  AllocatorConfig c;
+  EXPECT_EQ(ReleaseAfterFree(c, 1000, 0), 0u);  // no threshold: keep everything
+  c.release_threshold = 300;
+  EXPECT_EQ(ReleaseAfterFree(c, 1000, 600), 100u);
+  EXPECT_EQ(ReleaseAfterFree(c, 1000, 800), 0u);
 }
 
 }  // namespace

@@ -7,7 +7,9 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_format.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/driver_api.h"
@@ -76,6 +78,14 @@ CUmemAllocationHandleType ToCu(HandleType t) {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device_count, const DriverApi* cu) : device_count_(device_count), cu_(cu) {}
+  ~CudaBackend() override {
+    absl::MutexLock l(&side_mu_);
+    for (auto& [device, side] : side_) {
+      if (side.stream != nullptr) cudaStreamDestroy(side.stream);
+      if (side.before != nullptr) cudaEventDestroy(side.before);
+      if (side.after != nullptr) cudaEventDestroy(side.after);
+    }
+  }
 
   const char* name() const override { return "cuda"; }
 
@@ -177,14 +187,15 @@ class CudaBackend final : public Backend {
                              Stream stream) override {
     if (ranges.empty()) return absl::OkStatus();
 #if CUDART_VERSION >= 13000
-    // The batch call rejects the legacy default stream.
-    if (stream != kDefaultStream && ranges.size() > 1) {
-      Batch b(ranges);
-      cudaMemLocation loc = ToCuda(location);
-      std::size_t first = 0;
-      CMA_CUDA_RETURN_IF_ERROR(cudaMemPrefetchBatchAsync(
-          b.ptrs.data(), b.sizes.data(), b.ptrs.size(), &loc, &first, 1, 0, AsStream(stream)));
-      return absl::OkStatus();
+    if (ranges.size() > 1) {
+      return Ordered(stream, [&](cudaStream_t s) {
+        Batch b(ranges);
+        cudaMemLocation loc = ToCuda(location);
+        std::size_t first = 0;
+        return CudaStatus(cudaMemPrefetchBatchAsync(b.ptrs.data(), b.sizes.data(), b.ptrs.size(),
+                                                    &loc, &first, 1, 0, s),
+                          "cudaMemPrefetchBatchAsync");
+      });
     }
 #endif
     for (const Range& r : ranges) CMA_RETURN_IF_ERROR(Prefetch(r.ptr, r.bytes, location, stream));
@@ -194,14 +205,11 @@ class CudaBackend final : public Backend {
   absl::Status DiscardBatch(absl::Span<const Range> ranges, Stream stream) override {
     if (ranges.empty()) return absl::OkStatus();
 #if CUDART_VERSION >= 13000
-    if (stream == kDefaultStream) {
-      return absl::InvalidArgumentError(
-          "cudaMemDiscardBatchAsync needs a stream other than the legacy default stream");
-    }
-    Batch b(ranges);
-    CMA_CUDA_RETURN_IF_ERROR(
-        cudaMemDiscardBatchAsync(b.ptrs.data(), b.sizes.data(), b.ptrs.size(), 0, AsStream(stream)));
-    return absl::OkStatus();
+    return Ordered(stream, [&](cudaStream_t s) {
+      Batch b(ranges);
+      return CudaStatus(cudaMemDiscardBatchAsync(b.ptrs.data(), b.sizes.data(), b.ptrs.size(), 0, s),
+                        "cudaMemDiscardBatchAsync");
+    });
 #else
     (void)stream;
     // Before CUDA 13 there is no discard: keeping the contents is a valid
@@ -214,16 +222,17 @@ class CudaBackend final : public Backend {
                                        Stream stream) override {
     if (ranges.empty()) return absl::OkStatus();
 #if CUDART_VERSION >= 13000
-    if (stream != kDefaultStream) {
+    return Ordered(stream, [&](cudaStream_t s) {
       Batch b(ranges);
       cudaMemLocation loc = ToCuda(location);
       std::size_t first = 0;
-      CMA_CUDA_RETURN_IF_ERROR(cudaMemDiscardAndPrefetchBatchAsync(
-          b.ptrs.data(), b.sizes.data(), b.ptrs.size(), &loc, &first, 1, 0, AsStream(stream)));
-      return absl::OkStatus();
-    }
-#endif
+      return CudaStatus(cudaMemDiscardAndPrefetchBatchAsync(b.ptrs.data(), b.sizes.data(),
+                                                            b.ptrs.size(), &loc, &first, 1, 0, s),
+                        "cudaMemDiscardAndPrefetchBatchAsync");
+    });
+#else
     return PrefetchBatch(ranges, location, stream);
+#endif
   }
 
   absl::StatusOr<RangeAttributes> GetRangeAttributes(void* ptr, std::size_t bytes) override {
@@ -494,6 +503,35 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // The batch calls reject the legacy default stream. For it, `op` runs on a
+  // private stream of the current device, fenced by events on both sides so
+  // that it stays in the default stream's order.
+  template <typename Op>
+  absl::Status Ordered(Stream stream, Op&& op) {
+    if (stream != kDefaultStream) return op(AsStream(stream));
+    int device = 0;
+    CMA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    absl::MutexLock l(&side_mu_);
+    SideStream& side = side_[device];
+    if (side.stream == nullptr) {
+      CMA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&side.stream, cudaStreamNonBlocking));
+      CMA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&side.before, cudaEventDisableTiming));
+      CMA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&side.after, cudaEventDisableTiming));
+    }
+    CMA_CUDA_RETURN_IF_ERROR(cudaEventRecord(side.before, AsStream(stream)));
+    CMA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side.stream, side.before, 0));
+    absl::Status s = op(side.stream);
+    CMA_CUDA_RETURN_IF_ERROR(cudaEventRecord(side.after, side.stream));
+    CMA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(AsStream(stream), side.after, 0));
+    return s;
+  }
+
+  struct SideStream {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t before = nullptr;
+    cudaEvent_t after = nullptr;
+  };
+
   // Pointer and size arrays for the batch calls.
   struct Batch {
     explicit Batch(absl::Span<const Range> ranges) {
@@ -510,6 +548,8 @@ class CudaBackend final : public Backend {
 
   const int device_count_;
   const DriverApi* const cu_;
+  absl::Mutex side_mu_;
+  absl::flat_hash_map<int, SideStream> side_ ABSL_GUARDED_BY(side_mu_);
 };
 
 }  // namespace

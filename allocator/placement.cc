@@ -1,0 +1,138 @@
+// DeviceAllocator's placement: carrying out policy/placement_policy.h's
+// decisions through the Backend, and the zero-copy move.
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "allocator/device_allocator.h"
+
+namespace cma {
+
+absl::Status DeviceAllocator::Execute(PlacementAction action, absl::Span<const Range> ranges,
+                                      Location target, Stream stream) {
+  if (action == PlacementAction::kNone || ranges.empty()) return absl::OkStatus();
+  absl::Status s;
+  if (action == PlacementAction::kPrefetch) {
+    s = ranges.size() == 1 ? backend_->Prefetch(ranges[0].ptr, ranges[0].bytes, target, stream)
+                           : backend_->PrefetchBatch(ranges, target, stream);
+  } else {
+    s = backend_->DiscardAndPrefetchBatch(ranges, target, stream);
+  }
+  if (!s.ok()) {
+    ++stats_.num_placement_errors;
+    return s;
+  }
+  std::int64_t bytes = 0;
+  for (const Range& r : ranges) bytes += static_cast<std::int64_t>(r.bytes);
+  ++stats_.prefetch_calls;
+  (target.is_host() ? stats_.prefetched_bytes_to_host : stats_.prefetched_bytes_to_device) +=
+      bytes;
+  if (action == PlacementAction::kDiscardAndPrefetch) stats_.discarded_bytes += bytes;
+  return absl::OkStatus();
+}
+
+void DeviceAllocator::ApplyAdvice(const AdviceList& advice, void* ptr, std::size_t bytes) {
+  for (const auto& [a, location] : advice) {
+    if (backend_->Advise(ptr, bytes, a, location).ok()) {
+      ++stats_.advise_calls;
+    } else {
+      ++stats_.num_placement_errors;  // advice is a hint: the memory stays valid
+    }
+  }
+}
+
+void DeviceAllocator::PrepareSegment(Block* whole, Stream stream) {
+  ApplyAdvice(SegmentAdvice(*config_, device_, device_count_), whole->ptr(), whole->size);
+  const Location target = Location::Device(device_);
+  const PlacementAction a = PlanAllocation(*config_, /*placed=*/false, target, target);
+  const Range r{whole->ptr(), whole->size};
+  if (a != PlacementAction::kNone && Execute(a, {&r, 1}, target, stream).ok()) {
+    whole->placed = true;
+    whole->location = target;
+  }
+}
+
+void DeviceAllocator::PlaceForAllocation(Block* b, Stream stream, const AllocationHints* hints) {
+  const Location target = Location::Device(device_);
+  const PlacementAction a = PlanAllocation(*config_, b->placed, b->location, target);
+  if (ABSL_PREDICT_FALSE(a != PlacementAction::kNone)) {
+    const Range r{b->ptr(), b->size};
+    if (Execute(a, {&r, 1}, target, stream).ok()) {
+      b->placed = true;
+      b->location = target;
+    }
+  }
+  if (ABSL_PREDICT_FALSE(hints != nullptr)) {
+    ApplyAdvice(HintAdvice(*hints), b->ptr(), b->size);
+    b->hints = std::make_unique<AllocationHints>(*hints);
+  }
+}
+
+void DeviceAllocator::OnFreed(Block* b) {
+  if (!config_->discard_on_free) return;
+  // Ordered on the block's stream after its last use; other streams' uses
+  // have completed (their events) by the time we get here.
+  const Range r{b->ptr(), b->size};
+  if (backend_->DiscardBatch({&r, 1}, b->stream).ok()) {
+    stats_.discarded_bytes += static_cast<std::int64_t>(b->size);
+    b->placed = false;  // nothing resident to speak of: the next use populates
+  } else {
+    ++stats_.num_placement_errors;
+  }
+}
+
+absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target, Stream stream,
+                                   bool contents_dead) {
+  if (!target.is_host() && (target.device < 0 || target.device >= device_count_)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cma: move to invalid device %d (%d devices)", target.device, device_count_));
+  }
+  absl::MutexLock l(&mu_);
+  std::vector<Block*> blocks;
+  blocks.reserve(ptrs.size());
+  for (void* p : ptrs) {
+    auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(p));
+    if (it == allocated_.end()) return absl::NotFoundError("not allocated on this device");
+    blocks.push_back(it->second);
+  }
+  if (absl::Status s = CheckStream(stream); !s.ok()) return s;
+  // One batch per action, so a whole model's tensors move in one or two calls.
+  std::vector<Range> prefetch, discard_prefetch;
+  for (Block* b : blocks) {
+    switch (PlanMove(b->placed, b->location, target, contents_dead)) {
+      case PlacementAction::kNone: break;
+      case PlacementAction::kPrefetch: prefetch.push_back({b->ptr(), b->size}); break;
+      case PlacementAction::kDiscardAndPrefetch:
+        discard_prefetch.push_back({b->ptr(), b->size});
+        break;
+    }
+  }
+  absl::Status s = Execute(PlacementAction::kPrefetch, prefetch, target, stream);
+  if (s.ok()) s = Execute(PlacementAction::kDiscardAndPrefetch, discard_prefetch, target, stream);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("cma: move to ", LocationName(target),
+                                               " failed: ", s.message()));
+  }
+  for (Block* b : blocks) {
+    b->placed = true;
+    b->location = target;
+  }
+  stats_.moves += static_cast<std::int64_t>(blocks.size());
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocator::SetHints(void* ptr, const AllocationHints& hints) {
+  for (int d : hints.accessed_by) {
+    if (d < 0 || d >= device_count_) {
+      return absl::InvalidArgumentError(absl::StrFormat("cma: accessed_by names device %d", d));
+    }
+  }
+  absl::MutexLock l(&mu_);
+  auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == allocated_.end()) return absl::NotFoundError("not allocated on this device");
+  Block* b = it->second;
+  if (b->hints) ApplyAdvice(WithdrawHintAdvice(*b->hints), b->ptr(), b->size);
+  ApplyAdvice(HintAdvice(hints), b->ptr(), b->size);
+  b->hints = std::make_unique<AllocationHints>(hints);
+  return absl::OkStatus();
+}
+
+}  // namespace cma
