@@ -55,10 +55,10 @@ void DeviceAllocator::PlaceForAllocation(Block* b, Stream stream, const Allocati
   const PlacementAction a = PlanAllocation(*config_, b->placed, b->location, target);
   if (ABSL_PREDICT_FALSE(a != PlacementAction::kNone)) {
     const Range r{b->ptr(), b->size};
-    if (Execute(a, {&r, 1}, target, stream).ok()) {
-      b->placed = true;
-      b->location = target;
-    }
+    b->placed = Execute(a, {&r, 1}, target, stream).ok();
+    b->location = target;
+  } else if (config_->prefetch != PrefetchPolicy::kOnAlloc) {
+    b->placed = false;  // its user will put the pages wherever it touches them
   }
   if (ABSL_PREDICT_FALSE(hints != nullptr)) {
     ApplyAdvice(HintAdvice(*hints), b->ptr(), b->size);
@@ -97,7 +97,7 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
   // One batch per action, so a whole model's tensors move in one or two calls.
   std::vector<Range> prefetch, discard_prefetch;
   for (Block* b : blocks) {
-    switch (PlanMove(b->placed, b->location, target, contents_dead)) {
+    switch (PlanMove(contents_dead)) {
       case PlacementAction::kNone: break;
       case PlacementAction::kPrefetch: prefetch.push_back({b->ptr(), b->size}); break;
       case PlacementAction::kDiscardAndPrefetch:

@@ -27,6 +27,9 @@ absl::StatusOr<double> MeasureBaseline(Backend& backend, const std::string& name
 }
 
 absl::Status MigrationSuite(Backend& backend, int device, nlohmann::json& out) {
+#ifdef CMA_HAVE_CUDA
+  if (std::strcmp(backend.name(), "cuda") == 0) return CudaMigrationSuite(backend, device, out);
+#endif
   out["migration"] = {{"skipped", absl::StrCat("the ", backend.name(),
                                                " backend has no real page migration to measure")}};
   return absl::OkStatus();

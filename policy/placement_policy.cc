@@ -10,8 +10,10 @@ PlacementAction PlanAllocation(const AllocatorConfig& config, bool placed, Locat
   return PlacementAction::kDiscardAndPrefetch;
 }
 
-PlacementAction PlanMove(bool placed, Location current, Location target, bool contents_dead) {
-  if (placed && current == target) return PlacementAction::kNone;
+PlacementAction PlanMove(bool contents_dead) {
+  // Always act: kernels and the host move pages by touching them, so the
+  // allocator's record of a live block can be stale; the driver skips pages
+  // that are already at the target.
   return contents_dead ? PlacementAction::kDiscardAndPrefetch : PlacementAction::kPrefetch;
 }
 

@@ -31,13 +31,15 @@ enum class PlacementAction {
 
 // For a block being handed out for use on `target`. A reused block's old
 // contents are dead by definition (fresh memory has no defined value), so a
-// block last placed elsewhere is discarded rather than migrated.
+// block last placed elsewhere is discarded rather than migrated. `placed`
+// and `current` are trusted only because, under prefetch:on_alloc, every
+// block handed out is placed on its allocating device, where its user runs.
 PlacementAction PlanAllocation(const AllocatorConfig& config, bool placed, Location current,
                                Location target);
 
 // For an explicit move of live data (`contents_dead` when the caller will
-// overwrite it all).
-PlacementAction PlanMove(bool placed, Location current, Location target, bool contents_dead);
+// overwrite it all). Never kNone: see the definition.
+PlacementAction PlanMove(bool contents_dead);
 
 using AdviceList = std::vector<std::pair<Advice, Location>>;
 

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "backends/backend.h"
+#include "nlohmann/json.hpp"
 
 namespace cma {
 
@@ -18,6 +20,13 @@ std::vector<std::string> CudaBaselineNames();
 // stream-ordered pairs included up to the stream's completion.
 absl::StatusOr<double> MeasureCudaBaseline(const std::string& name, int device,
                                            std::size_t bytes, int reps);
+
+// Fills out["migration"]: first device writes per placement policy, resident
+// bandwidth, zero-copy moves both ways, a staged device-to-host move, raw
+// prefetch and pinned copies (cuda_migration_bench.cc). Skips, saying so,
+// when the device has under 8 GiB free: managed memory is never
+// oversubscribed.
+absl::Status CudaMigrationSuite(Backend& backend, int device, nlohmann::json& out);
 
 }  // namespace cma
 

@@ -50,7 +50,7 @@ def cuda_targets():
 
     native.cc_library(
         name = "cuda_bench",
-        srcs = ["cuda_bench.cc"],
+        srcs = ["cuda_bench.cc", "cuda_migration_bench.cc"],
         hdrs = ["cuda_bench.h"],
         deps = [
             ":cuda",
