@@ -179,6 +179,17 @@ DeviceStats CachingManagedAllocator::GetStats() {
   return total;
 }
 
+absl::Status CachingManagedAllocator::SetMemoryFraction(double fraction, int device) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  if (!(fraction > 0.0 && fraction <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("cma: memory fraction %g is not in (0, 1]", fraction));
+  }
+  (*d)->SetBudget(static_cast<std::size_t>(fraction * static_cast<double>((*d)->device_total())));
+  return absl::OkStatus();
+}
+
 absl::Status CachingManagedAllocator::ResetPeakStats(int device) {
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();

@@ -81,6 +81,9 @@ class CachingManagedAllocator {
 
   absl::StatusOr<DeviceStats> GetStats(int device);
   DeviceStats GetStats();  // summed over devices
+  // Managed-memory budget of one device: `fraction` in (0, 1] of its total
+  // memory (PyTorch's set_per_process_memory_fraction).
+  absl::Status SetMemoryFraction(double fraction, int device);
   absl::Status ResetPeakStats(int device);
   absl::Status ResetAccumulatedStats(int device);
   std::vector<SegmentSnapshot> Snapshot();

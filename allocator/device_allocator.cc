@@ -552,6 +552,17 @@ absl::StatusOr<std::pair<std::size_t, Stream>> DeviceAllocator::Lookup(void* ptr
   return std::make_pair(it->second->requested, it->second->stream);
 }
 
+void DeviceAllocator::SetBudget(std::size_t bytes) {
+  absl::MutexLock l(&mu_);
+  budget_ = bytes;
+  stats_.managed_budget_bytes = static_cast<std::int64_t>(bytes);
+  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
+  if (reserved > bytes) {
+    CoalesceUnmerged();
+    ReleaseCachedSegments(reserved - bytes);
+  }
+}
+
 DeviceStats DeviceAllocator::GetStats() {
   absl::MutexLock l(&mu_);
   return stats_;

@@ -60,6 +60,10 @@ class DeviceAllocator {
   // The allocated block at `ptr`: its size as requested and its stream.
   absl::StatusOr<std::pair<std::size_t, Stream>> Lookup(void* ptr) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Caps this device's managed memory; memory already reserved beyond the new
+  // budget is kept until freed (idle cache above it is released now).
+  void SetBudget(std::size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  std::size_t device_total() const { return device_total_; }
   DeviceStats GetStats() ABSL_LOCKS_EXCLUDED(mu_);
   void ResetPeakStats() ABSL_LOCKS_EXCLUDED(mu_);
   void ResetAccumulatedStats() ABSL_LOCKS_EXCLUDED(mu_);
@@ -139,7 +143,7 @@ class DeviceAllocator {
   Backend* const backend_;
   const AllocatorConfig* const config_;
   const std::size_t device_total_;
-  const std::size_t budget_;
+  std::size_t budget_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex mu_;
   BlockPool small_pool_ ABSL_GUARDED_BY(mu_);

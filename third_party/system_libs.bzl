@@ -40,15 +40,26 @@ def _system_libs_impl(ctx):
     ctx.file("BUILD", """
 package(default_visibility = ["//visibility:public"])
 
+# Libraries depend on :absl (headers, from /usr/include); each final binary
+# picks how Abseil is linked: :absl_static for tests and tools, so they run on
+# machines without Abseil; :absl_shared for shared libraries, because
+# Debian's archives are not position-independent.
+cc_library(name = "absl")
+
 cc_library(
-    name = "absl",
+    name = "absl_static",
     linkopts = ["-Wl,--start-group"] + {absl} + ["-Wl,--end-group", "-lpthread"],
+)
+
+cc_library(
+    name = "absl_shared",
+    linkopts = ["-L{d}"] + {absl_shared} + ["-lpthread"],
 )
 
 cc_library(
     name = "gtest",
     linkopts = ["{d}/libgmock.a", "{d}/libgtest.a", "-lpthread"],
-    deps = [":absl"],
+    deps = [":absl_static"],
 )
 
 cc_library(
@@ -67,6 +78,7 @@ cc_library(
     linkopts = ["-lz"],
 )
 """.format(absl = repr(absl), d = libdir,
+           absl_shared = repr(["-l" + a.split("/lib")[-1][:-2] for a in absl]),
            has_bench_a = ctx.path(libdir + "/libbenchmark.a").exists))
 
 system_libs = repository_rule(implementation = _system_libs_impl, local = True)

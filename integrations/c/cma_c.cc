@@ -1,0 +1,267 @@
+// The C ABI (cma_c.h) over one process-wide CachingManagedAllocator.
+#include "integrations/c/cma_c.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "allocator/caching_managed_allocator.h"
+#include "backends/registry.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using cma::CachingManagedAllocator;
+
+struct Global {
+  absl::Mutex mu;
+  std::unique_ptr<cma::Backend> backend ABSL_GUARDED_BY(mu);
+  std::unique_ptr<CachingManagedAllocator> allocator ABSL_GUARDED_BY(mu);
+  std::string config ABSL_GUARDED_BY(mu);
+  std::string backend_request ABSL_GUARDED_BY(mu);
+  // Read without the lock on the allocation path.
+  std::atomic<CachingManagedAllocator*> current{nullptr};
+};
+
+Global& G() {
+  static Global* g = new Global;  // never destroyed: outlives every caller
+  return *g;
+}
+
+thread_local std::string last_error;
+
+int Fail(const absl::Status& s) {
+  last_error = std::string(s.message());
+  return -1;
+}
+
+cma::Stream AsStream(void* s) { return reinterpret_cast<cma::Stream>(s); }
+
+const char* EnvOr(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : fallback;
+}
+
+absl::Status Init(const std::string& config, const std::string& backend) {
+  Global& g = G();
+  absl::MutexLock l(&g.mu);
+  if (g.allocator) {
+    if (config == g.config && backend == g.backend_request) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cma_init: already initialised with config '", g.config, "' and backend '",
+        g.backend_request, "'; call cma_shutdown first"));
+  }
+  absl::StatusOr<std::unique_ptr<cma::Backend>> b = cma::MakeBackend(backend);
+  if (!b.ok()) return b.status();
+  auto a = CachingManagedAllocator::Create(**b, config);
+  if (!a.ok()) return a.status();
+  g.backend = std::move(*b);
+  g.allocator = std::move(*a);
+  g.config = config;
+  g.backend_request = backend;
+  g.current.store(g.allocator.get(), std::memory_order_release);
+  return absl::OkStatus();
+}
+
+// The allocator, created from the environment on first use.
+CachingManagedAllocator* Get() {
+  CachingManagedAllocator* a = G().current.load(std::memory_order_acquire);
+  if (a != nullptr) return a;
+  absl::Status s = Init(EnvOr("CMA_ALLOC_CONF", ""), EnvOr("CMA_BACKEND", "best"));
+  if (!s.ok()) {
+    Fail(s);
+    return nullptr;
+  }
+  return G().current.load(std::memory_order_acquire);
+}
+
+char* CopyString(const std::string& s) {
+  char* out = static_cast<char*>(std::malloc(s.size() + 1));
+  if (out != nullptr) std::memcpy(out, s.c_str(), s.size() + 1);
+  return out;
+}
+
+nlohmann::json StatsJson(const cma::DeviceStats& s) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, v] : s.Flatten()) j[k] = v;
+  return j;
+}
+
+}  // namespace
+
+extern "C" {
+
+int cma_init(const char* config, const char* backend) {
+  absl::Status s = Init(config ? config : "", backend ? backend : "best");
+  return s.ok() ? 0 : Fail(s);
+}
+
+void cma_shutdown(void) {
+  Global& g = G();
+  absl::MutexLock l(&g.mu);
+  g.current.store(nullptr, std::memory_order_release);
+  g.allocator.reset();
+  g.backend.reset();
+  g.config.clear();
+  g.backend_request.clear();
+}
+
+const char* cma_backend_name(void) {
+  CachingManagedAllocator* a = Get();
+  return a ? a->backend().name() : nullptr;
+}
+
+int cma_device_count(void) {
+  CachingManagedAllocator* a = Get();
+  return a ? a->device_count() : -1;
+}
+
+const char* cma_last_error(void) { return last_error.c_str(); }
+
+void* cma_malloc(size_t size, int device, void* stream) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return nullptr;
+  absl::StatusOr<void*> p = a->Allocate(size, device, AsStream(stream));
+  if (!p.ok()) {
+    Fail(p.status());
+    return nullptr;
+  }
+  return *p;
+}
+
+int cma_free(void* ptr) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::Status s = a->Free(ptr);
+  return s.ok() ? 0 : Fail(s);
+}
+
+int cma_record_stream(void* ptr, void* stream) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::Status s = a->RecordStream(ptr, AsStream(stream));
+  return s.ok() ? 0 : Fail(s);
+}
+
+int cma_move(void* ptr, int location, void* stream, int contents_dead) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  if (location < -1) return Fail(absl::InvalidArgumentError("cma_move: location must be >= -1"));
+  const cma::Location target =
+      location == -1 ? cma::Location::Host() : cma::Location::Device(location);
+  absl::Status s = a->Move(ptr, target, AsStream(stream), contents_dead != 0);
+  return s.ok() ? 0 : Fail(s);
+}
+
+int cma_advise(void* ptr, int read_mostly, int preferred, const int* accessed_by,
+               int n_accessed_by) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  if (preferred < -2 || n_accessed_by < 0 || (n_accessed_by > 0 && accessed_by == nullptr)) {
+    return Fail(absl::InvalidArgumentError("cma_advise: bad preferred location or accessed_by"));
+  }
+  cma::AllocationHints h;
+  h.read_mostly = read_mostly != 0;
+  if (preferred == -1) h.preferred_location = cma::Location::Host();
+  if (preferred >= 0) h.preferred_location = cma::Location::Device(preferred);
+  h.accessed_by.assign(accessed_by, accessed_by + n_accessed_by);
+  absl::Status s = a->SetHints(ptr, h);
+  return s.ok() ? 0 : Fail(s);
+}
+
+int cma_synchronize(void* stream) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::Status s = a->backend().SynchronizeStream(AsStream(stream));
+  return s.ok() ? 0 : Fail(s);
+}
+
+int cma_empty_cache(void) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::Status s = a->EmptyCache();
+  return s.ok() ? 0 : Fail(s);
+}
+
+int cma_device_of(void* ptr) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::StatusOr<int> d = a->DeviceOf(ptr);
+  return d.ok() ? *d : Fail(d.status());
+}
+
+int cma_set_memory_fraction(double fraction, int device) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::Status s = a->SetMemoryFraction(fraction, device);
+  return s.ok() ? 0 : Fail(s);
+}
+
+char* cma_stats_json(int device) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return nullptr;
+  if (device == -1) return CopyString(StatsJson(a->GetStats()).dump());
+  absl::StatusOr<cma::DeviceStats> s = a->GetStats(device);
+  if (!s.ok()) {
+    Fail(s.status());
+    return nullptr;
+  }
+  return CopyString(StatsJson(*s).dump());
+}
+
+char* cma_snapshot_json(void) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return nullptr;
+  nlohmann::json out = nlohmann::json::array();
+  for (const cma::SegmentSnapshot& seg : a->Snapshot()) {
+    nlohmann::json blocks = nlohmann::json::array();
+    for (const cma::BlockSnapshot& b : seg.blocks) {
+      blocks.push_back({{"address", b.address},
+                        {"size", b.size},
+                        {"requested_size", b.requested},
+                        {"state", b.state},
+                        {"stream", b.stream},
+                        {"location", b.location}});
+    }
+    out.push_back({{"device", seg.device},
+                   {"address", seg.address},
+                   {"total_size", seg.total_size},
+                   {"allocated_size", seg.allocated_size},
+                   {"requested_size", seg.requested_size},
+                   {"segment_type", seg.segment_type},
+                   {"blocks", std::move(blocks)}});
+  }
+  return CopyString(out.dump());
+}
+
+void cma_string_free(char* s) { std::free(s); }
+
+// ---- torch.cuda.memory.CUDAPluggableAllocator ----
+// PyTorch treats a null return as out of memory; the reason is in
+// cma_last_error().
+
+void* cma_torch_alloc(size_t size, int device, void* stream) {
+  if (size == 0) return nullptr;  // PyTorch never dereferences empty storage
+  return cma_malloc(size, device, stream);
+}
+
+void cma_torch_free(void* ptr, size_t, int, void*) {
+  if (ptr != nullptr) cma_free(ptr);
+}
+
+void cma_torch_init(int) { Get(); }
+
+void cma_torch_reset(void) { cma_empty_cache(); }
+
+void cma_torch_memory_fraction(double fraction, int device) {
+  cma_set_memory_fraction(fraction, device);
+}
+
+void cma_torch_record_stream(void* ptr, void* stream) { cma_record_stream(ptr, stream); }
+
+}  // extern "C"

@@ -1,0 +1,67 @@
+/* cma_c.h: the C ABI of caching_managed_allocator, for frameworks (PyTorch's
+ * CUDAPluggableAllocator and MemPool, CuPy, anything with ctypes).
+ *
+ * One process-wide allocator. cma_init creates it (later calls with the same
+ * arguments are no-ops; different ones fail); the cma_torch_* entry points
+ * create it on first use from CMA_ALLOC_CONF and CMA_BACKEND.
+ *
+ * Streams are the vendor's stream handles (cudaStream_t) passed as void*;
+ * NULL is the default stream. A location is a device index, or -1 for the
+ * host.
+ *
+ * Errors: functions returning int give 0 on success and -1 on failure;
+ * pointer-returning ones give NULL. cma_last_error() then describes the
+ * failure (per thread, valid until the thread's next failing call).
+ * Strings returned by cma_*_json must be released with cma_string_free.
+ * Thread safety: every function may be called from any thread. */
+#ifndef CMA_INTEGRATIONS_C_CMA_C_H_
+#define CMA_INTEGRATIONS_C_CMA_C_H_
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int cma_init(const char* config, const char* backend);
+/* Releases every allocation and the allocator itself. */
+void cma_shutdown(void);
+const char* cma_backend_name(void);
+int cma_device_count(void);
+const char* cma_last_error(void);
+
+void* cma_malloc(size_t size, int device, void* stream);
+int cma_free(void* ptr);
+int cma_record_stream(void* ptr, void* stream);
+/* Zero-copy move of an allocation to `location`, ordered on `stream`.
+ * The host must cma_synchronize(stream) before touching data moved to it. */
+int cma_move(void* ptr, int location, void* stream, int contents_dead);
+/* Advice for one allocation; preferred: -2 none, -1 host, >= 0 device. */
+int cma_advise(void* ptr, int read_mostly, int preferred, const int* accessed_by,
+               int n_accessed_by);
+int cma_synchronize(void* stream);
+int cma_empty_cache(void);
+/* The allocation's owning device, or -1 (with cma_last_error) if none. */
+int cma_device_of(void* ptr);
+/* Caps a device's managed memory at `fraction` of its total memory. */
+int cma_set_memory_fraction(double fraction, int device);
+
+/* Statistics with PyTorch's keys, {"key": value, ...}; device -1 sums all. */
+char* cma_stats_json(int device);
+/* [{"device", "address", "total_size", "segment_type", "blocks": [...]}, ...] */
+char* cma_snapshot_json(void);
+void cma_string_free(char* s);
+
+/* torch.cuda.memory.CUDAPluggableAllocator entry points. */
+void* cma_torch_alloc(size_t size, int device, void* stream);
+void cma_torch_free(void* ptr, size_t size, int device, void* stream);
+void cma_torch_init(int device_count);
+void cma_torch_reset(void);
+void cma_torch_memory_fraction(double fraction, int device);
+void cma_torch_record_stream(void* ptr, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CMA_INTEGRATIONS_C_CMA_C_H_ */

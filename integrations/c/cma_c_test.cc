@@ -1,0 +1,116 @@
+// The C ABI on the host backend: lifecycle, errors through cma_last_error,
+// JSON stats and snapshot, moves and advice, the PyTorch entry points.
+#include "integrations/c/cma_c.h"
+
+#include <cstring>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using ::testing::HasSubstr;
+
+nlohmann::json Json(char* s) {
+  EXPECT_NE(s, nullptr) << cma_last_error();
+  nlohmann::json j = nlohmann::json::parse(s ? s : "null");
+  cma_string_free(s);
+  return j;
+}
+
+class CApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(cma_init("", "host"), 0) << cma_last_error(); }
+  void TearDown() override { cma_shutdown(); }
+};
+
+TEST_F(CApiTest, MallocFreeAndStats) {
+  void* p = cma_malloc(1000, 0, nullptr);
+  ASSERT_NE(p, nullptr) << cma_last_error();
+  std::memset(p, 1, 1000);
+  auto stats = Json(cma_stats_json(0));
+  EXPECT_EQ(stats["allocated_bytes.all.current"], 1024);
+  EXPECT_EQ(stats["requested_bytes.all.current"], 1000);
+  EXPECT_EQ(stats["num_ooms"], 0);
+  EXPECT_EQ(cma_device_of(p), 0);
+  EXPECT_EQ(cma_free(p), 0);
+  EXPECT_EQ(Json(cma_stats_json(-1))["allocation.all.current"], 0);
+  EXPECT_STREQ(cma_backend_name(), "host");
+  EXPECT_EQ(cma_device_count(), 2);
+}
+
+TEST_F(CApiTest, ErrorsReachLastError) {
+  EXPECT_EQ(cma_malloc(0, 0, nullptr), nullptr);
+  EXPECT_THAT(cma_last_error(), HasSubstr("0 bytes"));
+  EXPECT_EQ(cma_malloc(64, 9, nullptr), nullptr);
+  EXPECT_THAT(cma_last_error(), HasSubstr("invalid device 9"));
+  int local;
+  EXPECT_EQ(cma_free(&local), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("foreign pointer"));
+  EXPECT_EQ(cma_move(&local, -1, nullptr, 0), -1);
+  EXPECT_EQ(cma_move(&local, -5, nullptr, 0), -1);
+  EXPECT_EQ(cma_stats_json(7), nullptr);
+  EXPECT_EQ(cma_set_memory_fraction(1.5, 0), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("not in (0, 1]"));
+  EXPECT_EQ(cma_advise(&local, 1, -3, nullptr, 0), -1);
+}
+
+TEST_F(CApiTest, InitTwiceWithOtherArgumentsFails) {
+  EXPECT_EQ(cma_init("", "host"), 0);  // same: no-op
+  EXPECT_EQ(cma_init("prefetch:none", "host"), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("already initialised"));
+  cma_shutdown();
+  EXPECT_EQ(cma_init("prefetch:bogus", "host"), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("'prefetch'"));
+  EXPECT_EQ(cma_init("", "nonesuch"), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("not compiled into this build"));
+  EXPECT_EQ(cma_init("", "host"), 0);
+}
+
+TEST_F(CApiTest, MoveAdviseAndSnapshot) {
+  void* p = cma_malloc(4 << 20, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  ASSERT_EQ(cma_move(p, -1, nullptr, 0), 0) << cma_last_error();
+  ASSERT_EQ(cma_synchronize(nullptr), 0);
+  const int by[] = {1};
+  ASSERT_EQ(cma_advise(p, 1, 0, by, 1), 0) << cma_last_error();
+  auto snap = Json(cma_snapshot_json());
+  ASSERT_EQ(snap.size(), 1u);
+  EXPECT_EQ(snap[0]["segment_type"], "large");
+  EXPECT_EQ(snap[0]["blocks"][0]["location"], "host");
+  EXPECT_EQ(snap[0]["blocks"][0]["state"], "active_allocated");
+  auto stats = Json(cma_stats_json(0));
+  EXPECT_EQ(stats["moves"], 1);
+  EXPECT_EQ(stats["prefetched_bytes_to_host"], 4 << 20);
+  EXPECT_GE(stats["advise_calls"], 2);
+  EXPECT_EQ(cma_free(p), 0);
+  EXPECT_EQ(cma_empty_cache(), 0);
+  EXPECT_EQ(Json(cma_stats_json(0))["reserved_bytes.all.current"], 0);
+}
+
+TEST_F(CApiTest, MemoryFractionCapsTheBudget) {
+  ASSERT_EQ(cma_set_memory_fraction(0.001, 0), 0);  // 8 GiB host device -> ~8 MiB
+  EXPECT_EQ(cma_malloc(32 << 20, 0, nullptr), nullptr);
+  EXPECT_THAT(cma_last_error(), HasSubstr("managed budget"));
+}
+
+TEST(CApiTorchTest, TorchEntryPointsInitFromEnvironment) {
+  setenv("CMA_BACKEND", "host", 1);
+  setenv("CMA_ALLOC_CONF", "max_split_size_mb:64", 1);
+  cma_torch_init(1);
+  void* p = cma_torch_alloc(1 << 20, 0, nullptr);
+  ASSERT_NE(p, nullptr) << cma_last_error();
+  cma_torch_record_stream(p, nullptr);
+  cma_torch_free(p, 1 << 20, 0, nullptr);
+  EXPECT_EQ(cma_torch_alloc(0, 0, nullptr), nullptr);
+  cma_torch_memory_fraction(0.5, 0);
+  cma_torch_reset();
+  EXPECT_EQ(nlohmann::json::parse(cma_stats_json(0))["reserved_bytes.all.current"], 0);
+  cma_shutdown();
+  unsetenv("CMA_BACKEND");
+  unsetenv("CMA_ALLOC_CONF");
+}
+
+}  // namespace
