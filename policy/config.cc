@@ -181,7 +181,7 @@ std::string AllocatorConfig::ToString() const {
   if (release_threshold != d.release_threshold) {
     parts.push_back(absl::StrCat("release_threshold:", release_threshold));
   }
-  if (!release_before_peak) parts.push_back("release_before_peak:0");
+  if (release_before_peak) parts.push_back("release_before_peak:1");
   if (multicast) parts.push_back("multicast:1");
   return absl::StrJoin(parts, ",");
 }

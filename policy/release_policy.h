@@ -11,7 +11,7 @@
 namespace cma {
 
 // Bytes of idle cached segments to release before carving a new segment of
-// `new_segment` bytes. With release_before_peak (the default) the allocator
+// `new_segment` bytes. With release_before_peak (opt-in) the allocator
 // never raises its high-water mark of reserved memory while idle segments
 // could be given back instead; below the mark it keeps its cache, so a steady
 // state makes no backend call. Returns 0 for "release nothing".

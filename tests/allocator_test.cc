@@ -272,7 +272,8 @@ TEST_F(StreamTest, FreeBlocksOfTwoStreamsDoNotMerge) {
 }
 
 TEST_F(StreamTest, ReleaseBeforePeakWaitsForQueuedWork) {
-  Make({.device_count = 2, .device_capacity = std::size_t{1} << 30, .manual_completion = true});
+  Make({.device_count = 2, .device_capacity = std::size_t{1} << 30, .manual_completion = true},
+       "release_before_peak:1");
   s1_ = *backend_->CreateStream(0);
   s2_ = *backend_->CreateStream(0);
   void* p = Alloc(4096, 0, s1_);
@@ -313,6 +314,7 @@ TEST_F(StreamTest, RecordStreamWithBadStreamChangesNothing) {
 // ---------------------------------------------------------------- OOM
 
 TEST_F(AllocatorTest, ReleaseBeforePeakGivesBackIdleSegments) {
+  Make({}, "release_before_peak:1");
   void* a = Alloc(40 << 20);
   ASSERT_TRUE(alloc_->Free(a).ok());
   // A larger request would raise the high-water mark: the idle 40 MiB go first.

@@ -112,6 +112,7 @@ TEST_P(ConformanceTest, RecordStreamThenFreeThenReuse) {
 }
 
 TEST_P(ConformanceTest, ReplaysResnetTrace) {
+  Make("release_before_peak:1");
   auto ops = ReadTrace("bench/traces/resnet50_train.csv.gz");
   ASSERT_TRUE(ops.ok()) << ops.status();
   auto r = Replay(*alloc_, 0, *ops, "resnet50");

@@ -28,13 +28,18 @@ class ReplayTest : public AllocatorTest {};
 TEST_F(ReplayTest, Resnet50TraceKeepsReservedClose) {
   auto ops = ReadTrace("bench/traces/resnet50_train.csv.gz");
   ASSERT_TRUE(ops.ok()) << ops.status();
-  auto r = Replay(*alloc_, 0, *ops, "resnet50");
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->peak_requested, 3153844328);  // a property of the trace
-  EXPECT_EQ(r->ooms, 0);
-  // PyTorch's own allocator reserved 1.16x on this run.
-  EXPECT_LT(r->ratio, 1.06);
-  EXPECT_GT(r->ratio, 1.0);
+  // Default: caching like PyTorch's allocator (which reserved 1.16x on this run).
+  auto cached = Replay(*alloc_, 0, *ops, "resnet50");
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  EXPECT_EQ(cached->peak_requested, 3153844328);  // a property of the trace
+  EXPECT_EQ(cached->ooms, 0);
+  EXPECT_LT(cached->ratio, 1.18);
+  // Opt-in: never raise the high-water mark while idle segments could go back.
+  Make({}, "release_before_peak:1");
+  auto lean = Replay(*alloc_, 0, *ops, "resnet50");
+  ASSERT_TRUE(lean.ok()) << lean.status();
+  EXPECT_LT(lean->ratio, 1.06);
+  EXPECT_GT(lean->ratio, 1.0);
   ExpectInvariants();
 }
 
@@ -44,16 +49,16 @@ TEST_F(ReplayTest, KvCacheTwoStreamsReplaysCleanly) {
   auto r = Replay(*alloc_, 0, *ops, "kvcache");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->ooms, 0);
-  EXPECT_LT(r->ratio, 1.25);
+  EXPECT_LT(r->ratio, 1.35);
   EXPECT_EQ(backend_->LiveResources().streams, 0);  // replay cleaned up its streams
 }
 
 TEST_F(ReplayTest, CachingWithoutReleaseMakesFewerBackendCalls) {
   auto ops = ReadTrace("bench/traces/resnet50_train.csv.gz");
   ASSERT_TRUE(ops.ok());
-  auto with_release = Replay(*alloc_, 0, *ops, "resnet50");
-  Make({}, "release_before_peak:0");
   auto keep_all = Replay(*alloc_, 0, *ops, "resnet50");
+  Make({}, "release_before_peak:1");
+  auto with_release = Replay(*alloc_, 0, *ops, "resnet50");
   ASSERT_TRUE(with_release.ok() && keep_all.ok());
   EXPECT_LT(keep_all->backend_allocs, with_release->backend_allocs);
   EXPECT_GT(keep_all->ratio, with_release->ratio);

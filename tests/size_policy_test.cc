@@ -71,6 +71,8 @@ namespace {
 
 TEST(ReleasePolicyTest, ReleasesOnlyAboveHighWaterMark) {
   AllocatorConfig c;
+  EXPECT_EQ(ReleaseBeforeGrowth(c, 100, 200, 150, 1000), 0u);  // off by default
+  c.release_before_peak = true;
   EXPECT_EQ(ReleaseBeforeGrowth(c, 100, 200, 50, 1000), 0u);   // stays under the mark
   EXPECT_EQ(ReleaseBeforeGrowth(c, 100, 200, 100, 1000), 0u);  // reaches it exactly
   EXPECT_EQ(ReleaseBeforeGrowth(c, 100, 200, 150, 1000), 150u);

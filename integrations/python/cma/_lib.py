@@ -1,0 +1,172 @@
+"""ctypes binding of libcma.so (integrations/c/cma_c.h).
+
+The library is found, in order, at $CMA_LIBRARY, beside this package, in a
+Bazel test's runfiles, or in the repository's bazel-bin. Every failure raises
+CmaError carrying the library's own message.
+"""
+import ctypes
+import json
+import os
+import threading
+
+_lock = threading.Lock()
+_lib = None
+
+
+class CmaError(RuntimeError):
+    """A call into libcma failed; the message is cma_last_error()."""
+
+
+def library_path():
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.environ.get("CMA_LIBRARY", ""), os.path.join(here, "libcma.so")]
+    srcdir = os.environ.get("TEST_SRCDIR")
+    if srcdir:
+        candidates.append(os.path.join(srcdir, "cma", "integrations", "c", "libcma.so"))
+    candidates.append(os.path.join(here, "..", "..", "..", "bazel-bin", "integrations", "c",
+                                   "libcma.so"))
+    for c in candidates:
+        if c and os.path.exists(c):
+            return os.path.abspath(c)
+    raise CmaError("libcma.so not found; build it with ./bazelw build -c opt "
+                   "//integrations/c:libcma.so or set CMA_LIBRARY")
+
+
+def lib():
+    global _lib
+    with _lock:
+        if _lib is None:
+            l = ctypes.CDLL(library_path())
+            vp, i, sz, cp = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_char_p
+            sig = {
+                "cma_init": (i, [cp, cp]),
+                "cma_shutdown": (None, []),
+                "cma_backend_name": (cp, []),
+                "cma_device_count": (i, []),
+                "cma_last_error": (cp, []),
+                "cma_malloc": (vp, [sz, i, vp]),
+                "cma_free": (i, [vp]),
+                "cma_record_stream": (i, [vp, vp]),
+                "cma_move": (i, [vp, i, vp, i]),
+                "cma_advise": (i, [vp, i, i, ctypes.POINTER(i), i]),
+                "cma_synchronize": (i, [vp]),
+                "cma_empty_cache": (i, []),
+                "cma_device_of": (i, [vp]),
+                "cma_set_memory_fraction": (i, [ctypes.c_double, i]),
+                "cma_stats_json": (vp, [i]),
+                "cma_snapshot_json": (vp, []),
+                "cma_string_free": (None, [vp]),
+            }
+            for name, (res, args) in sig.items():
+                f = getattr(l, name)
+                f.restype, f.argtypes = res, args
+            _lib = l
+    return _lib
+
+
+def _error():
+    return CmaError(lib().cma_last_error().decode())
+
+
+def _check(rc):
+    if rc != 0:
+        raise _error()
+
+
+def _json(ptr):
+    if not ptr:
+        raise _error()
+    try:
+        return json.loads(ctypes.string_at(ptr).decode())
+    finally:
+        lib().cma_string_free(ptr)
+
+
+def _location(location):
+    if location in ("cpu", "host", -1):
+        return -1
+    if isinstance(location, int) and location >= 0:
+        return location
+    raise ValueError(f"location must be a device index or 'cpu', not {location!r}")
+
+
+def init(config="", backend="best"):
+    _check(lib().cma_init(config.encode(), backend.encode()))
+
+
+def shutdown():
+    lib().cma_shutdown()
+
+
+def backend_name():
+    name = lib().cma_backend_name()
+    if name is None:
+        raise _error()
+    return name.decode()
+
+
+def malloc(size, device=0, stream=0):
+    p = lib().cma_malloc(size, device, stream or None)
+    if not p:
+        raise _error()
+    return p
+
+
+def free(ptr):
+    _check(lib().cma_free(ptr))
+
+
+def record_stream(ptr, stream):
+    _check(lib().cma_record_stream(ptr, stream or None))
+
+
+def move(ptr, location, stream=0, contents_dead=False):
+    """Zero-copy move of the allocation at ptr; ordered on stream."""
+    _check(lib().cma_move(ptr, _location(location), stream or None, int(contents_dead)))
+
+
+def synchronize(stream=0):
+    _check(lib().cma_synchronize(stream or None))
+
+
+def advise(ptr, read_mostly=False, preferred=None, accessed_by=()):
+    pref = -2 if preferred is None else _location(preferred)
+    arr = (ctypes.c_int * len(accessed_by))(*accessed_by)
+    _check(lib().cma_advise(ptr, int(read_mostly), pref, arr, len(accessed_by)))
+
+
+def empty_cache():
+    _check(lib().cma_empty_cache())
+
+
+def set_memory_fraction(fraction, device=0):
+    _check(lib().cma_set_memory_fraction(fraction, device))
+
+
+def device_of(ptr):
+    """The owning device of an allocation, or None if libcma did not make it."""
+    d = lib().cma_device_of(ptr)
+    return None if d < 0 else d
+
+
+def stats(device=-1):
+    return _json(lib().cma_stats_json(device))
+
+
+def snapshot():
+    return _json(lib().cma_snapshot_json())
+
+
+class _HostBuffer:
+    """Exposes managed memory to numpy without copying; keeps `owner` alive."""
+
+    def __init__(self, ptr, nbytes, owner):
+        self.owner = owner
+        self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                    "data": (ptr, False), "version": 3}
+
+
+def host_view(ptr, nbytes, owner=None):
+    """A numpy uint8 array over [ptr, ptr+nbytes); the array keeps owner alive."""
+    import numpy
+    return numpy.asarray(_HostBuffer(ptr, nbytes, owner))

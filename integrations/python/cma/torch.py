@@ -1,0 +1,124 @@
+"""PyTorch routes to caching_managed_allocator.
+
+Two ways in, both through torch.cuda.memory.CUDAPluggableAllocator:
+  * use_as_default(): every CUDA tensor comes from this allocator (call it
+    before anything initialises CUDA);
+  * pool(): a torch.cuda.MemPool for `with torch.cuda.use_mem_pool(pool):`.
+
+move(tensor, device) is RFC-0023's zero-copy tensor.to(): the returned tensor
+aliases the same managed memory (same data_ptr) on the other device; the data
+migrates, nothing is copied, and the original storage is kept alive.
+"""
+import ctypes
+import os
+
+import torch
+
+from cma import _lib
+
+_pluggable = None
+
+
+def _allocator():
+    global _pluggable
+    if _pluggable is None:
+        lib = _lib.lib()
+        a = torch.cuda.memory.CUDAPluggableAllocator(_lib.library_path(), "cma_torch_alloc",
+                                                     "cma_torch_free")
+        inner = a.allocator()
+        fn = lambda name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+        inner.set_init_fn(fn("cma_torch_init"))
+        inner.set_reset_fn(fn("cma_torch_reset"))
+        inner.set_memory_fraction_fn(fn("cma_torch_memory_fraction"))
+        inner.set_record_stream_fn(fn("cma_torch_record_stream"))
+        _pluggable = a
+    return _pluggable
+
+
+def use_as_default(config=None):
+    """Makes this allocator PyTorch's CUDA allocator for the whole process."""
+    if torch.cuda.is_initialized():
+        raise RuntimeError("cma.torch.use_as_default() must run before CUDA is initialised "
+                           "(PyTorch cannot change allocators afterwards); use cma.torch.pool()")
+    if config is not None:
+        os.environ["CMA_ALLOC_CONF"] = config
+    torch.cuda.memory.change_current_allocator(_allocator())
+
+
+def pool():
+    """A torch.cuda.MemPool whose memory comes from this allocator."""
+    return torch.cuda.MemPool(_allocator().allocator())
+
+
+def _owned_storage(tensor):
+    ptr = tensor.untyped_storage().data_ptr()
+    if _lib.device_of(ptr) is None:
+        raise ValueError("cma.torch: the tensor's memory was not allocated by cma "
+                         "(allocate it under cma.torch.use_as_default() or cma.torch.pool())")
+    return ptr, tensor.untyped_storage().nbytes()
+
+
+class _CudaBuffer:
+    def __init__(self, ptr, nbytes, owner):
+        self.owner = owner
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                         "data": (ptr, False), "version": 3, "stream": None}
+
+
+def _alias(tensor, ptr, nbytes, device):
+    """A tensor over the same storage bytes on `device`, viewed like `tensor`."""
+    if device.type == "cpu":
+        raw = torch.from_numpy(_lib.host_view(ptr, nbytes, owner=tensor))
+    else:
+        raw = torch.as_tensor(_CudaBuffer(ptr, nbytes, tensor), device=device)
+    return raw.view(tensor.dtype).as_strided(tensor.size(), tensor.stride(),
+                                             tensor.storage_offset())
+
+
+def move(tensor, device, stream=None, non_blocking=False):
+    """Zero-copy tensor.to(device) for a tensor allocated by this allocator.
+
+    Ordered on `stream` (default: the current stream of the tensor's CUDA
+    device, or of the target device). A move to the CPU synchronises that
+    stream unless non_blocking is set, in which case the caller must
+    synchronise before the CPU reads the data."""
+    device = torch.device(device)
+    ptr, nbytes = _owned_storage(tensor)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    cuda_dev = device if device.type == "cuda" else tensor.device
+    if cuda_dev.type != "cuda":
+        cuda_dev = torch.device("cuda", _lib.device_of(ptr))
+    if stream is None:
+        stream = torch.cuda.current_stream(cuda_dev)
+    _lib.move(ptr, "cpu" if device.type == "cpu" else device.index, stream.cuda_stream)
+    if device.type == "cpu" and not non_blocking:
+        stream.synchronize()
+    return _alias(tensor, ptr, nbytes, device)
+
+
+def prefetch(tensor, device=None, stream=None):
+    """Migrates a tensor's memory towards `device` (default: where it is)."""
+    device = torch.device(device) if device is not None else tensor.device
+    ptr, _ = _owned_storage(tensor)
+    cuda_dev = device if device.type == "cuda" else torch.device("cuda", _lib.device_of(ptr))
+    stream = stream or torch.cuda.current_stream(cuda_dev)
+    _lib.move(ptr, "cpu" if device.type == "cpu" else device.index or 0, stream.cuda_stream)
+
+
+def advise(tensor, read_mostly=False, preferred=None, accessed_by=()):
+    """Advice for the tensor's allocation; withdrawn when it is freed."""
+    ptr, _ = _owned_storage(tensor)
+    if isinstance(preferred, (str, torch.device)):
+        preferred = torch.device(preferred)
+        preferred = "cpu" if preferred.type == "cpu" else (preferred.index or 0)
+    _lib.advise(ptr, read_mostly, preferred, tuple(accessed_by))
+
+
+def memory_stats(device=None):
+    """This allocator's statistics with PyTorch's keys."""
+    return _lib.stats(-1 if device is None else torch.device(device).index or 0)
+
+
+def snapshot():
+    return _lib.snapshot()

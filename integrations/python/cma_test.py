@@ -1,0 +1,96 @@
+"""The Python layer on the host backend (no GPU): ctypes binding, errors,
+stats, zero-copy host views and moves."""
+import os
+import sys
+
+import numpy
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cma  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def host_allocator():
+    cma.init("", backend="host")
+    yield
+    cma.shutdown()
+
+
+def test_malloc_free_and_stats():
+    p = cma.malloc(1000)
+    s = cma.stats(0)
+    assert s["allocated_bytes.all.current"] == 1024
+    assert s["requested_bytes.all.current"] == 1000
+    assert cma.device_of(p) == 0
+    cma.free(p)
+    assert cma.stats()["allocation.all.current"] == 0
+    assert cma.backend_name() == "host"
+
+
+def test_errors_carry_the_librarys_message():
+    with pytest.raises(cma.CmaError, match="0 bytes"):
+        cma.malloc(0)
+    with pytest.raises(cma.CmaError, match="invalid device 5"):
+        cma.malloc(64, device=5)
+    p = cma.malloc(64)
+    cma.free(p)
+    with pytest.raises(cma.CmaError, match="double free"):
+        cma.free(p)
+    with pytest.raises(ValueError):
+        cma.move(p, "gpu")
+    assert cma.device_of(12345) is None
+
+
+def test_host_view_aliases_the_allocation_and_survives_a_move():
+    p = cma.malloc(4 << 20)
+    view = cma.host_view(p, 4 << 20)
+    view[:] = numpy.arange(4 << 20, dtype=numpy.uint64).astype(numpy.uint8)
+    cma.move(p, "cpu")
+    cma.synchronize()
+    again = cma.host_view(p, 4 << 20)
+    assert again.ctypes.data == p  # same address: nothing was copied
+    assert numpy.array_equal(again[:256], numpy.arange(256, dtype=numpy.uint8))
+    cma.move(p, 1)
+    assert cma.stats(0)["moves"] == 2
+    snap = cma.snapshot()
+    assert any(b["location"] == "device 1" for seg in snap for b in seg["blocks"])
+    del view, again
+    cma.free(p)
+
+
+def test_host_view_keeps_its_owner_alive():
+    class Owner:
+        pass
+    owner = Owner()
+    p = cma.malloc(4096)
+    view = cma.host_view(p, 4096, owner=owner)
+    assert view.base.owner is owner
+    del view
+    cma.free(p)
+
+
+def test_advise_empty_cache_and_fraction():
+    p = cma.malloc(1 << 20)
+    cma.advise(p, read_mostly=True, preferred="cpu", accessed_by=(1,))
+    assert cma.stats(0)["advise_calls"] >= 3
+    with pytest.raises(cma.CmaError, match="accessed-by device 9"):
+        cma.advise(p, accessed_by=(9,))
+    cma.free(p)
+    cma.empty_cache()
+    assert cma.stats(0)["reserved_bytes.all.current"] == 0
+    cma.set_memory_fraction(0.001, 0)
+    with pytest.raises(cma.CmaError, match="managed budget"):
+        cma.malloc(64 << 20)
+
+
+def test_init_twice_with_other_config_fails():
+    with pytest.raises(cma.CmaError, match="already initialised"):
+        cma.init("prefetch:none", backend="host")
+
+
+if __name__ == "__main__":
+    args = [__file__, "-q", "-p", "no:cacheprovider"]
+    if os.environ.get("XML_OUTPUT_FILE"):
+        args += ["--junitxml", os.environ["XML_OUTPUT_FILE"]]
+    sys.exit(pytest.main(args))
