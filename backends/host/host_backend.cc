@@ -35,7 +35,9 @@ HostBackend::~HostBackend() {
   // process does not keep leaked mappings or descriptors around.
   for (auto& [addr, m] : mappings_) munmap(reinterpret_cast<void*>(addr), m.bytes);
   for (auto& [addr, bytes] : reservations_) munmap(reinterpret_cast<void*>(addr), bytes);
-  for (auto& [h, p] : physical_) close(p.fd);
+  for (auto& [h, p] : physical_) {
+    if (p.fd >= 0) close(p.fd);
+  }
   for (auto& [addr, a] : managed_) munmap(reinterpret_cast<void*>(addr), a.bytes);
 }
 
@@ -471,13 +473,13 @@ absl::Status HostBackend::VmmRelease(PhysicalHandle handle) {
   absl::MutexLock l(&mu_);
   Count("VmmRelease");
   auto it = physical_.find(handle);
-  if (it == physical_.end()) {
+  if (it == physical_.end() || it->second.fd < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("VmmRelease: unknown handle %d", handle));
   }
   // As with CUDA, mappings keep the memory alive; the handle goes now.
   close(it->second.fd);
-  if (it->second.device >= 0) used_[it->second.device] -= it->second.bytes;
-  physical_.erase(it);
+  it->second.fd = -1;
+  if (it->second.maps == 0) DropPhysical(it);
   return absl::OkStatus();
 }
 
@@ -525,7 +527,7 @@ absl::Status HostBackend::VmmMap(void* address, std::size_t bytes, PhysicalHandl
   Count("VmmMap");
   const auto a = reinterpret_cast<std::uintptr_t>(address);
   auto ph = physical_.find(handle);
-  if (ph == physical_.end()) {
+  if (ph == physical_.end() || ph->second.fd < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("VmmMap: unknown handle %d", handle));
   }
   if (bytes != ph->second.bytes) {
@@ -543,6 +545,7 @@ absl::Status HostBackend::VmmMap(void* address, std::size_t bytes, PhysicalHandl
   void* p = mmap(address, bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, ph->second.fd, 0);
   if (p == MAP_FAILED) return Errno("mmap(map)");
   mappings_[a] = Mapping{bytes, handle};
+  ++ph->second.maps;
   return absl::OkStatus();
 }
 
@@ -558,6 +561,8 @@ absl::Status HostBackend::VmmUnmap(void* address, std::size_t bytes) {
   void* p = mmap(address, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
                  -1, 0);
   if (p == MAP_FAILED) return Errno("mmap(unmap)");
+  auto ph = physical_.find(it->second.handle);
+  if (ph != physical_.end() && --ph->second.maps == 0 && ph->second.fd < 0) DropPhysical(ph);
   mappings_.erase(it);
   return absl::OkStatus();
 }
@@ -583,11 +588,17 @@ absl::Status HostBackend::VmmSetAccess(void* address, std::size_t bytes,
   return absl::OkStatus();
 }
 
+void HostBackend::DropPhysical(
+    absl::flat_hash_map<PhysicalHandle, PhysicalMemory>::iterator it) {
+  if (it->second.device >= 0) used_[it->second.device] -= it->second.bytes;
+  physical_.erase(it);
+}
+
 absl::StatusOr<ShareableHandle> HostBackend::VmmExport(PhysicalHandle handle, HandleType type) {
   absl::MutexLock l(&mu_);
   Count("VmmExport");
   auto it = physical_.find(handle);
-  if (it == physical_.end()) {
+  if (it == physical_.end() || it->second.fd < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("VmmExport: unknown handle %d", handle));
   }
   if (type == HandleType::kFabric) {

@@ -162,9 +162,10 @@ class HostBackend final : public Backend {
     RangeAttributes attributes;
   };
   struct PhysicalMemory {
-    int fd;
+    int fd;  // -1 once released
     std::size_t bytes;
     int device;
+    int maps = 0;  // as with CUDA, mappings keep released memory alive
   };
   struct Mapping {
     std::size_t bytes;
@@ -180,6 +181,8 @@ class HostBackend final : public Backend {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Record(PlacementRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Advance(StreamState& s) const;  // immediate mode completes at once
+  void DropPhysical(absl::flat_hash_map<PhysicalHandle, PhysicalMemory>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const HostBackendOptions options_;
   mutable absl::Mutex mu_;

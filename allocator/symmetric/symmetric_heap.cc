@@ -1,0 +1,390 @@
+#include "allocator/symmetric/symmetric_heap.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace cma {
+namespace {
+
+std::size_t RoundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+bool EnvIs(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+template <typename T>
+void Put(std::string& out, const T& v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+template <typename T>
+bool Get(const std::string& in, std::size_t& pos, T& v) {
+  if (pos + sizeof(v) > in.size()) return false;
+  std::memcpy(&v, in.data() + pos, sizeof(v));
+  pos += sizeof(v);
+  return true;
+}
+
+// Accumulates seconds per named step of a cache miss.
+class StepClock {
+ public:
+  explicit StepClock(std::map<std::string, double>& out) : out_(out) { out_.clear(); }
+  template <typename F>
+  auto Time(const char* step, F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = f();
+    out_[step] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
+
+ private:
+  std::map<std::string, double>& out_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SymmetricHeap>> SymmetricHeap::Create(
+    Backend& backend, SymmetricGroup group, std::unique_ptr<Exchange> exchange,
+    SymmetricOptions options) {
+  if (exchange == nullptr) return absl::InvalidArgumentError("symmetric heap: no exchange");
+  if (group.world_size < 1 || group.local_ranks.empty() ||
+      group.local_ranks.size() != group.local_devices.size()) {
+    return absl::InvalidArgumentError(
+        "symmetric heap: a group needs world_size >= 1 and one device per local rank");
+  }
+  std::size_t granularity = 0;
+  std::vector<bool> seen(group.world_size, false);
+  for (std::size_t i = 0; i < group.local_ranks.size(); ++i) {
+    const int r = group.local_ranks[i];
+    if (r < 0 || r >= group.world_size || seen[r]) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "symmetric heap: local rank %d is out of range or repeated (world size %d)", r,
+          group.world_size));
+    }
+    seen[r] = true;
+    absl::StatusOr<DeviceFacts> f = backend.GetDeviceFacts(group.local_devices[i]);
+    if (!f.ok()) return f.status();
+    if (!f->vmm_supported) {
+      return absl::UnimplementedError(absl::StrFormat(
+          "symmetric heap: device %d does not support virtual memory management on the %s backend",
+          group.local_devices[i], backend.name()));
+    }
+    if (options.handle_type == HandleType::kPosixFd && !f->posix_fd_handles) {
+      return absl::UnimplementedError("symmetric heap: the device cannot export POSIX FD handles");
+    }
+    if (options.handle_type == HandleType::kFabric && !f->fabric_handles) {
+      return absl::UnimplementedError("symmetric heap: the device cannot export fabric handles");
+    }
+    granularity = std::max(granularity, f->vmm_granularity);
+  }
+  if (options.signal_bytes == 0 || options.signal_bytes % 16 != 0) {
+    return absl::InvalidArgumentError("symmetric heap: signal_bytes must be a positive multiple of 16");
+  }
+  return std::unique_ptr<SymmetricHeap>(new SymmetricHeap(
+      backend, std::move(group), std::move(exchange), options, granularity));
+}
+
+SymmetricHeap::~SymmetricHeap() {
+  absl::MutexLock l(&mu_);
+  for (auto& [id, e] : live_) Destroy(*e);
+  for (auto& [stride, e] : cache_) Destroy(*e);
+}
+
+std::size_t SymmetricHeap::StrideFor(std::size_t bytes, std::size_t granularity) const {
+  return RoundUp(RoundUp(bytes, 256) + options_.signal_bytes, granularity);
+}
+
+bool SymmetricHeap::MulticastAllowed() const {
+  if (!options_.multicast || exchange_->process_count() != 1) return false;
+  if (EnvIs("CMA_DISABLE_MULTICAST", "1") || EnvIs("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1") ||
+      EnvIs("NCCL_NVLS_ENABLE", "0")) {
+    return false;
+  }
+  for (int d : group_.local_devices) {
+    absl::StatusOr<DeviceFacts> f = backend_.GetDeviceFacts(d);
+    if (!f.ok() || !f->multicast_supported) return false;
+  }
+  return true;
+}
+
+const SymmetricAllocation* SymmetricHeap::FromCache(std::size_t bytes, std::size_t stride) {
+  auto it = cache_.find(stride);  // the oldest of this stride: the same on every process
+  if (it == cache_.end()) return nullptr;
+  std::unique_ptr<Entry> e = std::move(it->second);
+  cache_.erase(it);
+  e->a.bytes = bytes;
+  const SymmetricAllocation* a = &e->a;
+  stats_.cached_bytes -= static_cast<std::int64_t>(e->own_bytes);
+  ++stats_.cache_hits;
+  ++stats_.allocations;
+  live_[e->a.id] = std::move(e);
+  return a;
+}
+
+absl::StatusOr<std::size_t> SymmetricHeap::AgreeOnSize(std::size_t bytes, bool make_symmetric) {
+  Contribution mine;
+  Put(mine.bytes, static_cast<std::uint64_t>(bytes));
+  Put(mine.bytes, static_cast<std::uint64_t>(granularity_));
+  Put(mine.bytes, static_cast<std::uint8_t>(make_symmetric));
+  ++stats_.exchanges;
+  absl::StatusOr<std::vector<Contribution>> all = exchange_->AllGather(mine);
+  if (!all.ok()) return all.status();
+  std::uint64_t largest = 0, granularity = 0;
+  std::vector<std::uint64_t> sizes;
+  for (std::size_t p = 0; p < all->size(); ++p) {
+    std::size_t pos = 0;
+    std::uint64_t b = 0, g = 0;
+    std::uint8_t sym = 0;
+    if (!Get((*all)[p].bytes, pos, b) || !Get((*all)[p].bytes, pos, g) ||
+        !Get((*all)[p].bytes, pos, sym)) {
+      return absl::DataLossError(absl::StrCat("symmetric heap: malformed size from process ", p));
+    }
+    if (static_cast<bool>(sym) != make_symmetric) {
+      return absl::InvalidArgumentError(
+          "symmetric heap: processes disagree on make_symmetric for one collective allocation");
+    }
+    sizes.push_back(b);
+    largest = std::max(largest, b);
+    granularity = std::max(granularity, g);
+  }
+  if (!make_symmetric && std::any_of(sizes.begin(), sizes.end(),
+                                     [&](std::uint64_t s) { return s != sizes[0]; })) {
+    std::string list;
+    for (std::size_t p = 0; p < sizes.size(); ++p) {
+      absl::StrAppend(&list, p ? ", " : "", "process ", p, ": ", sizes[p]);
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "symmetric heap: members asked for different sizes (", list,
+        "); pass make_symmetric to round every member up to the largest"));
+  }
+  group_granularity_ = granularity;
+  return static_cast<std::size_t>(largest);
+}
+
+absl::StatusOr<const SymmetricAllocation*> SymmetricHeap::Allocate(std::size_t bytes,
+                                                                   bool make_symmetric) {
+  if (bytes == 0) return absl::InvalidArgumentError("symmetric heap: cannot allocate 0 bytes");
+  absl::MutexLock l(&mu_);
+  if (!make_symmetric && group_granularity_ != 0) {
+    if (const SymmetricAllocation* hit = FromCache(bytes, StrideFor(bytes, group_granularity_))) {
+      return hit;  // no exchange, no driver call
+    }
+  }
+  absl::StatusOr<std::size_t> agreed = AgreeOnSize(bytes, make_symmetric);
+  if (!agreed.ok()) return agreed.status();
+  const std::size_t stride = StrideFor(*agreed, group_granularity_);
+  if (const SymmetricAllocation* hit = FromCache(*agreed, stride)) return hit;
+  absl::StatusOr<std::unique_ptr<Entry>> e = Build(*agreed, stride);
+  if (!e.ok()) return e.status();
+  const SymmetricAllocation* a = &(*e)->a;
+  stats_.symmetric_bytes += static_cast<std::int64_t>((*e)->own_bytes);
+  stats_.symmetric_bytes_peak = std::max(stats_.symmetric_bytes_peak, stats_.symmetric_bytes);
+  ++stats_.allocations;
+  live_[a->id] = std::move(*e);
+  return a;
+}
+
+absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::size_t bytes,
+                                                                            std::size_t stride) {
+  const int world = group_.world_size;
+  const bool multi_process = exchange_->process_count() > 1;
+  StepClock clock(stats_.last_miss_seconds);
+  auto e = std::make_unique<Entry>();
+  SymmetricAllocation& a = e->a;
+  std::vector<PhysicalHandle> handles(world, 0);
+  std::vector<bool> have(world, false);
+  std::vector<int> fds_to_close;
+  std::size_t mapped = 0;
+  // Undo everything done so far: one exit path for every failure.
+  auto fail = [&](absl::Status s) -> absl::Status {
+    for (std::size_t r = 0; r < mapped; ++r) {
+      (void)backend_.VmmUnmap(static_cast<char*>(a.base) + r * stride, stride);
+    }
+    if (a.base != nullptr) (void)backend_.VmmFreeAddress(a.base, world * stride);
+    for (int r = 0; r < world; ++r) {
+      if (have[r]) (void)backend_.VmmRelease(handles[r]);
+    }
+    for (int fd : fds_to_close) close(fd);
+    if (a.multicast) (void)backend_.MulticastRelease(a.multicast_handle);
+    return s;
+  };
+
+  // 1. This process's members' physical memory.
+  for (std::size_t i = 0; i < group_.local_ranks.size(); ++i) {
+    absl::StatusOr<PhysicalHandle> h = clock.Time("VmmCreate", [&] {
+      return backend_.VmmCreate(group_.local_devices[i], stride, options_.handle_type);
+    });
+    if (!h.ok()) return fail(h.status());
+    handles[group_.local_ranks[i]] = *h;
+    have[group_.local_ranks[i]] = true;
+    e->own_bytes += stride;
+  }
+
+  // 2. Everyone else's, through the exchange.
+  if (multi_process) {
+    Contribution mine;
+    Put(mine.bytes, static_cast<std::uint32_t>(group_.local_ranks.size()));
+    for (int r : group_.local_ranks) {
+      absl::StatusOr<ShareableHandle> sh =
+          clock.Time("VmmExport", [&] { return backend_.VmmExport(handles[r], options_.handle_type); });
+      if (!sh.ok()) return fail(sh.status());
+      Put(mine.bytes, static_cast<std::int32_t>(r));
+      mine.bytes.append(reinterpret_cast<const char*>(sh->fabric), sizeof(sh->fabric));
+      if (sh->fd >= 0) {
+        mine.fds.push_back(sh->fd);
+        fds_to_close.push_back(sh->fd);
+      }
+    }
+    ++stats_.exchanges;
+    absl::StatusOr<std::vector<Contribution>> all =
+        clock.Time("exchange", [&] { return exchange_->AllGather(mine); });
+    if (!all.ok()) return fail(all.status());
+    for (Contribution& c : *all) fds_to_close.insert(fds_to_close.end(), c.fds.begin(), c.fds.end());
+    for (std::size_t p = 0; p < all->size(); ++p) {
+      if (static_cast<int>(p) == exchange_->process_index()) continue;
+      const Contribution& c = (*all)[p];
+      std::size_t pos = 0;
+      std::uint32_t n = 0;
+      if (!Get(c.bytes, pos, n)) return fail(absl::DataLossError("symmetric heap: malformed handles"));
+      for (std::uint32_t k = 0; k < n; ++k) {
+        std::int32_t r = -1;
+        ShareableHandle sh;
+        sh.type = options_.handle_type;
+        sh.bytes = stride;
+        if (!Get(c.bytes, pos, r) || pos + sizeof(sh.fabric) > c.bytes.size() || r < 0 ||
+            r >= world || have[r]) {
+          return fail(absl::DataLossError(absl::StrCat("symmetric heap: bad handle list from process ", p)));
+        }
+        std::memcpy(sh.fabric, c.bytes.data() + pos, sizeof(sh.fabric));
+        pos += sizeof(sh.fabric);
+        if (options_.handle_type == HandleType::kPosixFd) {
+          if (k >= c.fds.size()) return fail(absl::DataLossError("symmetric heap: missing FD"));
+          sh.fd = c.fds[k];
+        }
+        absl::StatusOr<PhysicalHandle> h =
+            clock.Time("VmmImport", [&] { return backend_.VmmImport(sh); });
+        if (!h.ok()) return fail(h.status());
+        handles[r] = *h;
+        have[r] = true;
+      }
+    }
+  }
+  for (int r = 0; r < world; ++r) {
+    if (!have[r]) {
+      return fail(absl::FailedPreconditionError(
+          absl::StrFormat("symmetric heap: no process contributed member %d of %d", r, world)));
+    }
+  }
+
+  // 3. One reservation, every member mapped, one access call for all local devices.
+  absl::StatusOr<void*> base =
+      clock.Time("VmmReserve", [&] { return backend_.VmmReserve(world * stride, granularity_); });
+  if (!base.ok()) return fail(base.status());
+  a.base = *base;
+  for (int r = 0; r < world; ++r) {
+    absl::Status s = clock.Time("VmmMap", [&] {
+      return backend_.VmmMap(static_cast<char*>(a.base) + r * stride, stride, handles[r]);
+    });
+    if (!s.ok()) return fail(s);
+    ++mapped;
+  }
+  absl::Status access = clock.Time("VmmSetAccess", [&] {
+    return backend_.VmmSetAccess(a.base, world * stride, group_.local_devices);
+  });
+  if (!access.ok()) return fail(access);
+
+  // 4. Multicast: guarded opt-in, bound before the handles go.
+  if (MulticastAllowed()) {
+    absl::StatusOr<MulticastHandle> mc = backend_.MulticastCreate(group_.local_devices, stride);
+    if (!mc.ok()) return fail(mc.status());
+    a.multicast = true;
+    a.multicast_handle = *mc;
+    for (int d : group_.local_devices) {
+      if (absl::Status s = backend_.MulticastAddDevice(*mc, d); !s.ok()) return fail(s);
+    }
+    for (int r : group_.local_ranks) {
+      if (absl::Status s = backend_.MulticastBindMemory(*mc, 0, handles[r], 0, stride); !s.ok()) {
+        return fail(s);
+      }
+    }
+  }
+
+  // 5. The mappings keep the memory alive: handles and FDs can go now.
+  for (int r = 0; r < world; ++r) {
+    (void)backend_.VmmRelease(handles[r]);
+    have[r] = false;
+  }
+  for (int fd : fds_to_close) close(fd);
+  fds_to_close.clear();
+
+  // 6. Pointers for the host and, in managed memory, for kernels.
+  absl::StatusOr<void*> table =
+      backend_.AllocateManaged(group_.local_devices[0], world * sizeof(void*));
+  if (!table.ok()) return fail(table.status());
+  a.device_peers = *table;
+  a.id = next_id_++;
+  a.bytes = bytes;
+  a.stride = stride;
+  for (int r = 0; r < world; ++r) {
+    char* p = static_cast<char*>(a.base) + r * stride;
+    a.peers.push_back(p);
+    a.signals.push_back(p + RoundUp(bytes, 256));
+    static_cast<void**>(a.device_peers)[r] = p;
+  }
+  return e;
+}
+
+absl::Status SymmetricHeap::Free(const SymmetricAllocation* allocation) {
+  absl::MutexLock l(&mu_);
+  if (allocation == nullptr) return absl::InvalidArgumentError("symmetric heap: free of null");
+  auto it = live_.find(allocation->id);
+  if (it == live_.end() || &it->second->a != allocation) {
+    return absl::InvalidArgumentError(
+        "symmetric heap: free of an allocation that is not live here (double free?)");
+  }
+  stats_.cached_bytes += static_cast<std::int64_t>(it->second->own_bytes);
+  const std::size_t stride = it->second->a.stride;
+  cache_.emplace(stride, std::move(it->second));  // after older entries of this stride
+  live_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status SymmetricHeap::EmptyCache() {
+  absl::MutexLock l(&mu_);
+  // Collective: all processes drop the same entries, keeping caches identical.
+  ++stats_.exchanges;
+  absl::StatusOr<std::vector<Contribution>> barrier = exchange_->AllGather(Contribution{});
+  if (!barrier.ok()) return barrier.status();
+  for (auto& [stride, e] : cache_) {
+    stats_.symmetric_bytes -= static_cast<std::int64_t>(e->own_bytes);
+    Destroy(*e);
+  }
+  cache_.clear();
+  stats_.cached_bytes = 0;
+  return absl::OkStatus();
+}
+
+void SymmetricHeap::Destroy(Entry& e) {
+  SymmetricAllocation& a = e.a;
+  for (int r = 0; r < group_.world_size; ++r) {
+    (void)backend_.VmmUnmap(static_cast<char*>(a.base) + r * a.stride, a.stride);
+  }
+  (void)backend_.VmmFreeAddress(a.base, group_.world_size * a.stride);
+  if (a.device_peers != nullptr) (void)backend_.FreeManaged(a.device_peers);
+  if (a.multicast) (void)backend_.MulticastRelease(a.multicast_handle);
+}
+
+SymmetricStats SymmetricHeap::GetStats() {
+  absl::MutexLock l(&mu_);
+  return stats_;
+}
+
+}  // namespace cma

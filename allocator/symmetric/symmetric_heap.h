@@ -1,0 +1,141 @@
+// SymmetricHeap: collective allocations that every member of a group of GPUs
+// (in one process or several) can read and write directly, on the Backend's
+// VMM calls, cached like ordinary blocks.
+//
+// A group has `world_size` members (ranks); this process serves some of them
+// (`local_ranks`, each on `local_devices[i]`). One SymmetricHeap per process.
+// Allocate returns the same-size buffer for every member: this process's
+// pointer to each member's buffer (one contiguous reservation, member r at
+// r * stride), a device-readable array of those pointers for kernels, and a
+// small signal area per member.
+//
+// Contract:
+//  * Allocate, Free and EmptyCache are collective: every process of the group
+//    calls them, in the same order. Free puts the allocation in the cache;
+//    the next Allocate of the same size reuses it on every member with no
+//    driver call and, unless make_symmetric is set, no exchange (cache state
+//    is identical everywhere because the calls are). make_symmetric
+//    allocations always exchange sizes (a few bytes, no driver call on a hit).
+//  * Sizes must match across members unless make_symmetric is set, which
+//    rounds every member up to the largest request; a mismatch on a cache
+//    miss is kInvalidArgument on every process. (On a hit without
+//    make_symmetric, sizes are not compared: a member that asks for another
+//    size misses alone and its exchange times out, naming the problem.)
+//  * Every exchange is bounded by the Exchange's timeout: a dead member gives
+//    the others an error, never a hang, and nothing leaks.
+//  * Multicast is used only when options ask for it, every device reports
+//    support and none of CMA_DISABLE_MULTICAST=1,
+//    TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NCCL_NVLS_ENABLE=0 is set.
+// Thread safety: methods are serialised internally; collective order is the
+// caller's to keep. Returned allocations stay valid until freed.
+#ifndef CMA_ALLOCATOR_SYMMETRIC_SYMMETRIC_HEAP_H_
+#define CMA_ALLOCATOR_SYMMETRIC_SYMMETRIC_HEAP_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "allocator/symmetric/exchange.h"
+#include "backends/backend.h"
+
+namespace cma {
+
+struct SymmetricGroup {
+  int world_size = 1;
+  std::vector<int> local_ranks;    // members this process serves
+  std::vector<int> local_devices;  // the device of each local member
+};
+
+struct SymmetricOptions {
+  HandleType handle_type = HandleType::kPosixFd;
+  std::size_t signal_bytes = 256;  // per member, after its buffer
+  bool multicast = false;          // opt-in; see the contract above
+};
+
+struct SymmetricAllocation {
+  std::uint64_t id = 0;
+  std::size_t bytes = 0;   // usable bytes per member (the group's request)
+  std::size_t stride = 0;  // distance between members' buffers
+  std::vector<void*> peers;    // peers[r]: member r's buffer, mapped in this process
+  std::vector<void*> signals;  // signals[r]: member r's signal area
+  void* device_peers = nullptr;  // world_size pointers, readable by kernels
+  bool multicast = false;
+  MulticastHandle multicast_handle = 0;
+  void* base = nullptr;  // the reservation: world_size * stride bytes
+};
+
+struct SymmetricStats {
+  std::int64_t allocations = 0;
+  std::int64_t cache_hits = 0;
+  std::int64_t exchanges = 0;
+  std::int64_t symmetric_bytes = 0;       // physical bytes this process created, cached included
+  std::int64_t symmetric_bytes_peak = 0;
+  std::int64_t cached_bytes = 0;
+  // Seconds spent in each backend call on the last cache miss
+  // ("VmmCreate", "VmmExport", "exchange", "VmmImport", "VmmMap", ...).
+  std::map<std::string, double> last_miss_seconds;
+};
+
+class SymmetricHeap {
+ public:
+  // `backend` must outlive the heap.
+  static absl::StatusOr<std::unique_ptr<SymmetricHeap>> Create(Backend& backend,
+                                                               SymmetricGroup group,
+                                                               std::unique_ptr<Exchange> exchange,
+                                                               SymmetricOptions options = {});
+  // Releases everything this process mapped or created (not collective).
+  ~SymmetricHeap();
+
+  absl::StatusOr<const SymmetricAllocation*> Allocate(std::size_t bytes,
+                                                      bool make_symmetric = false);
+  absl::Status Free(const SymmetricAllocation* allocation);
+  absl::Status EmptyCache();
+  SymmetricStats GetStats();
+
+ private:
+  SymmetricHeap(Backend& backend, SymmetricGroup group, std::unique_ptr<Exchange> exchange,
+                SymmetricOptions options, std::size_t granularity)
+      : backend_(backend),
+        group_(std::move(group)),
+        exchange_(std::move(exchange)),
+        options_(options),
+        granularity_(granularity) {}
+
+  struct Entry {
+    SymmetricAllocation a;
+    std::size_t own_bytes = 0;  // physical bytes created here
+  };
+
+  absl::StatusOr<std::unique_ptr<Entry>> Build(std::size_t bytes, std::size_t stride)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::size_t> AgreeOnSize(std::size_t bytes, bool make_symmetric)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const SymmetricAllocation* FromCache(std::size_t bytes, std::size_t stride)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Destroy(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::size_t StrideFor(std::size_t bytes, std::size_t granularity) const;
+  bool MulticastAllowed() const;
+
+  Backend& backend_;
+  const SymmetricGroup group_;
+  const std::unique_ptr<Exchange> exchange_;
+  const SymmetricOptions options_;
+  const std::size_t granularity_;  // this process's (the group's maximum is agreed on a miss)
+
+  absl::Mutex mu_;
+  std::uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<std::uint64_t, std::unique_ptr<Entry>> live_ ABSL_GUARDED_BY(mu_);
+  // Cached by stride, oldest id first: identical on every process.
+  std::multimap<std::size_t, std::unique_ptr<Entry>> cache_ ABSL_GUARDED_BY(mu_);
+  std::size_t group_granularity_ ABSL_GUARDED_BY(mu_) = 0;  // 0 until the first exchange
+  SymmetricStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace cma
+
+#endif  // CMA_ALLOCATOR_SYMMETRIC_SYMMETRIC_HEAP_H_

@@ -1,0 +1,368 @@
+// Symmetric mode on the host backend: memfd handles mapped into several real
+// processes (fork), peer writes visible to every member, make_symmetric,
+// collective free and reuse from cache, a member dying mid-rendezvous,
+// mismatched sizes, the exchange transports and the multicast guard.
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "allocator/symmetric/exchange.h"
+#include "allocator/symmetric/symmetric_heap.h"
+#include "backends/host/host_backend.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace cma {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kTimeout = absl::Seconds(5);
+
+std::string SocketPath(const char* test) {
+  return absl::StrFormat("/tmp/cma-test-%s-%d.sock", test, getpid());
+}
+
+// Runs `body(rank)` in `n` forked processes; returns their exit codes.
+// Each child exits with 0 when body returns true.
+std::vector<int> RunProcesses(int n, const std::function<bool(int)>& body) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      bool ok = false;
+      ok = body(r);
+      _exit(ok ? 0 : 1);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> codes;
+  for (pid_t p : pids) {
+    int status = 0;
+    waitpid(p, &status, 0);
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  }
+  return codes;
+}
+
+std::unique_ptr<SymmetricHeap> SingleProcessHeap(HostBackend& b, int members,
+                                                 SymmetricOptions o = {}) {
+  SymmetricGroup g;
+  g.world_size = members;
+  for (int r = 0; r < members; ++r) {
+    g.local_ranks.push_back(r);
+    g.local_devices.push_back(r);
+  }
+  auto h = SymmetricHeap::Create(b, g, MakeSingleProcessExchange(), o);
+  EXPECT_TRUE(h.ok()) << h.status();
+  return h.ok() ? std::move(*h) : nullptr;
+}
+
+// ---------------------------------------------------------------- one process
+
+TEST(SymmetricHeapTest, FourDevicesInOneProcess) {
+  HostBackend b({.device_count = 4});
+  auto heap = SingleProcessHeap(b, 4);
+  auto a = heap->Allocate(3 << 20);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const SymmetricAllocation& s = **a;
+  ASSERT_EQ(s.peers.size(), 4u);
+  EXPECT_EQ(s.stride, 4u << 20);  // 3 MiB + signals, rounded to the 2 MiB granularity
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(static_cast<char*>(s.peers[r]), static_cast<char*>(s.base) + r * s.stride);
+    EXPECT_EQ(static_cast<void**>(s.device_peers)[r], s.peers[r]);
+    EXPECT_EQ(static_cast<char*>(s.signals[r]), static_cast<char*>(s.peers[r]) + (3 << 20));
+    std::memset(s.peers[r], r + 1, 3 << 20);  // every buffer writable
+    std::memset(s.signals[r], 0, 256);
+  }
+  EXPECT_EQ(static_cast<char*>(s.peers[2])[12345], 3);
+  EXPECT_EQ(heap->GetStats().symmetric_bytes, 4 * (4 << 20));
+  EXPECT_EQ(b.CallCount("VmmSetAccess"), 1);  // one call with every device's access
+  ASSERT_TRUE(heap->Free(*a).ok());
+  heap.reset();
+  EXPECT_EQ(b.LiveResources(), HostResourceCounts{});  // nothing leaks
+}
+
+TEST(SymmetricHeapTest, CacheHitMakesNoBackendCallAndNoExchange) {
+  HostBackend b({.device_count = 2});
+  auto heap = SingleProcessHeap(b, 2);
+  auto a = heap->Allocate(1 << 20);
+  ASSERT_TRUE(a.ok());
+  const void* base = (*a)->base;
+  ASSERT_TRUE(heap->Free(*a).ok());
+  EXPECT_EQ(heap->GetStats().cached_bytes, 2 * (2 << 20));
+  const auto calls = b.TotalCalls();
+  const auto exchanges = heap->GetStats().exchanges;
+  for (int i = 0; i < 100; ++i) {
+    auto again = heap->Allocate(1 << 20);
+    ASSERT_TRUE(again.ok());
+    ASSERT_EQ((*again)->base, base);
+    ASSERT_TRUE(heap->Free(*again).ok());
+  }
+  EXPECT_EQ(b.TotalCalls(), calls);
+  EXPECT_EQ(heap->GetStats().exchanges, exchanges);
+  EXPECT_EQ(heap->GetStats().cache_hits, 100);
+  ASSERT_TRUE(heap->EmptyCache().ok());
+  EXPECT_EQ(heap->GetStats().symmetric_bytes, 0);
+  EXPECT_EQ(b.LiveResources().mappings, 0);
+}
+
+TEST(SymmetricHeapTest, SizesInOneGranuleShareCachedSegments) {
+  HostBackend b({.device_count = 2});
+  auto heap = SingleProcessHeap(b, 2);
+  auto a = heap->Allocate(1000);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(heap->Free(*a).ok());
+  auto c = heap->Allocate(5000);  // same 2 MiB stride: reused, with its new size
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)->bytes, 5000u);
+  EXPECT_EQ(heap->GetStats().cache_hits, 1);
+  auto d = heap->Allocate(3 << 20);  // another stride: a new segment
+  ASSERT_TRUE(d.ok());
+  EXPECT_NE((*d)->base, (*c)->base);
+}
+
+TEST(SymmetricHeapTest, BadInputs) {
+  HostBackend b({.device_count = 2});
+  auto heap = SingleProcessHeap(b, 2);
+  EXPECT_THAT(heap->Allocate(0).status().message(), HasSubstr("0 bytes"));
+  auto a = heap->Allocate(4096);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(heap->Free(*a).ok());
+  EXPECT_THAT(heap->Free(*a).message(), HasSubstr("double free"));
+  EXPECT_FALSE(heap->Free(nullptr).ok());
+  SymmetricGroup bad;
+  bad.world_size = 2;
+  bad.local_ranks = {0, 0};
+  bad.local_devices = {0, 1};
+  EXPECT_THAT(SymmetricHeap::Create(b, bad, MakeSingleProcessExchange()).status().message(),
+              HasSubstr("out of range or repeated"));
+  bad.local_ranks = {0, 1};
+  bad.local_devices = {0, 9};
+  EXPECT_FALSE(SymmetricHeap::Create(b, bad, MakeSingleProcessExchange()).ok());
+  bad.local_ranks = {0};
+  bad.local_devices = {0};  // member 1 is served by nobody
+  auto lonely = SymmetricHeap::Create(b, bad, MakeSingleProcessExchange());
+  ASSERT_TRUE(lonely.ok());
+  EXPECT_THAT((*lonely)->Allocate(4096).status().message(), HasSubstr("no process contributed"));
+  lonely->reset();
+  heap.reset();
+  EXPECT_EQ(b.LiveResources(), HostResourceCounts{});
+}
+
+TEST(SymmetricHeapTest, MulticastOnlyWhenAskedSupportedAndNotDisabled) {
+  SymmetricOptions on;
+  on.multicast = true;
+  {
+    HostBackend unsupported({.device_count = 2});
+    auto heap = SingleProcessHeap(unsupported, 2, on);
+    EXPECT_FALSE((*heap->Allocate(4096))->multicast);
+    EXPECT_EQ(unsupported.CallCount("MulticastCreate"), 0);
+  }
+  {
+    HostBackend supported({.device_count = 2, .multicast_supported = true});
+    auto off = SingleProcessHeap(supported, 2);  // not asked
+    EXPECT_FALSE((*off->Allocate(4096))->multicast);
+    auto heap = SingleProcessHeap(supported, 2, on);
+    auto a = heap->Allocate(4096);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_TRUE((*a)->multicast);
+    EXPECT_EQ(supported.CallCount("MulticastAddDevice"), 2);
+    EXPECT_EQ(supported.CallCount("MulticastBindMemory"), 2);
+    for (const char* var : {"CMA_DISABLE_MULTICAST=1", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1",
+                            "NCCL_NVLS_ENABLE=0"}) {
+      std::string kv = var;
+      const auto eq = kv.find('=');
+      setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+      auto guarded = heap->Allocate(8 << 20);
+      unsetenv(kv.substr(0, eq).c_str());
+      ASSERT_TRUE(guarded.ok());
+      EXPECT_FALSE((*guarded)->multicast) << var;
+    }
+    heap.reset();
+    off.reset();
+    EXPECT_EQ(supported.LiveResources().multicast_objects, 0);
+  }
+}
+
+// ---------------------------------------------------------------- exchanges
+
+TEST(ExchangeTest, SingleProcessDupsDescriptors) {
+  auto x = MakeSingleProcessExchange();
+  const int fd = memfd_create("x", MFD_CLOEXEC);
+  auto all = x->AllGather({"hello", {fd}});
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ((*all)[0].bytes, "hello");
+  ASSERT_EQ((*all)[0].fds.size(), 1u);
+  EXPECT_NE((*all)[0].fds[0], fd);
+  close((*all)[0].fds[0]);
+  close(fd);
+}
+
+TEST(ExchangeTest, UnixSocketGathersBytesAndDescriptorsAcrossProcesses) {
+  const std::string path = SocketPath("gather");
+  auto codes = RunProcesses(3, [&](int r) {
+    auto x = MakeUnixSocketExchange(path, r, 3, kTimeout);
+    if (!x.ok()) return false;
+    const int fd = memfd_create("x", MFD_CLOEXEC);
+    const std::string text = absl::StrFormat("from %d", r);
+    if (write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) return false;
+    for (int round = 0; round < 3; ++round) {
+      auto all = (*x)->AllGather({absl::StrFormat("rank %d round %d", r, round), {fd}});
+      if (!all.ok() || all->size() != 3) return false;
+      for (int p = 0; p < 3; ++p) {
+        if ((*all)[p].bytes != absl::StrFormat("rank %d round %d", p, round)) return false;
+        char buf[16] = {};
+        if ((*all)[p].fds.size() != 1 || pread((*all)[p].fds[0], buf, sizeof(buf), 0) <= 0) {
+          return false;
+        }
+        if (std::string(buf) != absl::StrFormat("from %d", p)) return false;  // a real FD of p
+        close((*all)[p].fds[0]);
+      }
+    }
+    close(fd);
+    return true;
+  });
+  EXPECT_THAT(codes, ::testing::Each(0));
+}
+
+TEST(ExchangeTest, MissingProcessTimesOutWithAClearError) {
+  const auto t0 = absl::Now();
+  auto x = MakeUnixSocketExchange(SocketPath("missing"), 0, 2, absl::Milliseconds(300));
+  EXPECT_EQ(x.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(x.status().message(), HasSubstr("1 more process(es) to connect"));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
+  auto leaf = MakeUnixSocketExchange(SocketPath("nobody"), 1, 2, absl::Milliseconds(200));
+  EXPECT_THAT(leaf.status().message(), HasSubstr("process 0 never listened"));
+}
+
+TEST(ExchangeTest, CallbackBootstrapsASocketExchange) {
+  int calls = 0;
+  struct Ctx {
+    int* calls;
+  } ctx{&calls};
+  AllGatherCallback cb = [](void* c, const void* send, size_t len, void* recv) {
+    ++*static_cast<Ctx*>(c)->calls;
+    std::memcpy(recv, send, len);  // a world of one
+    return 0;
+  };
+  auto x = MakeCallbackExchange(cb, &ctx, 0, 1, kTimeout);
+  ASSERT_TRUE(x.ok()) << x.status();
+  EXPECT_EQ(calls, 1);
+  auto all = (*x)->AllGather({"solo", {}});
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ((*all)[0].bytes, "solo");
+  AllGatherCallback failing = [](void*, const void*, size_t, void*) { return 1; };
+  EXPECT_THAT(MakeCallbackExchange(failing, nullptr, 0, 1, kTimeout).status().message(),
+              HasSubstr("all-gather failed"));
+}
+
+// ---------------------------------------------------------------- processes
+
+// One member per process, each with its own backend, as on one host with one
+// GPU per process.
+std::unique_ptr<SymmetricHeap> ProcessHeap(HostBackend& b, const std::string& path, int rank,
+                                           int world, absl::Duration timeout = kTimeout) {
+  auto x = MakeUnixSocketExchange(path, rank, world, timeout);
+  if (!x.ok()) return nullptr;
+  SymmetricGroup g;
+  g.world_size = world;
+  g.local_ranks = {rank};
+  g.local_devices = {0};
+  auto h = SymmetricHeap::Create(b, g, std::move(*x));
+  return h.ok() ? std::move(*h) : nullptr;
+}
+
+class SymmetricProcessTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(SymmetricProcessTest, PeerWritesAreVisibleToEveryMember) {
+  const int world = GetParam();
+  const std::string path = SocketPath("peers");
+  auto codes = RunProcesses(world, [&](int r) {
+    HostBackend b({.device_count = 1});
+    auto heap = ProcessHeap(b, path, r, world);
+    if (!heap) return false;
+    auto a = heap->Allocate(1 << 20);
+    if (!a.ok()) return false;
+    // Write into every peer's buffer: slot r of member p gets p * 100 + r.
+    for (int p = 0; p < world; ++p) static_cast<std::int32_t*>((*a)->peers[p])[r] = p * 100 + r;
+    if (!heap->EmptyCache().ok()) return false;  // a collective: everyone has written
+    for (int p = 0; p < world; ++p) {  // my buffer, as every peer wrote it
+      if (static_cast<std::int32_t*>((*a)->peers[r])[p] != r * 100 + p) return false;
+    }
+    const void* base = (*a)->base;
+    if (!heap->Free(*a).ok()) return false;
+    const auto exchanges = heap->GetStats().exchanges;
+    auto again = heap->Allocate(1 << 20);  // collective reuse: no exchange
+    if (!again.ok() || (*again)->base != base || heap->GetStats().exchanges != exchanges) {
+      return false;
+    }
+    if (!heap->Free(*again).ok() || !heap->EmptyCache().ok()) return false;
+    heap.reset();
+    return b.LiveResources() == HostResourceCounts{};
+  });
+  EXPECT_THAT(codes, ::testing::Each(0));
+}
+
+TEST_P(SymmetricProcessTest, MakeSymmetricRoundsUpToTheLargest) {
+  const int world = GetParam();
+  const std::string path = SocketPath("makesym");
+  auto codes = RunProcesses(world, [&](int r) {
+    HostBackend b({.device_count = 1});
+    auto heap = ProcessHeap(b, path, r, world);
+    if (!heap) return false;
+    auto a = heap->Allocate((r + 1) << 20, /*make_symmetric=*/true);
+    if (!a.ok() || (*a)->bytes != static_cast<std::size_t>(world) << 20) return false;
+    std::memset((*a)->peers[(r + 1) % world], 7, (*a)->bytes);  // the largest fits everywhere
+    return heap->Free(*a).ok();
+  });
+  EXPECT_THAT(codes, ::testing::Each(0));
+}
+
+INSTANTIATE_TEST_SUITE_P(Processes, SymmetricProcessTest, ::testing::Values(2, 3, 4));
+
+TEST(SymmetricProcessErrors, MismatchedSizesWithoutMakeSymmetric) {
+  const std::string path = SocketPath("mismatch");
+  auto codes = RunProcesses(2, [&](int r) {
+    HostBackend b({.device_count = 1});
+    auto heap = ProcessHeap(b, path, r, 2);
+    if (!heap) return false;
+    auto a = heap->Allocate(r == 0 ? 4096 : 8192);
+    const bool clear = a.status().code() == absl::StatusCode::kInvalidArgument &&
+                       absl::StrContains(a.status().message(), "different sizes");
+    heap.reset();
+    return clear && b.LiveResources() == HostResourceCounts{};
+  });
+  EXPECT_THAT(codes, ::testing::Each(0));
+}
+
+TEST(SymmetricProcessErrors, AMemberDyingMidRendezvousFailsTheOthers) {
+  const std::string path = SocketPath("death");
+  const auto t0 = absl::Now();
+  auto codes = RunProcesses(3, [&](int r) {
+    HostBackend b({.device_count = 1});
+    auto heap = ProcessHeap(b, path, r, 3, absl::Seconds(3));
+    if (!heap) return false;
+    if (r == 2) _exit(42);  // dies after connecting, before the collective
+    auto a = heap->Allocate(1 << 20);
+    const bool failed = !a.ok();
+    heap.reset();
+    // A clear error, and nothing left behind.
+    return failed && b.LiveResources() == HostResourceCounts{};
+  });
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+  EXPECT_EQ(codes[2], 42);
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(10));  // never a hang
+}
+
+}  // namespace
+}  // namespace cma
