@@ -22,6 +22,10 @@ absl::StatusOr<double> MeasureBaseline(Backend& backend, const std::string& name
 // Fills out["migration"] where the backend has real migration (CUDA);
 // elsewhere records why it was skipped.
 absl::Status MigrationSuite(Backend& backend, int device, nlohmann::json& out);
+// Fills out["symmetric"]: a group of every visible device in this process;
+// cached and first allocation times (per backend call), and on CUDA the
+// peer-write bandwidth through symmetric pointers against cudaMemcpyPeer.
+absl::Status SymmetricSuite(Backend& backend, nlohmann::json& out);
 
 }  // namespace cma
 

@@ -32,7 +32,8 @@
 #include "bench/trace.h"
 
 ABSL_FLAG(std::string, backend, "best", "host, cuda, hip or best");
-ABSL_FLAG(std::string, suite, "all", "comma-separated: latency, replay, migration, or all");
+ABSL_FLAG(std::string, suite, "all",
+          "comma-separated: latency, replay, migration, symmetric, or all");
 ABSL_FLAG(std::string, trace, "",
           "comma-separated traces (CSV or .csv.gz); default: bench/traces/*.csv.gz");
 ABSL_FLAG(std::string, json, "", "write results here as JSON");
@@ -177,11 +178,12 @@ int Main() {
   std::set<std::string> suites;
   for (absl::string_view s : absl::StrSplit(suite, ',', absl::SkipEmpty())) {
     if (s == "all") {
-      suites.insert({"latency", "replay", "migration"});
-    } else if (s == "latency" || s == "replay" || s == "migration") {
+      suites.insert({"latency", "replay", "migration", "symmetric"});
+    } else if (s == "latency" || s == "replay" || s == "migration" || s == "symmetric") {
       suites.insert(std::string(s));
     } else {
-      std::cerr << "cma_bench: --suite takes latency, replay, migration or all (comma-separated)\n";
+      std::cerr << "cma_bench: --suite takes latency, replay, migration, symmetric or all "
+                   "(comma-separated)\n";
       return 2;
     }
   }
@@ -206,6 +208,10 @@ int Main() {
   if (suites.count("latency")) s.Update(LatencySuite(**backend, device, config, out));
   if (s.ok() && suites.count("replay")) s.Update(ReplaySuite(**backend, device, config, out));
   if (s.ok() && suites.count("migration")) s.Update(MigrationSuite(**backend, device, out));
+  if (s.ok() && suites.count("symmetric")) {
+    s.Update(SymmetricSuite(**backend, out));
+    if (out.contains("symmetric")) std::cout << "symmetric: " << out["symmetric"].dump() << "\n";
+  }
   if (!s.ok()) {
     std::cerr << "cma_bench: " << s << "\n";
     return 1;

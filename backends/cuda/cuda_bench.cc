@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/kernels.h"
 
 namespace cma {
 namespace {
@@ -84,6 +85,58 @@ absl::StatusOr<double> MeasureCudaBaseline(const std::string& name, int device, 
   }
   cudaStreamDestroy(stream);
   return result;
+}
+
+absl::StatusOr<PeerBandwidth> MeasurePeerBandwidth(void* peer, std::size_t bytes, int writer,
+                                                   int owner) {
+  PeerBandwidth out;
+  CMA_CUDA_RETURN_IF_ERROR(cudaSetDevice(writer));
+  cudaStream_t s;
+  CMA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void* src = nullptr;
+  void* dst = nullptr;
+  absl::Status st = CudaStatus(cudaMalloc(&src, bytes), "cudaMalloc(writer)");
+  if (st.ok()) st = CudaStatus(cudaSetDevice(owner), "cudaSetDevice");
+  if (st.ok()) st = CudaStatus(cudaMalloc(&dst, bytes), "cudaMalloc(owner)");
+  if (st.ok()) st = CudaStatus(cudaSetDevice(writer), "cudaSetDevice");
+  // cudaMemcpyPeer goes through the host unless peer access is enabled: the
+  // fair baseline is the direct NVLink/PCIe copy.
+  if (st.ok()) {
+    const cudaError_t e = cudaDeviceEnablePeerAccess(owner, 0);
+    if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+      st = CudaStatus(e, "cudaDeviceEnablePeerAccess");
+    }
+    cudaGetLastError();  // clear an "already enabled"
+  }
+  auto best_of = [&](auto&& op) -> absl::StatusOr<double> {
+    std::vector<double> t;
+    for (int r = 0; r < 5; ++r) {
+      const auto t0 = Clock::now();
+      if (absl::Status x = op(); !x.ok()) return x;
+      CMA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    std::sort(t.begin(), t.end());
+    return static_cast<double>(bytes) / t[t.size() / 2] / 1e9;
+  };
+  if (st.ok()) {
+    (void)LaunchFill(peer, bytes, 1, reinterpret_cast<Stream>(s));  // warm-up
+    auto w = best_of([&] { return LaunchFill(peer, bytes, 2, reinterpret_cast<Stream>(s)); });
+    auto m = best_of([&] {
+      return CudaStatus(cudaMemcpyPeerAsync(dst, owner, src, writer, bytes, s), "cudaMemcpyPeerAsync");
+    });
+    if (!w.ok()) st = w.status();
+    if (!m.ok()) st = m.status();
+    if (st.ok()) {
+      out.peer_write_GBps = *w;
+      out.memcpy_peer_GBps = *m;
+    }
+  }
+  cudaFree(src);
+  cudaFree(dst);
+  cudaStreamDestroy(s);
+  if (!st.ok()) return st;
+  return out;
 }
 
 }  // namespace cma

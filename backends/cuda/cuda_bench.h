@@ -28,6 +28,16 @@ absl::StatusOr<double> MeasureCudaBaseline(const std::string& name, int device,
 // oversubscribed.
 absl::Status CudaMigrationSuite(Backend& backend, int device, nlohmann::json& out);
 
+// Bandwidth of device `writer` filling `bytes` at `peer` (a symmetric
+// pointer to another device's memory) with a kernel, and of cudaMemcpyPeer
+// between the same two devices, measured in one call.
+struct PeerBandwidth {
+  double peer_write_GBps = 0;
+  double memcpy_peer_GBps = 0;
+};
+absl::StatusOr<PeerBandwidth> MeasurePeerBandwidth(void* peer, std::size_t bytes, int writer,
+                                                   int owner);
+
 }  // namespace cma
 
 #endif  // CMA_BACKENDS_CUDA_CUDA_BENCH_H_

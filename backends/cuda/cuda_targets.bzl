@@ -75,3 +75,15 @@ def cuda_targets():
             "@system//:gtest_main",
         ],
     )
+
+    native.cc_test(
+        name = "cuda_symmetric_test",
+        srcs = ["cuda_symmetric_test.cc"],
+        linkstatic = True,
+        deps = [
+            ":cuda",
+            ":kernels",
+            "//allocator/symmetric",
+            "@system//:gtest",
+        ],
+    )

@@ -1,0 +1,134 @@
+// Symmetric mode on real GPUs (needs two): peer writes by kernels through
+// symmetric pointers are visible, with two devices in one process and with
+// two processes of one device each. Skips with the reason on fewer GPUs.
+#include <cuda_runtime_api.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "allocator/symmetric/exchange.h"
+#include "allocator/symmetric/symmetric_heap.h"
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/kernels.h"
+#include "gtest/gtest.h"
+
+namespace cma {
+namespace {
+
+constexpr std::size_t kBytes = std::size_t{64} << 20;
+
+// Counts words of `p` (on `device`) that differ from the pattern `seed`.
+unsigned long long Mismatches(Backend& b, const void* p, std::uint32_t seed, int device) {
+  cudaSetDevice(device);
+  unsigned long long* bad = nullptr;
+  if (cudaMallocManaged(reinterpret_cast<void**>(&bad), sizeof(*bad)) != cudaSuccess) return ~0ull;
+  *bad = 0;
+  Stream s = *b.CreateStream(device);
+  unsigned long long out = ~0ull;
+  if (LaunchCheck(p, kBytes, seed, bad, s).ok() && b.SynchronizeStream(s).ok()) out = *bad;
+  (void)b.DestroyStream(s);
+  cudaFree(bad);
+  return out;
+}
+
+// The child side of TwoProcessesOneDeviceEach, run in a fresh process.
+int ChildMain(int rank, const std::string& path) {
+  auto backend = MakeCudaBackend();
+  if (!backend.ok()) return 2;
+  auto x = MakeUnixSocketExchange(path, rank, 2, absl::Seconds(60));
+  if (!x.ok()) return 3;
+  SymmetricGroup g;
+  g.world_size = 2;
+  g.local_ranks = {rank};
+  g.local_devices = {rank};
+  auto heap = SymmetricHeap::Create(**backend, g, std::move(*x));
+  if (!heap.ok()) return 4;
+  auto a = (*heap)->Allocate(kBytes);
+  if (!a.ok()) {
+    fprintf(stderr, "rank %d: %s\n", rank, std::string(a.status().message()).c_str());
+    return 5;
+  }
+  Stream s = *(*backend)->CreateStream(rank);
+  const int peer = 1 - rank;
+  // Write the peer's buffer from this device, over the peer mapping.
+  if (!LaunchFill((*a)->peers[peer], kBytes, 100 + rank, s).ok()) return 6;
+  if (!(*backend)->SynchronizeStream(s).ok()) return 7;
+  if (!(*heap)->EmptyCache().ok()) return 8;  // collective: both have written
+  const unsigned long long bad = Mismatches(**backend, (*a)->peers[rank], 100 + peer, rank);
+  (void)(*backend)->DestroyStream(s);
+  if (bad != 0) return 9;
+  if (!(*heap)->Free(*a).ok()) return 10;
+  return 0;
+}
+
+int GpuCount() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+TEST(CudaSymmetricTest, TwoDevicesInOneProcess) {
+  if (GpuCount() < 2) GTEST_SKIP() << "needs two GPUs (" << GpuCount() << " visible)";
+  auto backend = MakeCudaBackend();
+  ASSERT_TRUE(backend.ok());
+  SymmetricGroup g;
+  g.world_size = 2;
+  g.local_ranks = {0, 1};
+  g.local_devices = {0, 1};
+  auto heap = SymmetricHeap::Create(**backend, g, MakeSingleProcessExchange());
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  auto a = (*heap)->Allocate(kBytes);
+  ASSERT_TRUE(a.ok()) << a.status();
+  Stream s0 = *(*backend)->CreateStream(0), s1 = *(*backend)->CreateStream(1);
+  ASSERT_TRUE(LaunchFill((*a)->peers[1], kBytes, 11, s0).ok());  // device 0 writes member 1
+  ASSERT_TRUE(LaunchFill((*a)->peers[0], kBytes, 22, s1).ok());  // device 1 writes member 0
+  ASSERT_TRUE((*backend)->SynchronizeStream(s0).ok());
+  ASSERT_TRUE((*backend)->SynchronizeStream(s1).ok());
+  EXPECT_EQ(Mismatches(**backend, (*a)->peers[1], 11, 1), 0u);
+  EXPECT_EQ(Mismatches(**backend, (*a)->peers[0], 22, 0), 0u);
+  // Kernels find the same pointers in the device-side table.
+  EXPECT_EQ(static_cast<void**>((*a)->device_peers)[1], (*a)->peers[1]);
+  ASSERT_TRUE((*heap)->Free(*a).ok());
+  auto again = (*heap)->Allocate(kBytes);  // cached: no driver call
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*heap)->GetStats().cache_hits, 1);
+  ASSERT_TRUE((*heap)->Free(*again).ok());
+  (void)(*backend)->DestroyStream(s0);
+  (void)(*backend)->DestroyStream(s1);
+}
+
+TEST(CudaSymmetricTest, TwoProcessesOneDeviceEach) {
+  if (GpuCount() < 2) GTEST_SKIP() << "needs two GPUs (" << GpuCount() << " visible)";
+  const std::string path = absl::StrFormat("/tmp/cma-gpu-sym-%d.sock", getpid());
+  pid_t pids[2];
+  for (int r = 0; r < 2; ++r) {
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      // A fresh image, so the child's CUDA state starts clean.
+      const std::string rank = std::to_string(r);
+      setenv("CMA_SYMMETRIC_CHILD_RANK", rank.c_str(), 1);
+      setenv("CMA_SYMMETRIC_CHILD_PATH", path.c_str(), 1);
+      execl("/proc/self/exe", "cuda_symmetric_test", nullptr);
+      _exit(127);
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    int status = 0;
+    waitpid(pids[r], &status, 0);
+    EXPECT_TRUE(WIFEXITED(status)) << "rank " << r;
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << r << " failed (see its exit code in the test)";
+  }
+}
+
+}  // namespace
+}  // namespace cma
+
+int main(int argc, char** argv) {
+  if (const char* rank = std::getenv("CMA_SYMMETRIC_CHILD_RANK")) {
+    return cma::ChildMain(std::atoi(rank), std::getenv("CMA_SYMMETRIC_CHILD_PATH"));
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds the GPU binaries here (-c opt; Abseil, GoogleTest and cudart linked
+# statically) and bundles them with the Python package, the traces and the
+# scripts into a folder (default .gpu/, ignored by git) to copy to a GPU machine.
+#   bench/gpu/package.sh [DEST]   then on the GPU machine: DEST/run_all.sh OUTDIR
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+dest="${1:-.gpu}"
+./bazelw build -c opt //bench:cma_bench //tests:backend_conformance_test //backends/cuda:all \
+  //integrations/c:libcma.so
+rm -rf "$dest" && mkdir -p "$dest/bench/traces" "$dest/py/cma" "$dest/py/gpu"
+cp bazel-bin/bench/cma_bench bazel-bin/tests/backend_conformance_test \
+   bazel-bin/backends/cuda/cuda_gpu_test bazel-bin/backends/cuda/cuda_symmetric_test "$dest/"
+cp bench/traces/*.csv.gz "$dest/bench/traces/"
+cp bench/torch_move_bench.py bench/gpu/run_all.sh "$dest/"
+cp integrations/python/cma/*.py "$dest/py/cma/"
+cp integrations/python/gpu/*.py "$dest/py/gpu/"
+cp bazel-bin/integrations/c/libcma.so "$dest/py/cma/"
+# libcma.so links Debian's shared Abseil (its static archives are not PIC);
+# the copies beside it are found through its $ORIGIN run path.
+for lib in $(ldd bazel-bin/integrations/c/libcma.so | awk '/libabsl/{print $3}'); do
+  cp "$lib" "$dest/py/cma/"
+done
+chmod -R u+w "$dest"
+echo "packaged into $dest ($(du -sh "$dest" | cut -f1))"
