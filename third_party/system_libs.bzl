@@ -114,3 +114,40 @@ cuda_configure = repository_rule(
     environ = ["CUDA_PATH"],
     local = True,
 )
+
+def _hip_configure_impl(ctx):
+    roots = [ctx.os.environ.get("ROCM_PATH", ""), "/opt/rocm", "/usr"]
+    root = ""
+    for r in roots:
+        if r and ctx.path(r + "/include/hip/hip_runtime_api.h").exists:
+            root = r
+            break
+    ctx.file("WORKSPACE", "workspace(name = \"%s\")\n" % ctx.name)
+    ctx.file("defs.bzl", "HIP_FOUND = %s\nHIP_ROOT = %r\n" % (root != "", root))
+    if not root:
+        ctx.file("BUILD", 'package(default_visibility = ["//visibility:public"])\n' +
+                          'cc_library(name = "hip_headers")\nexports_files(["defs.bzl"])\n')
+        return
+
+    # Only the hip/ headers: the rest of the root (e.g. /usr/include) must not
+    # shadow the system's own headers.
+    ctx.symlink(root + "/include/hip", "include/hip")
+    ctx.file("BUILD", """
+package(default_visibility = ["//visibility:public"])
+exports_files(["defs.bzl"])
+
+# Headers only: the runtime (libamdhip64) is loaded with dlopen at run time.
+cc_library(
+    name = "hip_headers",
+    hdrs = glob(["include/hip/**"]),
+    includes = ["include"],
+    defines = ["__HIP_PLATFORM_AMD__"],
+    linkopts = ["-ldl"],
+)
+""")
+
+hip_configure = repository_rule(
+    implementation = _hip_configure_impl,
+    environ = ["ROCM_PATH"],
+    local = True,
+)
