@@ -96,6 +96,7 @@ SymmetricHeap::~SymmetricHeap() {
   absl::MutexLock l(&mu_);
   for (auto& [id, e] : live_) Destroy(*e);
   for (auto& [stride, e] : cache_) Destroy(*e);
+  for (auto& e : leftovers_) Destroy(*e);
 }
 
 std::size_t SymmetricHeap::StrideFor(std::size_t bytes, std::size_t granularity) const {
@@ -317,9 +318,10 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
     }
   }
 
-  // 5. The mappings keep the memory alive: handles and FDs can go now.
+  // 5. The mappings keep the memory alive: handles and FDs can go now (a
+  // release that fails is retried when the allocation is destroyed).
   for (int r = 0; r < world; ++r) {
-    (void)backend_.VmmRelease(handles[r]);
+    if (!backend_.VmmRelease(handles[r]).ok()) e->unreleased.push_back(handles[r]);
     have[r] = false;
   }
   for (int fd : fds_to_close) close(fd);
@@ -328,7 +330,10 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
   // 6. Pointers for the host and, in managed memory, for kernels.
   absl::StatusOr<void*> table =
       backend_.AllocateManaged(group_.local_devices[0], world * sizeof(void*));
-  if (!table.ok()) return fail(table.status());
+  if (!table.ok()) {
+    for (PhysicalHandle h : e->unreleased) (void)backend_.VmmRelease(h);
+    return fail(table.status());
+  }
   a.device_peers = *table;
   a.id = next_id_++;
   a.bytes = bytes;
@@ -365,21 +370,31 @@ absl::Status SymmetricHeap::EmptyCache() {
   if (!barrier.ok()) return barrier.status();
   for (auto& [stride, e] : cache_) {
     stats_.symmetric_bytes -= static_cast<std::int64_t>(e->own_bytes);
-    Destroy(*e);
+    if (!Destroy(*e)) leftovers_.push_back(std::move(e));
   }
   cache_.clear();
   stats_.cached_bytes = 0;
   return absl::OkStatus();
 }
 
-void SymmetricHeap::Destroy(Entry& e) {
+bool SymmetricHeap::Destroy(Entry& e) {
   SymmetricAllocation& a = e.a;
-  for (int r = 0; r < group_.world_size; ++r) {
-    (void)backend_.VmmUnmap(static_cast<char*>(a.base) + r * a.stride, a.stride);
+  if (a.base != nullptr) {
+    for (int r = 0; r < group_.world_size; ++r) {
+      (void)backend_.VmmUnmap(static_cast<char*>(a.base) + r * a.stride, a.stride);
+    }
+    if (backend_.VmmFreeAddress(a.base, group_.world_size * a.stride).ok()) a.base = nullptr;
   }
-  (void)backend_.VmmFreeAddress(a.base, group_.world_size * a.stride);
-  if (a.device_peers != nullptr) (void)backend_.FreeManaged(a.device_peers);
-  if (a.multicast) (void)backend_.MulticastRelease(a.multicast_handle);
+  if (a.device_peers != nullptr && backend_.FreeManaged(a.device_peers).ok()) {
+    a.device_peers = nullptr;
+  }
+  if (a.multicast && backend_.MulticastRelease(a.multicast_handle).ok()) a.multicast = false;
+  std::vector<PhysicalHandle> still;
+  for (PhysicalHandle h : e.unreleased) {
+    if (!backend_.VmmRelease(h).ok()) still.push_back(h);
+  }
+  e.unreleased = std::move(still);
+  return a.base == nullptr && a.device_peers == nullptr && !a.multicast && e.unreleased.empty();
 }
 
 SymmetricStats SymmetricHeap::GetStats() {

@@ -109,6 +109,7 @@ class SymmetricHeap {
   struct Entry {
     SymmetricAllocation a;
     std::size_t own_bytes = 0;  // physical bytes created here
+    std::vector<PhysicalHandle> unreleased;  // releases that failed: retried at teardown
   };
 
   absl::StatusOr<std::unique_ptr<Entry>> Build(std::size_t bytes, std::size_t stride)
@@ -117,7 +118,9 @@ class SymmetricHeap {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const SymmetricAllocation* FromCache(std::size_t bytes, std::size_t stride)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Destroy(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Idempotent: each step clears what it released; false if anything is
+  // left (the entry is then kept and retried when the heap is destroyed).
+  bool Destroy(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::size_t StrideFor(std::size_t bytes, std::size_t granularity) const;
   bool MulticastAllowed() const;
 
@@ -132,6 +135,7 @@ class SymmetricHeap {
   std::map<std::uint64_t, std::unique_ptr<Entry>> live_ ABSL_GUARDED_BY(mu_);
   // Cached by stride, oldest id first: identical on every process.
   std::multimap<std::size_t, std::unique_ptr<Entry>> cache_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Entry>> leftovers_ ABSL_GUARDED_BY(mu_);
   std::size_t group_granularity_ ABSL_GUARDED_BY(mu_) = 0;  // 0 until the first exchange
   SymmetricStats stats_ ABSL_GUARDED_BY(mu_);
 };
