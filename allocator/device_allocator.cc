@@ -1,3 +1,4 @@
+#include "backends/mutex_lock.h"
 #include "allocator/device_allocator.h"
 
 #include <algorithm>
@@ -33,7 +34,7 @@ DeviceAllocator::DeviceAllocator(int device, int device_count, Backend* backend,
 }
 
 DeviceAllocator::~DeviceAllocator() {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   ProcessPendingFrees(/*synchronize=*/true);
   for (auto& [base, seg] : segments_) {
     (void)backend_->FreeManaged(seg->ptr_base());
@@ -47,11 +48,9 @@ DeviceAllocator::~DeviceAllocator() {
   for (Event e : spare_events_) (void)backend_->DestroyEvent(e);
   for (auto& p : pending_) (void)backend_->DestroyEvent(p.event);
   for (Block* b : spare_blocks_) delete b;
-  for (BlockPool* pool : {&small_pool_, &large_pool_}) {
-    for (Block* b : *pool) {
-      if (b->segment == nullptr) delete b;  // the sentinel
-    }
-  }
+  // The pools' other entries were deleted with their segments above; only
+  // the sentinels (always last) are still ours to delete.
+  for (BlockPool* pool : {&small_pool_, &large_pool_}) delete *pool->rbegin();
 }
 
 absl::Status DeviceAllocator::CheckStream(Stream stream) {
@@ -111,7 +110,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
         "cma: request of %d bytes (%s) exceeds the total memory of device %d (%s)", bytes,
         FormatBytes(bytes), device_, FormatBytes(device_total_)));
   }
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
   if (!pending_.empty()) ProcessPendingFrees(/*synchronize=*/false);
 
@@ -318,7 +317,7 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
 
 absl::Status DeviceAllocator::Free(void* ptr) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   auto it = allocated_.find(addr);
   if (ABSL_PREDICT_FALSE(it == allocated_.end())) return DiagnoseBadFree(ptr);
   Block* b = it->second;
@@ -507,7 +506,7 @@ void DeviceAllocator::ReleaseSegment(Segment* seg) {
 }
 
 absl::Status DeviceAllocator::EmptyCache() {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   ProcessPendingFrees(/*synchronize=*/true);
   CoalesceUnmerged();
   ReleaseCachedSegments(0);
@@ -533,7 +532,7 @@ std::string DeviceAllocator::OomMessage(std::size_t bytes, const absl::Status& c
 // ---------------------------------------------------------------- queries
 
 absl::Status DeviceAllocator::RecordStream(void* ptr, Stream stream) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == allocated_.end()) return absl::NotFoundError("not allocated on this device");
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
@@ -546,14 +545,14 @@ absl::Status DeviceAllocator::RecordStream(void* ptr, Stream stream) {
 }
 
 absl::StatusOr<std::pair<std::size_t, Stream>> DeviceAllocator::Lookup(void* ptr) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == allocated_.end()) return absl::NotFoundError("not allocated on this device");
   return std::make_pair(it->second->requested, it->second->stream);
 }
 
 void DeviceAllocator::SetBudget(std::size_t bytes) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   budget_ = bytes;
   stats_.managed_budget_bytes = static_cast<std::int64_t>(bytes);
   const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
@@ -564,12 +563,12 @@ void DeviceAllocator::SetBudget(std::size_t bytes) {
 }
 
 DeviceStats DeviceAllocator::GetStats() {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   return stats_;
 }
 
 void DeviceAllocator::ResetPeakStats() {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
                        &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
                        &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
@@ -578,7 +577,7 @@ void DeviceAllocator::ResetPeakStats() {
 }
 
 void DeviceAllocator::ResetAccumulatedStats() {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
                        &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
                        &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
@@ -589,7 +588,7 @@ void DeviceAllocator::ResetAccumulatedStats() {
 }
 
 void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   for (auto& [base, seg] : segments_) {
     SegmentSnapshot s;
     s.device = device_;

@@ -2,6 +2,7 @@
 // run by tests after every step of randomized workloads.
 #include <algorithm>
 
+#include "backends/mutex_lock.h"
 #include "absl/container/flat_hash_map.h"
 
 #include "absl/strings/str_format.h"
@@ -36,7 +37,7 @@ absl::Status Compare(const char* name, const StatArray& s, const std::int64_t (&
 }  // namespace
 
 absl::Status DeviceAllocator::CheckInvariants() {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Recount segments, allocated, requested, active, inactive_split;
   std::size_t free_blocks[2] = {0, 0};
   std::size_t allocated_blocks = 0;

@@ -1,5 +1,6 @@
 // DeviceAllocator's placement: carrying out policy/placement_policy.h's
 // decisions through the Backend, and the zero-copy move.
+#include "backends/mutex_lock.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/device_allocator.h"
@@ -85,7 +86,7 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
     return absl::InvalidArgumentError(absl::StrFormat(
         "cma: move to invalid device %d (%d devices)", target.device, device_count_));
   }
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   std::vector<Block*> blocks;
   blocks.reserve(ptrs.size());
   for (void* p : ptrs) {
@@ -93,7 +94,14 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
     if (it == allocated_.end()) return absl::NotFoundError("not allocated on this device");
     blocks.push_back(it->second);
   }
-  if (absl::Status s = CheckStream(stream); !s.ok()) return s;
+  // The move may be ordered on a stream of the owning device or of the
+  // target device.
+  if (absl::Status s = CheckStream(stream); !s.ok()) {
+    if (target.is_host() || target.device == device_ ||
+        !backend_->ValidateStream(target.device, stream).ok()) {
+      return s;
+    }
+  }
   // One batch per action, so a whole model's tensors move in one or two calls.
   std::vector<Range> prefetch, discard_prefetch;
   for (Block* b : blocks) {
@@ -125,7 +133,7 @@ absl::Status DeviceAllocator::SetHints(void* ptr, const AllocationHints& hints) 
       return absl::InvalidArgumentError(absl::StrFormat("cma: accessed_by names device %d", d));
     }
   }
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == allocated_.end()) return absl::NotFoundError("not allocated on this device");
   Block* b = it->second;

@@ -101,6 +101,21 @@ TEST_F(PlacementTest, MoveKeepsTheAddressAndRecordsTheLocation) {
   alloc_->Free(a).IgnoreError();
 }
 
+TEST_F(PlacementTest, MoveMayUseTheTargetDevicesStream) {
+  void* a = Alloc(4 << 20, 0, s_);
+  Stream on1 = *backend_->CreateStream(1);
+  Take();
+  ASSERT_TRUE(alloc_->Move(a, Location::Device(1), on1).ok());
+  auto r = Take();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].stream, on1);
+  // Not for a move to the host or to the owner: the stream must be the owner's.
+  EXPECT_THAT(alloc_->Move(a, Location::Host(), on1).message(), HasSubstr("invalid stream"));
+  EXPECT_THAT(alloc_->Move(a, Location::Device(0), on1).message(), HasSubstr("invalid stream"));
+  alloc_->Free(a).IgnoreError();
+  backend_->DestroyStream(on1).IgnoreError();
+}
+
 TEST_F(PlacementTest, MoveWithDeadContentsDiscards) {
   void* a = Alloc(4 << 20, 0, s_);
   Take();

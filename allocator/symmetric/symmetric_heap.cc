@@ -1,3 +1,4 @@
+#include "backends/mutex_lock.h"
 #include "allocator/symmetric/symmetric_heap.h"
 
 #include <unistd.h>
@@ -93,7 +94,7 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap>> SymmetricHeap::Create(
 }
 
 SymmetricHeap::~SymmetricHeap() {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   for (auto& [id, e] : live_) Destroy(*e);
   for (auto& [stride, e] : cache_) Destroy(*e);
   for (auto& e : leftovers_) Destroy(*e);
@@ -173,7 +174,7 @@ absl::StatusOr<std::size_t> SymmetricHeap::AgreeOnSize(std::size_t bytes, bool m
 absl::StatusOr<const SymmetricAllocation*> SymmetricHeap::Allocate(std::size_t bytes,
                                                                    bool make_symmetric) {
   if (bytes == 0) return absl::InvalidArgumentError("symmetric heap: cannot allocate 0 bytes");
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   if (!make_symmetric && group_granularity_ != 0) {
     if (const SymmetricAllocation* hit = FromCache(bytes, StrideFor(bytes, group_granularity_))) {
       return hit;  // no exchange, no driver call
@@ -348,7 +349,7 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
 }
 
 absl::Status SymmetricHeap::Free(const SymmetricAllocation* allocation) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   if (allocation == nullptr) return absl::InvalidArgumentError("symmetric heap: free of null");
   auto it = live_.find(allocation->id);
   if (it == live_.end() || &it->second->a != allocation) {
@@ -363,7 +364,7 @@ absl::Status SymmetricHeap::Free(const SymmetricAllocation* allocation) {
 }
 
 absl::Status SymmetricHeap::EmptyCache() {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   // Collective: all processes drop the same entries, keeping caches identical.
   ++stats_.exchanges;
   absl::StatusOr<std::vector<Contribution>> barrier = exchange_->AllGather(Contribution{});
@@ -398,7 +399,7 @@ bool SymmetricHeap::Destroy(Entry& e) {
 }
 
 SymmetricStats SymmetricHeap::GetStats() {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   return stats_;
 }
 

@@ -1,3 +1,4 @@
+#include "backends/mutex_lock.h"
 #include "backends/cuda/cuda_backend.h"
 
 #include <cuda.h>
@@ -79,7 +80,7 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(int device_count, const DriverApi* cu) : device_count_(device_count), cu_(cu) {}
   ~CudaBackend() override {
-    absl::MutexLock l(&side_mu_);
+    MutexLock l(&side_mu_);
     for (auto& [device, side] : side_) {
       if (side.stream != nullptr) cudaStreamDestroy(side.stream);
       if (side.before != nullptr) cudaEventDestroy(side.before);
@@ -511,7 +512,7 @@ class CudaBackend final : public Backend {
     if (stream != kDefaultStream) return op(AsStream(stream));
     int device = 0;
     CMA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-    absl::MutexLock l(&side_mu_);
+    MutexLock l(&side_mu_);
     SideStream& side = side_[device];
     if (side.stream == nullptr) {
       CMA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&side.stream, cudaStreamNonBlocking));

@@ -1,3 +1,4 @@
+#include "backends/mutex_lock.h"
 #include "backends/fault/fault_injecting_backend.h"
 
 #include "absl/strings/str_cat.h"
@@ -13,7 +14,7 @@ const char* FaultKindName(FaultKind k) {
 }
 
 void FaultInjectingBackend::SetPlan(const FaultPlan& plan) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   plan_ = plan;
   rng_.seed(plan.seed);
   for (auto& c : calls_) c = 0;
@@ -22,17 +23,17 @@ void FaultInjectingBackend::SetPlan(const FaultPlan& plan) {
 }
 
 std::int64_t FaultInjectingBackend::Calls(FaultKind k) const {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   return calls_[static_cast<int>(k)];
 }
 
 std::int64_t FaultInjectingBackend::Injected() const {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   return injected_;
 }
 
 absl::Status FaultInjectingBackend::Maybe(FaultKind kind, const char* call) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   const std::int64_t n_kind = ++calls_[static_cast<int>(kind)];
   const std::int64_t n_any = ++calls_[static_cast<int>(FaultKind::kAny)];
   if (plan_.kind != FaultKind::kAny && plan_.kind != kind) return absl::OkStatus();
@@ -124,7 +125,7 @@ absl::Status FaultInjectingBackend::RecordEvent(Event event, Stream stream) {
   CMA_FAULT(kEventRecord, "RecordEvent");
   absl::Status s = inner_.RecordEvent(event, stream);
   if (s.ok()) {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     if (plan_.slow_event_queries > 0) slow_[event] = plan_.slow_event_queries;
   }
   return s;
@@ -132,7 +133,7 @@ absl::Status FaultInjectingBackend::RecordEvent(Event event, Stream stream) {
 absl::StatusOr<bool> FaultInjectingBackend::QueryEvent(Event event) {
   CMA_FAULT(kEventQuery, "QueryEvent");
   {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     auto it = slow_.find(event);
     if (it != slow_.end() && it->second > 0) {
       --it->second;
@@ -144,7 +145,7 @@ absl::StatusOr<bool> FaultInjectingBackend::QueryEvent(Event event) {
 absl::Status FaultInjectingBackend::SynchronizeEvent(Event event) {
   CMA_FAULT(kEventQuery, "SynchronizeEvent");
   {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     slow_.erase(event);  // waiting makes it complete
   }
   return inner_.SynchronizeEvent(event);

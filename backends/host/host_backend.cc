@@ -1,3 +1,4 @@
+#include "backends/mutex_lock.h"
 #include "backends/host/host_backend.h"
 
 #include <sys/mman.h>
@@ -67,13 +68,13 @@ void HostBackend::Advance(StreamState& s) const {
 // ---------------------------------------------------------------- devices
 
 absl::StatusOr<int> HostBackend::DeviceCount() {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("DeviceCount");
   return options_.device_count;
 }
 
 absl::StatusOr<DeviceFacts> HostBackend::GetDeviceFacts(int device) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("GetDeviceFacts");
   if (auto s = CheckDevice(device); !s.ok()) return s;
   DeviceFacts f;
@@ -91,7 +92,7 @@ absl::StatusOr<DeviceFacts> HostBackend::GetDeviceFacts(int device) {
 }
 
 absl::StatusOr<MemInfo> HostBackend::GetMemInfo(int device) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("GetMemInfo");
   if (auto s = CheckDevice(device); !s.ok()) return s;
   const std::size_t cap = capacity_[device];
@@ -99,14 +100,14 @@ absl::StatusOr<MemInfo> HostBackend::GetMemInfo(int device) {
 }
 
 void HostBackend::SetDeviceCapacity(int device, std::size_t bytes) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   if (device >= 0 && device < options_.device_count) capacity_[device] = bytes;
 }
 
 // ---------------------------------------------------------------- managed
 
 absl::StatusOr<void*> HostBackend::AllocateManaged(int device, std::size_t bytes) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("AllocateManaged");
   if (auto s = CheckDevice(device); !s.ok()) return s;
   if (bytes == 0) return absl::InvalidArgumentError("AllocateManaged: size 0");
@@ -128,7 +129,7 @@ absl::StatusOr<void*> HostBackend::AllocateManaged(int device, std::size_t bytes
 }
 
 absl::Status HostBackend::FreeManaged(void* ptr) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("FreeManaged");
   auto it = managed_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == managed_.end()) {
@@ -168,7 +169,7 @@ absl::Status HostBackend::CheckRanges(absl::Span<const Range> ranges, const char
 void HostBackend::Record(PlacementRecord record) { records_.push_back(record); }
 
 absl::Status HostBackend::Advise(void* ptr, std::size_t bytes, Advice advice, Location location) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("Advise");
   auto a = FindManaged(ptr, bytes);
   if (!a.ok()) return absl::InvalidArgumentError(absl::StrCat("Advise: ", a.status().message()));
@@ -207,7 +208,7 @@ absl::Status HostBackend::Advise(void* ptr, std::size_t bytes, Advice advice, Lo
 absl::Status HostBackend::Prefetch(void* ptr, std::size_t bytes, Location location,
                                    Stream stream) {
   const Range r{ptr, bytes};
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("Prefetch");
   if (auto s = CheckRanges({&r, 1}, "Prefetch"); !s.ok()) return s;
   if (!location.is_host()) {
@@ -225,7 +226,7 @@ absl::Status HostBackend::Prefetch(void* ptr, std::size_t bytes, Location locati
 
 absl::Status HostBackend::PrefetchBatch(absl::Span<const Range> ranges, Location location,
                                         Stream stream) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("PrefetchBatch");
   if (auto s = CheckRanges(ranges, "PrefetchBatch"); !s.ok()) return s;
   if (!location.is_host()) {
@@ -243,7 +244,7 @@ absl::Status HostBackend::PrefetchBatch(absl::Span<const Range> ranges, Location
 }
 
 absl::Status HostBackend::DiscardBatch(absl::Span<const Range> ranges, Stream stream) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("DiscardBatch");
   if (auto s = CheckRanges(ranges, "DiscardBatch"); !s.ok()) return s;
   if (auto st = FindStream(stream); !st.ok()) return st.status();
@@ -256,7 +257,7 @@ absl::Status HostBackend::DiscardBatch(absl::Span<const Range> ranges, Stream st
 
 absl::Status HostBackend::DiscardAndPrefetchBatch(absl::Span<const Range> ranges,
                                                   Location location, Stream stream) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("DiscardAndPrefetchBatch");
   if (auto s = CheckRanges(ranges, "DiscardAndPrefetchBatch"); !s.ok()) return s;
   if (!location.is_host()) {
@@ -274,7 +275,7 @@ absl::Status HostBackend::DiscardAndPrefetchBatch(absl::Span<const Range> ranges
 }
 
 absl::StatusOr<RangeAttributes> HostBackend::GetRangeAttributes(void* ptr, std::size_t bytes) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("GetRangeAttributes");
   auto a = FindManaged(ptr, bytes);
   if (!a.ok()) return a.status();
@@ -282,19 +283,19 @@ absl::StatusOr<RangeAttributes> HostBackend::GetRangeAttributes(void* ptr, std::
 }
 
 std::vector<PlacementRecord> HostBackend::Records() const {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   return records_;
 }
 
 void HostBackend::ClearRecords() {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   records_.clear();
 }
 
 // ---------------------------------------------------------------- streams/events
 
 absl::StatusOr<Stream> HostBackend::CreateStream(int device) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("CreateStream");
   if (auto s = CheckDevice(device); !s.ok()) return s;
   const Stream id = next_id_++;
@@ -303,7 +304,7 @@ absl::StatusOr<Stream> HostBackend::CreateStream(int device) {
 }
 
 absl::Status HostBackend::DestroyStream(Stream stream) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("DestroyStream");
   if (stream == kDefaultStream) {
     return absl::InvalidArgumentError("DestroyStream: the default stream cannot be destroyed");
@@ -315,7 +316,7 @@ absl::Status HostBackend::DestroyStream(Stream stream) {
 }
 
 absl::Status HostBackend::ValidateStream(int device, Stream stream) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("ValidateStream");
   if (auto s = CheckDevice(device); !s.ok()) return s;
   auto st = FindStream(stream);
@@ -328,7 +329,7 @@ absl::Status HostBackend::ValidateStream(int device, Stream stream) {
 }
 
 absl::Status HostBackend::SynchronizeStream(Stream stream) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("SynchronizeStream");
   auto st = FindStream(stream);
   if (!st.ok()) return st.status();
@@ -337,7 +338,7 @@ absl::Status HostBackend::SynchronizeStream(Stream stream) {
 }
 
 absl::Status HostBackend::EnqueueWork(Stream stream) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   auto st = FindStream(stream);
   if (!st.ok()) return st.status();
   ++(*st)->submitted;
@@ -346,7 +347,7 @@ absl::Status HostBackend::EnqueueWork(Stream stream) {
 }
 
 absl::Status HostBackend::CompleteWork(Stream stream) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   auto st = FindStream(stream);
   if (!st.ok()) return st.status();
   (*st)->completed = (*st)->submitted;
@@ -354,13 +355,13 @@ absl::Status HostBackend::CompleteWork(Stream stream) {
 }
 
 std::int64_t HostBackend::PendingWork(Stream stream) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   auto st = FindStream(stream);
   return st.ok() ? (*st)->submitted - (*st)->completed : 0;
 }
 
 absl::StatusOr<Event> HostBackend::CreateEvent(int device) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("CreateEvent");
   if (auto s = CheckDevice(device); !s.ok()) return s;
   const Event id = next_id_++;
@@ -369,7 +370,7 @@ absl::StatusOr<Event> HostBackend::CreateEvent(int device) {
 }
 
 absl::Status HostBackend::DestroyEvent(Event event) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("DestroyEvent");
   if (!events_.erase(event)) {
     return absl::InvalidArgumentError(absl::StrFormat("DestroyEvent: unknown event 0x%x", event));
@@ -378,7 +379,7 @@ absl::Status HostBackend::DestroyEvent(Event event) {
 }
 
 absl::Status HostBackend::RecordEvent(Event event, Stream stream) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("RecordEvent");
   auto it = events_.find(event);
   if (it == events_.end()) {
@@ -393,7 +394,7 @@ absl::Status HostBackend::RecordEvent(Event event, Stream stream) {
 }
 
 absl::StatusOr<bool> HostBackend::QueryEvent(Event event) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("QueryEvent");
   auto it = events_.find(event);
   if (it == events_.end()) {
@@ -406,7 +407,7 @@ absl::StatusOr<bool> HostBackend::QueryEvent(Event event) {
 }
 
 absl::Status HostBackend::SynchronizeEvent(Event event) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("SynchronizeEvent");
   auto it = events_.find(event);
   if (it == events_.end()) {
@@ -421,7 +422,7 @@ absl::Status HostBackend::SynchronizeEvent(Event event) {
 }
 
 absl::Status HostBackend::StreamWaitEvent(Stream stream, Event event) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("StreamWaitEvent");
   if (auto st = FindStream(stream); !st.ok()) return st.status();
   if (!events_.contains(event)) {
@@ -434,7 +435,7 @@ absl::Status HostBackend::StreamWaitEvent(Stream stream, Event event) {
 // ---------------------------------------------------------------- VMM
 
 absl::StatusOr<std::size_t> HostBackend::VmmGranularity(int device) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("VmmGranularity");
   if (auto s = CheckDevice(device); !s.ok()) return s;
   return options_.vmm_granularity;
@@ -442,7 +443,7 @@ absl::StatusOr<std::size_t> HostBackend::VmmGranularity(int device) {
 
 absl::StatusOr<PhysicalHandle> HostBackend::VmmCreate(int device, std::size_t bytes,
                                                       HandleType exportable) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("VmmCreate");
   if (auto s = CheckDevice(device); !s.ok()) return s;
   if (bytes == 0 || bytes % options_.vmm_granularity != 0) {
@@ -470,7 +471,7 @@ absl::StatusOr<PhysicalHandle> HostBackend::VmmCreate(int device, std::size_t by
 }
 
 absl::Status HostBackend::VmmRelease(PhysicalHandle handle) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("VmmRelease");
   auto it = physical_.find(handle);
   if (it == physical_.end() || it->second.fd < 0) {
@@ -484,7 +485,7 @@ absl::Status HostBackend::VmmRelease(PhysicalHandle handle) {
 }
 
 absl::StatusOr<void*> HostBackend::VmmReserve(std::size_t bytes, std::size_t alignment) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("VmmReserve");
   if (bytes == 0 || bytes % options_.vmm_granularity != 0) {
     return absl::InvalidArgumentError("VmmReserve: size must be a positive multiple of granularity");
@@ -504,7 +505,7 @@ absl::StatusOr<void*> HostBackend::VmmReserve(std::size_t bytes, std::size_t ali
 }
 
 absl::Status HostBackend::VmmFreeAddress(void* address, std::size_t bytes) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("VmmFreeAddress");
   const auto a = reinterpret_cast<std::uintptr_t>(address);
   auto it = reservations_.find(a);
@@ -523,7 +524,7 @@ absl::Status HostBackend::VmmFreeAddress(void* address, std::size_t bytes) {
 }
 
 absl::Status HostBackend::VmmMap(void* address, std::size_t bytes, PhysicalHandle handle) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("VmmMap");
   const auto a = reinterpret_cast<std::uintptr_t>(address);
   auto ph = physical_.find(handle);
@@ -550,7 +551,7 @@ absl::Status HostBackend::VmmMap(void* address, std::size_t bytes, PhysicalHandl
 }
 
 absl::Status HostBackend::VmmUnmap(void* address, std::size_t bytes) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("VmmUnmap");
   auto it = mappings_.find(reinterpret_cast<std::uintptr_t>(address));
   if (it == mappings_.end() || it->second.bytes != bytes) {
@@ -569,7 +570,7 @@ absl::Status HostBackend::VmmUnmap(void* address, std::size_t bytes) {
 
 absl::Status HostBackend::VmmSetAccess(void* address, std::size_t bytes,
                                        absl::Span<const int> devices) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("VmmSetAccess");
   for (int d : devices) {
     if (auto s = CheckDevice(d); !s.ok()) return s;
@@ -595,7 +596,7 @@ void HostBackend::DropPhysical(
 }
 
 absl::StatusOr<ShareableHandle> HostBackend::VmmExport(PhysicalHandle handle, HandleType type) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("VmmExport");
   auto it = physical_.find(handle);
   if (it == physical_.end() || it->second.fd < 0) {
@@ -613,7 +614,7 @@ absl::StatusOr<ShareableHandle> HostBackend::VmmExport(PhysicalHandle handle, Ha
 }
 
 absl::StatusOr<PhysicalHandle> HostBackend::VmmImport(const ShareableHandle& shared) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("VmmImport");
   if (shared.type != HandleType::kPosixFd) {
     return absl::UnimplementedError("VmmImport: the host backend imports POSIX FDs only");
@@ -634,7 +635,7 @@ absl::StatusOr<PhysicalHandle> HostBackend::VmmImport(const ShareableHandle& sha
 
 absl::StatusOr<MulticastHandle> HostBackend::MulticastCreate(absl::Span<const int> devices,
                                                              std::size_t bytes) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("MulticastCreate");
   if (!options_.multicast_supported) {
     return absl::UnimplementedError("MulticastCreate: multicast is not supported on this device");
@@ -651,7 +652,7 @@ absl::StatusOr<MulticastHandle> HostBackend::MulticastCreate(absl::Span<const in
 }
 
 absl::Status HostBackend::MulticastAddDevice(MulticastHandle mc, int device) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("MulticastAddDevice");
   auto it = multicast_.find(mc);
   if (it == multicast_.end()) return absl::InvalidArgumentError("unknown multicast object");
@@ -662,7 +663,7 @@ absl::Status HostBackend::MulticastAddDevice(MulticastHandle mc, int device) {
 
 absl::Status HostBackend::MulticastBindMemory(MulticastHandle mc, std::size_t, PhysicalHandle mem,
                                               std::size_t, std::size_t) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("MulticastBindMemory");
   if (!multicast_.contains(mc)) return absl::InvalidArgumentError("unknown multicast object");
   if (!physical_.contains(mem)) return absl::InvalidArgumentError("unknown physical handle");
@@ -670,7 +671,7 @@ absl::Status HostBackend::MulticastBindMemory(MulticastHandle mc, std::size_t, P
 }
 
 absl::Status HostBackend::MulticastRelease(MulticastHandle mc) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   Count("MulticastRelease");
   if (!multicast_.erase(mc)) return absl::InvalidArgumentError("unknown multicast object");
   return absl::OkStatus();
@@ -679,7 +680,7 @@ absl::Status HostBackend::MulticastRelease(MulticastHandle mc) {
 // ---------------------------------------------------------------- introspection
 
 HostResourceCounts HostBackend::LiveResources() const {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   HostResourceCounts c;
   c.managed_allocations = static_cast<int>(managed_.size());
   for (auto& [p, a] : managed_) c.managed_bytes += a.bytes;
@@ -693,13 +694,13 @@ HostResourceCounts HostBackend::LiveResources() const {
 }
 
 std::int64_t HostBackend::CallCount(const std::string& method) const {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   auto it = calls_.find(method);
   return it == calls_.end() ? 0 : it->second;
 }
 
 std::int64_t HostBackend::TotalCalls() const {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   std::int64_t n = 0;
   for (auto& [k, v] : calls_) n += v;
   return n;

@@ -1,4 +1,5 @@
 // The C ABI (cma_c.h) over one process-wide CachingManagedAllocator.
+#include "backends/mutex_lock.h"
 #include "integrations/c/cma_c.h"
 
 #include <atomic>
@@ -49,7 +50,7 @@ const char* EnvOr(const char* name, const char* fallback) {
 
 absl::Status Init(const std::string& config, const std::string& backend) {
   Global& g = G();
-  absl::MutexLock l(&g.mu);
+  cma::MutexLock l(&g.mu);
   if (g.allocator) {
     if (config == g.config && backend == g.backend_request) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat(
@@ -103,7 +104,7 @@ int cma_init(const char* config, const char* backend) {
 
 void cma_shutdown(void) {
   Global& g = G();
-  absl::MutexLock l(&g.mu);
+  cma::MutexLock l(&g.mu);
   g.current.store(nullptr, std::memory_order_release);
   g.allocator.reset();
   g.backend.reset();

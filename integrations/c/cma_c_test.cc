@@ -107,7 +107,7 @@ TEST(CApiTorchTest, TorchEntryPointsInitFromEnvironment) {
   EXPECT_EQ(cma_torch_alloc(0, 0, nullptr), nullptr);
   cma_torch_memory_fraction(0.5, 0);
   cma_torch_reset();
-  EXPECT_EQ(nlohmann::json::parse(cma_stats_json(0))["reserved_bytes.all.current"], 0);
+  EXPECT_EQ(Json(cma_stats_json(0))["reserved_bytes.all.current"], 0);
   cma_shutdown();
   unsetenv("CMA_BACKEND");
   unsetenv("CMA_ALLOC_CONF");
