@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "allocator/caching_managed_allocator.h"
 #include "backends/host/host_backend.h"
+#include "tests/block_tag.h"
 
 ABSL_FLAG(long, ops, 1000000, "total operations across all threads");
 ABSL_FLAG(int, threads, 16, "threads");
@@ -30,24 +31,6 @@ struct Counters {
   std::atomic<long> allocs{0}, frees{0}, ooms{0}, rejected{0}, record_streams{0}, moves{0},
       hints{0}, progress{0}, empty_caches{0}, tag_checks{0}, invariant_checks{0}, failures{0};
 };
-
-struct Live {
-  void* ptr;
-  std::size_t bytes;
-  std::uint64_t tag;
-};
-
-void Tag(const Live& l) {
-  std::memcpy(l.ptr, &l.tag, 8);
-  std::memcpy(static_cast<char*>(l.ptr) + l.bytes - 8, &l.tag, 8);
-}
-
-bool TagOk(const Live& l) {
-  std::uint64_t a, b;
-  std::memcpy(&a, l.ptr, 8);
-  std::memcpy(&b, static_cast<char*>(l.ptr) + l.bytes - 8, 8);
-  return a == l.tag && b == l.tag;
-}
 
 int Main() {
   const long total = absl::GetFlag(FLAGS_ops);
@@ -69,7 +52,7 @@ int Main() {
   const absl::Time t0 = absl::Now();
   auto worker = [&](int id) {
     std::mt19937_64 rng(0x5eed + id);
-    std::vector<Live> live;
+    std::vector<TaggedBlock> live;
     const long mine = total / threads;
     for (long op = 0; op < mine && c.failures == 0; ++op) {
       const int dev = rng() % 2;
@@ -90,14 +73,14 @@ int Main() {
           }
           continue;
         }
-        Live l{*p, n, next_tag++};
-        Tag(l);
+        TaggedBlock l{*p, n, next_tag++};
+        l.Write();
         live.push_back(l);
         c.allocs++;
       } else if (kind < 85) {
         const std::size_t i = rng() % live.size();
         c.tag_checks++;
-        if (!TagOk(live[i])) {
+        if (!live[i].Intact()) {
           std::fprintf(stderr, "block %p overwritten: handed out twice\n", live[i].ptr);
           c.failures++;
         }
@@ -109,7 +92,7 @@ int Main() {
         live.pop_back();
         c.frees++;
       } else if (kind < 90) {
-        const Live& l = live[rng() % live.size()];
+        const TaggedBlock& l = live[rng() % live.size()];
         const int d = *a.DeviceOf(l.ptr);
         const Stream other = streams[d][rng() % 4];
         if (absl::Status st = a.RecordStream(l.ptr, other); !st.ok()) {
@@ -119,7 +102,7 @@ int Main() {
         (void)backend.EnqueueWork(other);
         c.record_streams++;
       } else if (kind < 93) {
-        const Live& l = live[rng() % live.size()];
+        const TaggedBlock& l = live[rng() % live.size()];
         const int where = rng() % 3;
         const int owner = *a.DeviceOf(l.ptr);
         // Ordered on a stream of the owner, or of the target device.
@@ -155,9 +138,9 @@ int Main() {
         }
       }
     }
-    for (const Live& l : live) {
+    for (const TaggedBlock& l : live) {
       c.tag_checks++;
-      if (!TagOk(l) || !a.Free(l.ptr).ok()) c.failures++;
+      if (!l.Intact() || !a.Free(l.ptr).ok()) c.failures++;
       c.frees++;
     }
   };

@@ -7,28 +7,11 @@
 #include <thread>
 #include <vector>
 
+#include "tests/block_tag.h"
 #include "tests/test_util.h"
 
 namespace cma {
 namespace {
-
-struct Live {
-  void* ptr;
-  std::size_t bytes;
-  std::uint64_t tag;
-};
-
-void WriteTag(const Live& l) {
-  std::memcpy(l.ptr, &l.tag, sizeof(l.tag));
-  std::memcpy(static_cast<char*>(l.ptr) + l.bytes - sizeof(l.tag), &l.tag, sizeof(l.tag));
-}
-
-bool TagIntact(const Live& l) {
-  std::uint64_t a, b;
-  std::memcpy(&a, l.ptr, sizeof(a));
-  std::memcpy(&b, static_cast<char*>(l.ptr) + l.bytes - sizeof(b), sizeof(b));
-  return a == l.tag && b == l.tag;
-}
 
 TEST_F(AllocatorTest, EightThreadsFourStreamsKeepInvariants) {
   Make({.device_count = 2, .device_capacity = 192 << 20, .manual_completion = true});
@@ -43,7 +26,7 @@ TEST_F(AllocatorTest, EightThreadsFourStreamsKeepInvariants) {
   std::atomic<std::uint64_t> next_tag{1};
   auto worker = [&](int id) {
     std::mt19937_64 rng(1234 + id);
-    std::vector<Live> live;
+    std::vector<TaggedBlock> live;
     for (int step = 0; step < kSteps && failures == 0; ++step) {
       const int dev = rng() % 2;
       const Stream s = streams[dev][rng() % 4];
@@ -65,13 +48,12 @@ TEST_F(AllocatorTest, EightThreadsFourStreamsKeepInvariants) {
           continue;
         }
         ++allocs;
-        Live l{*p, n < 16 ? 16 : n, next_tag++};
-        if (n < 16) l.bytes = n;  // too small for two tags: write one
-        if (l.bytes >= 16) WriteTag(l);
+        TaggedBlock l{*p, n, next_tag++};
+        if (n >= 16) l.Write();  // smaller blocks carry no tag
         live.push_back(l);
       } else if (op < 8) {
         const std::size_t i = rng() % live.size();
-        if (live[i].bytes >= 16 && !TagIntact(live[i])) {
+        if (live[i].bytes >= 16 && !live[i].Intact()) {
           ADD_FAILURE() << "block " << live[i].ptr << " was overwritten: handed out twice";
           ++failures;
         }
@@ -94,8 +76,8 @@ TEST_F(AllocatorTest, EightThreadsFourStreamsKeepInvariants) {
         ++failures;
       }
     }
-    for (const Live& l : live) {
-      if (l.bytes >= 16 && !TagIntact(l)) ++failures;
+    for (const TaggedBlock& l : live) {
+      if (l.bytes >= 16 && !l.Intact()) ++failures;
       if (!alloc_->Free(l.ptr).ok()) ++failures;
     }
   };

@@ -57,6 +57,16 @@ struct Suite {
 
   absl::Status Sync() { return backend.SynchronizeStream(stream); }
 
+  // Allocates kBytes into `p` and writes all of it from the device: the
+  // "first device write" every first-touch case times.
+  absl::Status AllocateAndFill(CachingManagedAllocator& alloc, void*& p, std::uint32_t seed) {
+    absl::StatusOr<void*> a = alloc.Allocate(kBytes, device, stream);
+    if (!a.ok()) return a.status();
+    p = *a;
+    CMA_RETURN_IF_ERROR(LaunchFill(p, kBytes, seed, stream));
+    return Sync();
+  }
+
   absl::StatusOr<std::unique_ptr<CachingManagedAllocator>> Make(const std::string& config) {
     return CachingManagedAllocator::Create(backend, config);
   }
@@ -68,13 +78,7 @@ struct Suite {
     void* p = nullptr;
     auto secs = MedianSeconds(
         [] { return absl::OkStatus(); },
-        [&]() -> absl::Status {
-          auto a = (*alloc)->Allocate(kBytes, device, stream);
-          if (!a.ok()) return a.status();
-          p = *a;
-          CMA_RETURN_IF_ERROR(LaunchFill(p, kBytes, 1, stream));
-          return Sync();
-        },
+        [&] { return AllocateAndFill(**alloc, p, 1); },
         [&]() -> absl::Status {
           CMA_RETURN_IF_ERROR((*alloc)->Free(p));
           return (*alloc)->EmptyCache();  // the next repetition starts fresh again
@@ -95,13 +99,7 @@ struct Suite {
     CMA_RETURN_IF_ERROR((*alloc)->Free(p));
     auto secs = MedianSeconds(
         [] { return absl::OkStatus(); },
-        [&]() -> absl::Status {
-          auto a = (*alloc)->Allocate(kBytes, device, stream);
-          if (!a.ok()) return a.status();
-          p = *a;
-          CMA_RETURN_IF_ERROR(LaunchFill(p, kBytes, 2, stream));
-          return Sync();
-        },
+        [&] { return AllocateAndFill(**alloc, p, 2); },
         [&] { return (*alloc)->Free(p); });
     if (!secs.ok()) return secs.status();
     first_touch.push_back({{"case", "reused_same_device"}, {"policy", "on_alloc"},
@@ -127,21 +125,12 @@ struct Suite {
     void* p = nullptr;
     auto secs = MedianSeconds(
         [&]() -> absl::Status {
-          auto a = (*alloc)->Allocate(kBytes, device, stream);
-          if (!a.ok()) return a.status();
-          p = *a;
-          CMA_RETURN_IF_ERROR(LaunchFill(p, kBytes, 4, stream));
+          CMA_RETURN_IF_ERROR(AllocateAndFill(**alloc, p, 4));
           CMA_RETURN_IF_ERROR((*alloc)->Move(p, Location::Host(), stream));
           CMA_RETURN_IF_ERROR(Sync());
           return (*alloc)->Free(p);
         },
-        [&]() -> absl::Status {
-          auto a = (*alloc)->Allocate(kBytes, device, stream);
-          if (!a.ok()) return a.status();
-          p = *a;
-          CMA_RETURN_IF_ERROR(LaunchFill(p, kBytes, 5, stream));
-          return Sync();
-        },
+        [&] { return AllocateAndFill(**alloc, p, 5); },
         [&] { return (*alloc)->Free(p); });
     if (!secs.ok()) return secs.status();
     first_touch.push_back(

@@ -205,73 +205,53 @@ absl::Status HostBackend::Advise(void* ptr, std::size_t bytes, Advice advice, Lo
   return absl::OkStatus();
 }
 
+absl::Status HostBackend::Place(PlacementRecord::Op op, absl::Span<const Range> ranges,
+                                Location location, Stream stream, bool batched,
+                                const char* call) {
+  if (auto s = CheckRanges(ranges, call); !s.ok()) return s;
+  if (op != PlacementRecord::Op::kDiscard && !location.is_host()) {
+    if (auto s = CheckDevice(location.device); !s.ok()) return s;
+  }
+  if (auto st = FindStream(stream); !st.ok()) return st.status();
+  for (const Range& r : ranges) {
+    if (op != PlacementRecord::Op::kDiscard) {
+      auto a = FindManaged(r.ptr, r.bytes);
+      (*a)->attributes.has_last_prefetch = true;
+      (*a)->attributes.last_prefetch_location = location;
+    }
+    Record({op, r.ptr, r.bytes, Advice::kSetReadMostly, location, stream, batched});
+  }
+  return absl::OkStatus();
+}
+
 absl::Status HostBackend::Prefetch(void* ptr, std::size_t bytes, Location location,
                                    Stream stream) {
   const Range r{ptr, bytes};
   MutexLock l(&mu_);
   Count("Prefetch");
-  if (auto s = CheckRanges({&r, 1}, "Prefetch"); !s.ok()) return s;
-  if (!location.is_host()) {
-    if (auto s = CheckDevice(location.device); !s.ok()) return s;
-  }
-  auto st = FindStream(stream);
-  if (!st.ok()) return st.status();
-  auto a = FindManaged(ptr, bytes);
-  (*a)->attributes.has_last_prefetch = true;
-  (*a)->attributes.last_prefetch_location = location;
-  Record({PlacementRecord::Op::kPrefetch, ptr, bytes, Advice::kSetReadMostly, location, stream,
-          false});
-  return absl::OkStatus();
+  return Place(PlacementRecord::Op::kPrefetch, {&r, 1}, location, stream, false, "Prefetch");
 }
 
 absl::Status HostBackend::PrefetchBatch(absl::Span<const Range> ranges, Location location,
                                         Stream stream) {
   MutexLock l(&mu_);
   Count("PrefetchBatch");
-  if (auto s = CheckRanges(ranges, "PrefetchBatch"); !s.ok()) return s;
-  if (!location.is_host()) {
-    if (auto s = CheckDevice(location.device); !s.ok()) return s;
-  }
-  if (auto st = FindStream(stream); !st.ok()) return st.status();
-  for (const Range& r : ranges) {
-    auto a = FindManaged(r.ptr, r.bytes);
-    (*a)->attributes.has_last_prefetch = true;
-    (*a)->attributes.last_prefetch_location = location;
-    Record({PlacementRecord::Op::kPrefetch, r.ptr, r.bytes, Advice::kSetReadMostly, location,
-            stream, true});
-  }
-  return absl::OkStatus();
+  return Place(PlacementRecord::Op::kPrefetch, ranges, location, stream, true, "PrefetchBatch");
 }
 
 absl::Status HostBackend::DiscardBatch(absl::Span<const Range> ranges, Stream stream) {
   MutexLock l(&mu_);
   Count("DiscardBatch");
-  if (auto s = CheckRanges(ranges, "DiscardBatch"); !s.ok()) return s;
-  if (auto st = FindStream(stream); !st.ok()) return st.status();
-  for (const Range& r : ranges) {
-    Record({PlacementRecord::Op::kDiscard, r.ptr, r.bytes, Advice::kSetReadMostly,
-            Location::Host(), stream, true});
-  }
-  return absl::OkStatus();
+  return Place(PlacementRecord::Op::kDiscard, ranges, Location::Host(), stream, true,
+               "DiscardBatch");
 }
 
 absl::Status HostBackend::DiscardAndPrefetchBatch(absl::Span<const Range> ranges,
                                                   Location location, Stream stream) {
   MutexLock l(&mu_);
   Count("DiscardAndPrefetchBatch");
-  if (auto s = CheckRanges(ranges, "DiscardAndPrefetchBatch"); !s.ok()) return s;
-  if (!location.is_host()) {
-    if (auto s = CheckDevice(location.device); !s.ok()) return s;
-  }
-  if (auto st = FindStream(stream); !st.ok()) return st.status();
-  for (const Range& r : ranges) {
-    auto a = FindManaged(r.ptr, r.bytes);
-    (*a)->attributes.has_last_prefetch = true;
-    (*a)->attributes.last_prefetch_location = location;
-    Record({PlacementRecord::Op::kDiscardAndPrefetch, r.ptr, r.bytes, Advice::kSetReadMostly,
-            location, stream, true});
-  }
-  return absl::OkStatus();
+  return Place(PlacementRecord::Op::kDiscardAndPrefetch, ranges, location, stream, true,
+               "DiscardAndPrefetchBatch");
 }
 
 absl::StatusOr<RangeAttributes> HostBackend::GetRangeAttributes(void* ptr, std::size_t bytes) {
@@ -331,10 +311,7 @@ absl::Status HostBackend::ValidateStream(int device, Stream stream) {
 absl::Status HostBackend::SynchronizeStream(Stream stream) {
   MutexLock l(&mu_);
   Count("SynchronizeStream");
-  auto st = FindStream(stream);
-  if (!st.ok()) return st.status();
-  (*st)->completed = (*st)->submitted;
-  return absl::OkStatus();
+  return CompleteLocked(stream);
 }
 
 absl::Status HostBackend::EnqueueWork(Stream stream) {
@@ -348,6 +325,10 @@ absl::Status HostBackend::EnqueueWork(Stream stream) {
 
 absl::Status HostBackend::CompleteWork(Stream stream) {
   MutexLock l(&mu_);
+  return CompleteLocked(stream);
+}
+
+absl::Status HostBackend::CompleteLocked(Stream stream) {
   auto st = FindStream(stream);
   if (!st.ok()) return st.status();
   (*st)->completed = (*st)->submitted;

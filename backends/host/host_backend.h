@@ -180,6 +180,11 @@ class HostBackend final : public Backend {
   absl::Status CheckRanges(absl::Span<const Range> ranges, const char* call)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Record(PlacementRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks, applies and records one placement call over `ranges`.
+  absl::Status Place(PlacementRecord::Op op, absl::Span<const Range> ranges, Location location,
+                     Stream stream, bool batched, const char* call)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CompleteLocked(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Advance(StreamState& s) const;  // immediate mode completes at once
   void DropPhysical(absl::flat_hash_map<PhysicalHandle, PhysicalMemory>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
