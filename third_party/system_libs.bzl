@@ -37,8 +37,25 @@ def _system_libs_impl(ctx):
     absl = ["%s/libabsl_%s.a" % (libdir, n) for n in _ABSL_LIBS]
     absl = [a for a in absl if ctx.path(a).exists]
     ctx.file("WORKSPACE", "workspace(name = \"%s\")\n" % ctx.name)
+
+    # Debian's OpenMPI, for the MPI exchange of the symmetric mode.
+    mpi_include = libdir + "/openmpi/include"
+    mpi_found = ctx.path(mpi_include + "/mpi.h").exists
+    if mpi_found:
+        ctx.symlink(mpi_include, "mpi_include")
+    ctx.file("defs.bzl", "MPI_FOUND = %s\n" % mpi_found)
     ctx.file("BUILD", """
 package(default_visibility = ["//visibility:public"])
+exports_files(["defs.bzl"])
+
+cc_library(
+    name = "mpi",
+    hdrs = glob(["mpi_include/**/*.h"]),
+    includes = ["mpi_include"],
+    # The C API only: no MPI C++ bindings.
+    defines = ["OMPI_SKIP_MPICXX", "MPICH_SKIP_MPICXX"],
+    linkopts = ["-L{d}/openmpi/lib", "-lmpi"],
+)
 
 # Libraries depend on :absl (headers, from /usr/include); each final binary
 # picks how Abseil is linked: :absl_static for tests and tools, so they run on
