@@ -455,64 +455,6 @@ void DeviceAllocator::ProcessPendingFrees(bool synchronize) {
   pending_.resize(kept);
 }
 
-// ---------------------------------------------------------------- release
-
-std::size_t DeviceAllocator::ReleaseCachedSegments(std::size_t goal) {
-  std::vector<Segment*> idle;
-  for (auto& [base, seg] : segments_) {
-    // Fully free, though possibly in pieces of different streams.
-    bool all_free = true;
-    for (const Block* b = seg->first; b != nullptr && all_free; b = b->next) {
-      all_free = b->is_free();
-    }
-    if (all_free) idle.push_back(seg);
-  }
-  std::sort(idle.begin(), idle.end(),
-            [](const Segment* a, const Segment* b) { return a->size > b->size; });
-  std::size_t released = 0;
-  absl::flat_hash_set<Stream> synced;
-  for (Segment* seg : idle) {
-    if (goal != 0 && released >= goal) break;
-    // The segment's last users may still have work queued: wait for them
-    // before the memory goes back.
-    bool quiet = true;
-    for (const Block* b = seg->first; b != nullptr && quiet; b = b->next) {
-      if (synced.contains(b->stream)) continue;
-      quiet = backend_->SynchronizeStream(b->stream).ok();
-      if (quiet) synced.insert(b->stream);
-    }
-    if (!quiet) continue;
-    released += seg->size;
-    ReleaseSegment(seg);
-  }
-  if (!synced.empty()) ++stats_.num_sync_all_streams;
-  return released;
-}
-
-void DeviceAllocator::ReleaseSegment(Segment* seg) {
-  // On failure the blocks stay cached rather than lost.
-  if (!backend_->FreeManaged(seg->ptr_base()).ok()) return;
-  for (Block* b = seg->first; b != nullptr;) {
-    Block* next = b->next;
-    EraseFree(b);
-    DeleteBlock(b);
-    b = next;
-  }
-  UpdateStat(stats_.segment, seg->pool, -1);
-  UpdateStat(stats_.reserved_bytes, seg->pool, -static_cast<std::int64_t>(seg->size));
-  ++stats_.num_device_free;
-  segments_.erase(seg->base);
-  delete seg;
-}
-
-absl::Status DeviceAllocator::EmptyCache() {
-  MutexLock l(&mu_);
-  ProcessPendingFrees(/*synchronize=*/true);
-  CoalesceUnmerged();
-  ReleaseCachedSegments(0);
-  return absl::OkStatus();
-}
-
 std::string DeviceAllocator::OomMessage(std::size_t bytes, const absl::Status& cause) {
   absl::StatusOr<MemInfo> mem = backend_->GetMemInfo(device_);
   const std::size_t cached = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current -
@@ -549,17 +491,6 @@ absl::StatusOr<std::pair<std::size_t, Stream>> DeviceAllocator::Lookup(void* ptr
   auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == allocated_.end()) return absl::NotFoundError("not allocated on this device");
   return std::make_pair(it->second->requested, it->second->stream);
-}
-
-void DeviceAllocator::SetBudget(std::size_t bytes) {
-  MutexLock l(&mu_);
-  budget_ = bytes;
-  stats_.managed_budget_bytes = static_cast<std::int64_t>(bytes);
-  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
-  if (reserved > bytes) {
-    CoalesceUnmerged();
-    ReleaseCachedSegments(reserved - bytes);
-  }
 }
 
 DeviceStats DeviceAllocator::GetStats() {

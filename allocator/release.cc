@@ -1,0 +1,81 @@
+// DeviceAllocator's release of cached memory back to the backend: whole
+// idle segments, after the streams that used them have finished.
+#include <algorithm>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "allocator/device_allocator.h"
+#include "backends/mutex_lock.h"
+
+namespace cma {
+
+// ---------------------------------------------------------------- release
+
+std::size_t DeviceAllocator::ReleaseCachedSegments(std::size_t goal) {
+  std::vector<Segment*> idle;
+  for (auto& [base, seg] : segments_) {
+    // Fully free, though possibly in pieces of different streams.
+    bool all_free = true;
+    for (const Block* b = seg->first; b != nullptr && all_free; b = b->next) {
+      all_free = b->is_free();
+    }
+    if (all_free) idle.push_back(seg);
+  }
+  std::sort(idle.begin(), idle.end(),
+            [](const Segment* a, const Segment* b) { return a->size > b->size; });
+  std::size_t released = 0;
+  absl::flat_hash_set<Stream> synced;
+  for (Segment* seg : idle) {
+    if (goal != 0 && released >= goal) break;
+    // The segment's last users may still have work queued: wait for them
+    // before the memory goes back.
+    bool quiet = true;
+    for (const Block* b = seg->first; b != nullptr && quiet; b = b->next) {
+      if (synced.contains(b->stream)) continue;
+      quiet = backend_->SynchronizeStream(b->stream).ok();
+      if (quiet) synced.insert(b->stream);
+    }
+    if (!quiet) continue;
+    released += seg->size;
+    ReleaseSegment(seg);
+  }
+  if (!synced.empty()) ++stats_.num_sync_all_streams;
+  return released;
+}
+
+void DeviceAllocator::ReleaseSegment(Segment* seg) {
+  // On failure the blocks stay cached rather than lost.
+  if (!backend_->FreeManaged(seg->ptr_base()).ok()) return;
+  for (Block* b = seg->first; b != nullptr;) {
+    Block* next = b->next;
+    EraseFree(b);
+    DeleteBlock(b);
+    b = next;
+  }
+  UpdateStat(stats_.segment, seg->pool, -1);
+  UpdateStat(stats_.reserved_bytes, seg->pool, -static_cast<std::int64_t>(seg->size));
+  ++stats_.num_device_free;
+  segments_.erase(seg->base);
+  delete seg;
+}
+
+absl::Status DeviceAllocator::EmptyCache() {
+  MutexLock l(&mu_);
+  ProcessPendingFrees(/*synchronize=*/true);
+  CoalesceUnmerged();
+  ReleaseCachedSegments(0);
+  return absl::OkStatus();
+}
+
+void DeviceAllocator::SetBudget(std::size_t bytes) {
+  MutexLock l(&mu_);
+  budget_ = bytes;
+  stats_.managed_budget_bytes = static_cast<std::int64_t>(bytes);
+  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
+  if (reserved > bytes) {
+    CoalesceUnmerged();
+    ReleaseCachedSegments(reserved - bytes);
+  }
+}
+
+}  // namespace cma
