@@ -155,9 +155,9 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
 absl::Status DeviceAllocator::DiagnoseBadFree(void* ptr) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   auto seg_it = segments_.upper_bound(addr);
-  if (seg_it == segments_.begin()) return absl::NotFoundError("not in this device's segments");
+  if (seg_it == segments_.begin()) return NotMine();
   const Segment* seg = (--seg_it)->second;
-  if (addr >= seg->base + seg->size) return absl::NotFoundError("not in this device's segments");
+  if (addr >= seg->base + seg->size) return NotMine();
   for (const Block* b = seg->first; b != nullptr; b = b->next) {
     if (addr < b->addr || addr >= b->addr + b->size) continue;
     if (b->addr == addr) {
@@ -476,7 +476,7 @@ std::string DeviceAllocator::OomMessage(std::size_t bytes, const absl::Status& c
 absl::Status DeviceAllocator::RecordStream(void* ptr, Stream stream) {
   MutexLock l(&mu_);
   auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == allocated_.end()) return absl::NotFoundError("not allocated on this device");
+  if (it == allocated_.end()) return NotMine();
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
   Block* b = it->second;
   if (stream == b->stream) return absl::OkStatus();
@@ -489,7 +489,7 @@ absl::Status DeviceAllocator::RecordStream(void* ptr, Stream stream) {
 absl::StatusOr<std::pair<std::size_t, Stream>> DeviceAllocator::Lookup(void* ptr) {
   MutexLock l(&mu_);
   auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == allocated_.end()) return absl::NotFoundError("not allocated on this device");
+  if (it == allocated_.end()) return NotMine();
   return std::make_pair(it->second->requested, it->second->stream);
 }
 

@@ -25,6 +25,10 @@
 
 namespace cma {
 
+// "Not allocated on this device": the caller asks the next device. Code
+// only: an empty message keeps the status inline, with no allocation.
+inline absl::Status NotMine() { return absl::Status(absl::StatusCode::kNotFound, ""); }
+
 class DeviceAllocator {
  public:
   // `backend` and `config` must outlive this object. `budget` caps the bytes

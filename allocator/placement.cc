@@ -91,7 +91,7 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
   blocks.reserve(ptrs.size());
   for (void* p : ptrs) {
     auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(p));
-    if (it == allocated_.end()) return absl::NotFoundError("not allocated on this device");
+    if (it == allocated_.end()) return NotMine();
     blocks.push_back(it->second);
   }
   // The move may be ordered on a stream of the owning device or of the
@@ -135,7 +135,7 @@ absl::Status DeviceAllocator::SetHints(void* ptr, const AllocationHints& hints) 
   }
   MutexLock l(&mu_);
   auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == allocated_.end()) return absl::NotFoundError("not allocated on this device");
+  if (it == allocated_.end()) return NotMine();
   Block* b = it->second;
   if (b->hints) ApplyAdvice(WithdrawHintAdvice(*b->hints), b->ptr(), b->size);
   ApplyAdvice(HintAdvice(hints), b->ptr(), b->size);
