@@ -9,7 +9,7 @@
 #include "allocator/symmetric/exchange.h"
 #include "allocator/symmetric/symmetric_heap.h"
 #ifdef CMA_HAVE_CUDA
-#include "backends/cuda/cuda_bench.h"
+#include "bench/cuda/cuda_bench.h"
 #endif
 
 namespace cma {

@@ -37,7 +37,9 @@ ABSL_FLAG(std::string, suite, "all",
 ABSL_FLAG(std::string, trace, "",
           "comma-separated traces (CSV or .csv.gz); default: bench/traces/*.csv.gz");
 ABSL_FLAG(std::string, json, "", "write results here as JSON");
-ABSL_FLAG(std::string, config, "", "CMA_ALLOC_CONF text for the allocator under test");
+ABSL_FLAG(std::string, config, "",
+          "CMA_ALLOC_CONF text for the allocator under test (default: the CMA_ALLOC_CONF "
+          "environment variable)");
 ABSL_FLAG(int, device, 0, "device to measure");
 ABSL_FLAG(int, reps, 15, "repetitions per latency point (the median is reported)");
 
@@ -174,7 +176,20 @@ int Main() {
   }
   const int device = absl::GetFlag(FLAGS_device);
   const std::string suite = absl::GetFlag(FLAGS_suite);
-  const std::string config = absl::GetFlag(FLAGS_config);
+  // --config wins; otherwise the environment, as the library itself reads it.
+  std::string config = absl::GetFlag(FLAGS_config);
+  std::string config_source = "--config";
+  if (config.empty()) {
+    const char* env = std::getenv("CMA_ALLOC_CONF");
+    config = env != nullptr ? env : "";
+    config_source = env != nullptr ? "CMA_ALLOC_CONF" : "defaults";
+  }
+  absl::StatusOr<AllocatorConfig> parsed = ParseAllocatorConfig(config);
+  if (!parsed.ok()) {
+    std::cerr << "cma_bench: bad configuration from " << config_source << ": "
+              << parsed.status().message() << "\n";
+    return 2;
+  }
   std::set<std::string> suites;
   for (absl::string_view s : absl::StrSplit(suite, ',', absl::SkipEmpty())) {
     if (s == "all") {
@@ -198,12 +213,16 @@ int Main() {
   out["page_fault_migration"] = facts->page_fault_migration;
   out["concurrent_managed_access"] = facts->concurrent_managed_access;
   out["config"] = config;
+  out["config_source"] = config_source;
+  out["config_in_effect"] = parsed->ToString();
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   out["date"] = date;
   std::cout << "backend " << (*backend)->name() << ", device " << device << ": " << facts->name
             << "\n";
+  std::cout << "config (" << config_source << "): "
+            << (parsed->ToString().empty() ? "defaults" : parsed->ToString()) << "\n";
   absl::Status s;
   if (suites.count("latency")) s.Update(LatencySuite(**backend, device, config, out));
   if (s.ok() && suites.count("replay")) s.Update(ReplaySuite(**backend, device, config, out));

@@ -6,11 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest="${1:-.gpu}"
-./bazelw build -c opt //bench:cma_bench //tests:backend_conformance_test //backends/cuda:all \
+./bazelw build -c opt //bench:cma_bench //tests:backend_conformance_test //bench/cuda:all //tests/gpu:all \
   //integrations/c:libcma.so
 rm -rf "$dest" && mkdir -p "$dest/bench/traces" "$dest/py/cma" "$dest/py/gpu"
 cp bazel-bin/bench/cma_bench bazel-bin/tests/backend_conformance_test \
-   bazel-bin/backends/cuda/cuda_gpu_test bazel-bin/backends/cuda/cuda_symmetric_test "$dest/"
+   bazel-bin/tests/gpu/cuda_gpu_test bazel-bin/tests/gpu/cuda_symmetric_test "$dest/"
 cp bench/traces/*.csv.gz "$dest/bench/traces/"
 cp bench/torch_move_bench.py bench/gpu/run_all.sh "$dest/"
 cp integrations/python/cma/*.py "$dest/py/cma/"

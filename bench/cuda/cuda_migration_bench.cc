@@ -13,9 +13,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/caching_managed_allocator.h"
-#include "backends/cuda/cuda_bench.h"
+#include "bench/cuda/cuda_bench.h"
 #include "backends/cuda/cuda_status.h"
-#include "backends/cuda/kernels.h"
+#include "bench/cuda/kernels.h"
 
 namespace cma {
 namespace {

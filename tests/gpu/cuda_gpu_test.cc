@@ -4,7 +4,7 @@
 
 #include "allocator/caching_managed_allocator.h"
 #include "backends/cuda/cuda_backend.h"
-#include "backends/cuda/kernels.h"
+#include "bench/cuda/kernels.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

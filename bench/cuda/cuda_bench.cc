@@ -1,4 +1,4 @@
-#include "backends/cuda/cuda_bench.h"
+#include "bench/cuda/cuda_bench.h"
 
 #include <cuda_runtime_api.h>
 
@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/cuda_status.h"
-#include "backends/cuda/kernels.h"
+#include "bench/cuda/kernels.h"
 
 namespace cma {
 namespace {

@@ -12,7 +12,7 @@
 #include "allocator/symmetric/exchange.h"
 #include "allocator/symmetric/symmetric_heap.h"
 #include "backends/cuda/cuda_backend.h"
-#include "backends/cuda/kernels.h"
+#include "bench/cuda/kernels.h"
 #include "gtest/gtest.h"
 
 namespace cma {

@@ -1,6 +1,6 @@
 #include <cuda_runtime.h>
 
-#include "backends/cuda/kernels.h"
+#include "bench/cuda/kernels.h"
 
 namespace cma {
 namespace {
