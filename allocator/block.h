@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include "absl/container/btree_set.h"
 #include "absl/container/inlined_vector.h"
@@ -54,6 +55,17 @@ struct Segment {
   std::size_t size = 0;
   PoolKind pool = PoolKind::kSmall;
   Block* first = nullptr;
+  // Arena mode (policy/config.h `segments:arena`): the segment is a large
+  // address range whose kPageSize pages are populated on demand.
+  // page_users[i]: blocks that are not free (allocated, or freed but awaiting
+  // other streams) touching page i; a populated page with no users is idle
+  // and may be discarded.
+  bool arena = false;
+  std::vector<std::uint32_t> page_users;
+  std::vector<std::uint8_t> page_populated;
+  std::size_t populated_pages = 0;
+
+  std::size_t PageOf(std::uintptr_t addr) const { return (addr - base) / kPageSize; }
 
   void* ptr_base() const { return reinterpret_cast<void*>(base); }
 };

@@ -116,40 +116,57 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
 
   const std::size_t rounded = RoundRequest(bytes, *config_);
   const PoolKind pool = PoolFor(rounded);
-  Block* b = FindSameStream(rounded, pool, stream);
-  if (b == nullptr) b = FindCrossStream(rounded, pool, stream, /*synchronize=*/false);
-  if (b == nullptr) {
-    const std::size_t release = ReleaseBeforeGrowth(
-        *config_, static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current),
-        static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].peak), SegmentSizeFor(rounded),
-        budget_);
-    if (release > 0) ReleaseCachedSegments(release);
-    absl::StatusOr<Block*> fresh = NewSegment(rounded, pool, stream);
-    if (!fresh.ok() && absl::IsResourceExhausted(fresh.status())) {
-      // Out of memory: wait for pending frees, reuse what they return, then
-      // give the cache back and try the backend once more.
+  absl::Status cause;
+  // The second pass is the out-of-memory retry: wait for pending frees,
+  // reuse what they return, give the idle cache back, then try once more.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const bool retry = attempt == 1;
+    if (retry) {
       ++stats_.num_alloc_retries;
       ProcessPendingFrees(/*synchronize=*/true);
       CoalesceUnmerged();
-      b = FindSameStream(rounded, pool, stream);
-      if (b == nullptr) b = FindCrossStream(rounded, pool, stream, /*synchronize=*/true);
-      if (b == nullptr) {
-        ReleaseCachedSegments(0);
-        fresh = NewSegment(rounded, pool, stream);
-      }
     }
+    Block* b = FindSameStream(rounded, pool, stream);
+    if (b == nullptr) b = FindCrossStream(rounded, pool, stream, /*synchronize=*/retry);
     if (b == nullptr) {
+      if (!arena_mode()) {
+        const std::size_t release =
+            retry ? 0
+                  : ReleaseBeforeGrowth(
+                        *config_, static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current),
+                        static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].peak),
+                        SegmentSizeFor(rounded), budget_);
+        if (retry || release > 0) ReleaseCachedSegments(release);
+      }
+      absl::StatusOr<Block*> fresh = NewSegment(rounded, pool, stream);
       if (!fresh.ok()) {
         if (!absl::IsResourceExhausted(fresh.status())) return fresh.status();
-        ++stats_.num_ooms;
-        return absl::ResourceExhaustedError(OomMessage(bytes, fresh.status()));
+        cause = fresh.status();
+        continue;
       }
       b = *fresh;
     }
+    if (b->segment->arena) {
+      // Pages the block needs that hold nothing yet must fit the budget.
+      const std::size_t take = ShouldSplit(b->size, rounded, pool, *config_) ? rounded : b->size;
+      if (absl::Status s = MakeRoomForPages(b, take, /*everything=*/retry); !s.ok()) {
+        ReturnBlock(b);  // unchanged: back into its pool
+        // An arena made for this request holds nothing and no work: give
+        // its address range back rather than keep an empty rival to the
+        // populated arenas that the retry should reuse.
+        if (b->prev == nullptr && b->next == nullptr && b->segment->populated_pages == 0) {
+          ReleaseSegment(b->segment);
+        }
+        cause = s;
+        continue;
+      }
+    }
+    void* p = HandOut(b, rounded, bytes, pool, stream);
+    PlaceForAllocation(b, stream, hints);
+    return p;
   }
-  void* p = HandOut(b, rounded, bytes, pool, stream);
-  PlaceForAllocation(b, stream, hints);
-  return p;
+  ++stats_.num_ooms;
+  return absl::ResourceExhaustedError(OomMessage(bytes, cause));
 }
 
 absl::Status DeviceAllocator::DiagnoseBadFree(void* ptr) {
@@ -253,6 +270,7 @@ Block* DeviceAllocator::FindCrossStream(std::size_t rounded, PoolKind pool, Stre
 
 absl::StatusOr<Block*> DeviceAllocator::NewSegment(std::size_t rounded, PoolKind pool,
                                                    Stream stream) {
+  if (arena_mode()) return NewArena(rounded, pool, stream);
   const std::size_t size = SegmentSizeFor(rounded);
   const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
   if (reserved + size > budget_) {
@@ -304,6 +322,7 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
   }
   b->requested = requested;
   b->stream_uses.clear();
+  if (b->segment->arena) AcquirePages(b);
   allocated_[b->addr] = b;
   UpdateStat(stats_.allocation, pool, 1);
   UpdateStat(stats_.allocated_bytes, pool, b->size);
@@ -369,18 +388,25 @@ absl::Status DeviceAllocator::Free(void* ptr) {
     for (Event e : events) pending_.push_back({b, e});
     return absl::OkStatus();
   }
-  UpdateStat(stats_.active, pool, -1);
-  UpdateStat(stats_.active_bytes, pool, -static_cast<std::int64_t>(b->size));
-  OnFreed(b);
-  ReturnBlock(b);
+  BecameFree(b);
+  const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
   const std::size_t excess = ReleaseAfterFree(
-      *config_, static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current),
-      static_cast<std::size_t>(stats_.active_bytes[kAllPools].current));
+      *config_, reserved,
+      arena_mode() ? reserved - static_cast<std::size_t>(stats_.idle_populated_bytes)
+                   : static_cast<std::size_t>(stats_.active_bytes[kAllPools].current));
   if (ABSL_PREDICT_FALSE(excess > 0)) {
     CoalesceUnmerged();
     ReleaseCachedSegments(excess);
   }
   return absl::OkStatus();
+}
+
+void DeviceAllocator::BecameFree(Block* b) {
+  UpdateStat(stats_.active, b->segment->pool, -1);
+  UpdateStat(stats_.active_bytes, b->segment->pool, -static_cast<std::int64_t>(b->size));
+  if (b->segment->arena) ReleasePages(b);
+  OnFreed(b);
+  ReturnBlock(b);
 }
 
 void DeviceAllocator::AbsorbNext(Block* b) {
@@ -445,12 +471,7 @@ void DeviceAllocator::ProcessPendingFrees(bool synchronize) {
     }
     spare_events_.push_back(pf.event);
     Block* b = pf.block;
-    if (--b->pending_events == 0) {
-      UpdateStat(stats_.active, b->segment->pool, -1);
-      UpdateStat(stats_.active_bytes, b->segment->pool, -static_cast<std::int64_t>(b->size));
-      OnFreed(b);
-      ReturnBlock(b);
-    }
+    if (--b->pending_events == 0) BecameFree(b);
   }
   pending_.resize(kept);
 }
@@ -516,6 +537,7 @@ void DeviceAllocator::ResetAccumulatedStats() {
   }
   stats_.num_alloc_retries = stats_.num_ooms = stats_.num_device_alloc = stats_.num_device_free = 0;
   stats_.num_sync_all_streams = stats_.num_cross_stream_reuse = 0;
+  stats_.num_pages_populated = stats_.num_pages_discarded = stats_.discard_calls = 0;
 }
 
 void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
@@ -526,6 +548,8 @@ void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
     s.address = seg->base;
     s.total_size = seg->size;
     s.segment_type = seg->pool == PoolKind::kSmall ? "small" : "large";
+    s.is_arena = seg->arena;
+    s.populated_bytes = seg->arena ? seg->populated_pages * kPageSize : seg->size;
     for (const Block* b = seg->first; b != nullptr; b = b->next) {
       BlockSnapshot bs;
       bs.address = b->addr;

@@ -22,6 +22,7 @@
 #include "backends/backend.h"
 #include "policy/config.h"
 #include "policy/placement_policy.h"
+#include "policy/size_policy.h"
 
 namespace cma {
 
@@ -79,6 +80,9 @@ class DeviceAllocator {
 
  private:
   absl::Status CheckStream(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CheckInvariants for one arena's page maps; adds its idle pages.
+  absl::Status CheckArenaPages(const Segment* seg, std::size_t* idle_pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why `ptr` is not an allocated block: kNotFound (not this device's),
   // double free or interior pointer.
   absl::Status DiagnoseBadFree(void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -104,6 +108,36 @@ class DeviceAllocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> NewSegment(std::size_t rounded, PoolKind pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A block that has stopped being used (its events, if any, completed):
+  // stats, page release, placement, back into its pool.
+  void BecameFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- arena mode (arena.cc) ----
+  bool arena_mode() const { return config_->segments == SegmentMode::kArena; }
+  // A new address range (no physical cost) as one free block of `stream`.
+  absl::StatusOr<Block*> NewArena(std::size_t rounded, PoolKind pool, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes the budget room for the unpopulated pages of the first `bytes` of
+  // free block `b`:
+  // discards idle pages as policy/release_policy.h says (all of them with
+  // `everything`). kResourceExhausted when they still do not fit.
+  absl::Status MakeRoomForPages(const Block* b, std::size_t bytes, bool everything)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a block handed out / given back in its pages' users; pages
+  // populated by the hand-out are left in populate_ for placement.
+  void AcquirePages(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleasePages(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Discards up to `pages` idle pages outside [keep_lo, keep_hi), highest
+  // addresses first, each on the one stream whose free blocks cover it (a
+  // page whose free blocks belong to several streams is left alone).
+  // Returns the pages discarded.
+  std::size_t DiscardIdlePages(std::size_t pages, std::uintptr_t keep_lo = 0,
+                               std::uintptr_t keep_hi = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // discard_on_free in an arena: the idle pages wholly inside `b`.
+  void DiscardPagesInside(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::size_t populated_pages() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current) / kPageSize;
+  }
   void* HandOut(Block* b, std::size_t rounded, std::size_t requested, PoolKind pool,
                 Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts a block whose uses have all completed back into its pool; merging
@@ -120,10 +154,15 @@ class DeviceAllocator {
 
   absl::StatusOr<Event> TakeEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ProcessPendingFrees(bool synchronize) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Frees fully-free segments (largest first until `goal` bytes are
-  // released; all of them when goal is 0) after synchronising their streams.
+  // Gives `goal` bytes of idle cache back (all of it when goal is 0): whole
+  // segments in classic mode, idle pages (stream-ordered discards, no sync)
+  // in arena mode. Returns the bytes released.
   std::size_t ReleaseCachedSegments(std::size_t goal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseSegment(Segment* seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Classic segments and arenas alike: frees the fully-free ones (largest
+  // first, `goal` bytes of address space; all when 0) after synchronising
+  // their streams.
+  std::size_t ReleaseIdleSegments(std::size_t goal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string OomMessage(std::size_t bytes, const absl::Status& cause)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -137,6 +176,9 @@ class DeviceAllocator {
   // segment (which places every small block later carved from it).
   void PrepareSegment(Block* whole, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PlaceForAllocation(Block* b, Stream stream, const AllocationHints* hints)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PlaceArenaBlock(Block* b, Stream stream, Location target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PlaceSegmentBlock(Block* b, Stream stream, Location target)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // At free: withdraws the allocation's advice; with discard_on_free, marks
   // the contents dead on the block's stream.
@@ -163,6 +205,8 @@ class DeviceAllocator {
   std::vector<Event> spare_events_ ABSL_GUARDED_BY(mu_);
   std::vector<Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);
   std::vector<Block*> unmerged_ ABSL_GUARDED_BY(mu_);  // may hold stale entries
+  std::vector<Range> populate_ ABSL_GUARDED_BY(mu_);  // arena pages the last hand-out populated
+  std::size_t idle_pages_ ABSL_GUARDED_BY(mu_) = 0;   // arena pages populated with no users
   Stream last_stream_ ABSL_GUARDED_BY(mu_) = kDefaultStream;  // last validated
   DeviceStats stats_ ABSL_GUARDED_BY(mu_);
 };

@@ -36,9 +36,42 @@ absl::Status Compare(const char* name, const StatArray& s, const std::int64_t (&
 
 }  // namespace
 
+absl::Status DeviceAllocator::CheckArenaPages(const Segment* seg, std::size_t* idle_pages) {
+  const std::size_t pages = seg->size / kPageSize;
+  if (seg->page_users.size() != pages || seg->page_populated.size() != pages) {
+    return Broken(absl::StrFormat("arena %#x page maps do not match its size", seg->base));
+  }
+  // Every block that is not free is one user of each page it touches.
+  std::vector<std::uint32_t> users(pages, 0);
+  for (const Block* b = seg->first; b != nullptr; b = b->next) {
+    if (b->is_free()) continue;
+    for (std::size_t p = seg->PageOf(b->addr); p <= seg->PageOf(b->addr + b->size - 1); ++p) {
+      ++users[p];
+    }
+  }
+  std::size_t populated = 0;
+  for (std::size_t p = 0; p < pages; ++p) {
+    if (users[p] != seg->page_users[p]) {
+      return Broken(absl::StrFormat("arena %#x page %d has %d users, recount %d", seg->base, p,
+                                    seg->page_users[p], users[p]));
+    }
+    if (users[p] != 0 && seg->page_populated[p] == 0) {
+      return Broken(absl::StrFormat("arena %#x page %d is in use but not populated", seg->base, p));
+    }
+    populated += seg->page_populated[p] != 0;
+    if (users[p] == 0 && seg->page_populated[p] != 0) ++*idle_pages;
+  }
+  if (populated != seg->populated_pages) {
+    return Broken(absl::StrFormat("arena %#x counts %d populated pages, recount %d", seg->base,
+                                  seg->populated_pages, populated));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DeviceAllocator::CheckInvariants() {
   MutexLock l(&mu_);
   Recount segments, allocated, requested, active, inactive_split;
+  std::size_t idle_pages = 0;
   std::size_t free_blocks[2] = {0, 0};
   std::size_t allocated_blocks = 0;
   std::uintptr_t previous_end = 0;
@@ -48,7 +81,11 @@ absl::Status DeviceAllocator::CheckInvariants() {
     if (base != seg->base) return Broken("segment map key differs from segment base");
     if (base < previous_end) return Broken(absl::StrFormat("segment %#x overlaps its predecessor", base));
     previous_end = base + seg->size;
-    segments.Add(seg->pool, seg->size);
+    // An arena reserves only its populated pages.
+    segments.Add(seg->pool, seg->arena ? seg->populated_pages * kPageSize : seg->size);
+    if (seg->arena) {
+      if (absl::Status s = CheckArenaPages(seg, &idle_pages); !s.ok()) return s;
+    }
     if (seg->first == nullptr || seg->first->prev != nullptr) {
       return Broken(absl::StrFormat("segment %#x has a bad first block", base));
     }
@@ -96,6 +133,11 @@ absl::Status DeviceAllocator::CheckInvariants() {
   if (allocated_.size() != allocated_blocks) return Broken("allocation map holds blocks that no segment has");
   for (const PendingFree& p : pending_) {
     if (p.block->allocated || p.block->pending_events <= 0) return Broken("pending list names a block not awaiting events");
+  }
+  if (idle_pages != idle_pages_ ||
+      static_cast<std::int64_t>(idle_pages * kPageSize) != stats_.idle_populated_bytes) {
+    return Broken(absl::StrFormat("idle pages: counted %d, recount %d (stat %d bytes)", idle_pages_,
+                                  idle_pages, stats_.idle_populated_bytes));
   }
   if (absl::Status s = Compare("segment", stats_.segment, segments.count); !s.ok()) return s;
   if (absl::Status s = Compare("reserved_bytes", stats_.reserved_bytes, segments.bytes); !s.ok()) return s;

@@ -53,6 +53,35 @@ void DeviceAllocator::PrepareSegment(Block* whole, Stream stream) {
 
 void DeviceAllocator::PlaceForAllocation(Block* b, Stream stream, const AllocationHints* hints) {
   const Location target = Location::Device(device_);
+  if (b->segment->arena) {
+    PlaceArenaBlock(b, stream, target);
+  } else {
+    PlaceSegmentBlock(b, stream, target);
+  }
+  if (ABSL_PREDICT_FALSE(hints != nullptr)) {
+    ApplyAdvice(HintAdvice(*hints), b->ptr(), b->size);
+    b->hints = std::make_unique<AllocationHints>(*hints);
+  }
+}
+
+void DeviceAllocator::PlaceArenaBlock(Block* b, Stream stream, Location target) {
+  // Pages populated by this hand-out go where the block is used; with no
+  // prefetch policy the first touch populates them instead.
+  if (!populate_.empty() && config_->prefetch == PrefetchPolicy::kOnAlloc) {
+    (void)Execute(PlacementAction::kPrefetch, populate_, target, stream);
+  }
+  // Pages already populated stay where their last users put them: only a
+  // block moved elsewhere (a Move to the host, say) is brought back, its
+  // dead contents discarded rather than migrated.
+  if (b->placed && b->location != target && config_->prefetch == PrefetchPolicy::kOnAlloc) {
+    const Range r{b->ptr(), b->size};
+    (void)Execute(PlacementAction::kDiscardAndPrefetch, {&r, 1}, target, stream);
+  }
+  b->placed = config_->prefetch == PrefetchPolicy::kOnAlloc;
+  b->location = target;
+}
+
+void DeviceAllocator::PlaceSegmentBlock(Block* b, Stream stream, Location target) {
   const PlacementAction a = PlanAllocation(*config_, b->placed, b->location, target);
   if (ABSL_PREDICT_FALSE(a != PlacementAction::kNone)) {
     const Range r{b->ptr(), b->size};
@@ -61,14 +90,14 @@ void DeviceAllocator::PlaceForAllocation(Block* b, Stream stream, const Allocati
   } else if (config_->prefetch != PrefetchPolicy::kOnAlloc) {
     b->placed = false;  // its user will put the pages wherever it touches them
   }
-  if (ABSL_PREDICT_FALSE(hints != nullptr)) {
-    ApplyAdvice(HintAdvice(*hints), b->ptr(), b->size);
-    b->hints = std::make_unique<AllocationHints>(*hints);
-  }
 }
 
 void DeviceAllocator::OnFreed(Block* b) {
   if (!config_->discard_on_free) return;
+  if (b->segment->arena) {
+    DiscardPagesInside(b);
+    return;
+  }
   // Ordered on the block's stream after its last use; other streams' uses
   // have completed (their events) by the time we get here.
   const Range r{b->ptr(), b->size};

@@ -12,6 +12,14 @@ namespace cma {
 // ---------------------------------------------------------------- release
 
 std::size_t DeviceAllocator::ReleaseCachedSegments(std::size_t goal) {
+  if (arena_mode()) {
+    const std::size_t pages = goal == 0 ? idle_pages_ : (goal + kPageSize - 1) / kPageSize;
+    return DiscardIdlePages(pages) * kPageSize;
+  }
+  return ReleaseIdleSegments(goal);
+}
+
+std::size_t DeviceAllocator::ReleaseIdleSegments(std::size_t goal) {
   std::vector<Segment*> idle;
   for (auto& [base, seg] : segments_) {
     // Fully free, though possibly in pieces of different streams.
@@ -53,7 +61,15 @@ void DeviceAllocator::ReleaseSegment(Segment* seg) {
     b = next;
   }
   UpdateStat(stats_.segment, seg->pool, -1);
-  UpdateStat(stats_.reserved_bytes, seg->pool, -static_cast<std::int64_t>(seg->size));
+  if (seg->arena) {
+    const std::size_t populated = seg->populated_pages * kPageSize;
+    UpdateStat(stats_.reserved_bytes, seg->pool, -static_cast<std::int64_t>(populated));
+    idle_pages_ -= seg->populated_pages;  // fully free: every populated page is idle
+    stats_.idle_populated_bytes -= static_cast<std::int64_t>(populated);
+    stats_.virtual_bytes -= static_cast<std::int64_t>(seg->size);
+  } else {
+    UpdateStat(stats_.reserved_bytes, seg->pool, -static_cast<std::int64_t>(seg->size));
+  }
   ++stats_.num_device_free;
   segments_.erase(seg->base);
   delete seg;
@@ -64,6 +80,9 @@ absl::Status DeviceAllocator::EmptyCache() {
   ProcessPendingFrees(/*synchronize=*/true);
   CoalesceUnmerged();
   ReleaseCachedSegments(0);
+  // Arenas hold no memory once their idle pages are discarded, but a user
+  // who empties the cache expects the address ranges back too.
+  if (arena_mode()) ReleaseIdleSegments(0);
   return absl::OkStatus();
 }
 

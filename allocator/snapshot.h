@@ -29,6 +29,10 @@ struct SegmentSnapshot {
   std::size_t allocated_size = 0;
   std::size_t requested_size = 0;
   std::string segment_type;  // "small" or "large"
+  // An arena is address space: total_size is its range, populated_bytes the
+  // physical part (the whole segment for a classic one).
+  bool is_arena = false;
+  std::size_t populated_bytes = 0;
   std::vector<BlockSnapshot> blocks;
 };
 

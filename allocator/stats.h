@@ -65,6 +65,13 @@ struct DeviceStats {
   std::int64_t moves = 0;
   std::int64_t num_placement_errors = 0;  // failed prefetch/advise/discard (hints only)
   std::int64_t managed_budget_bytes = 0;
+  // Arena mode: address space reserved (costs nothing physical), idle
+  // populated bytes (wholly free pages still populated), and page discards.
+  std::int64_t virtual_bytes = 0;
+  std::int64_t idle_populated_bytes = 0;
+  std::int64_t num_pages_populated = 0;
+  std::int64_t num_pages_discarded = 0;
+  std::int64_t discard_calls = 0;
 
   // Flattened as PyTorch does: "allocated_bytes.all.current", "num_ooms", ...
   std::map<std::string, std::int64_t> Flatten() const;

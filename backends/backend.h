@@ -129,6 +129,14 @@ class Backend {
   // used to count capacity; the memory itself may migrate anywhere).
   virtual absl::StatusOr<void*> AllocateManaged(int device, std::size_t bytes) = 0;
   virtual absl::Status FreeManaged(void* ptr) = 0;
+  // Managed address space whose pages are populated only when placed or
+  // touched (an arena). On CUDA and HIP this is the same call as
+  // AllocateManaged, which populates nothing either; the host backend
+  // charges its emulated device for populated pages only. Freed with
+  // FreeManaged.
+  virtual absl::StatusOr<void*> ReserveManaged(int device, std::size_t bytes) {
+    return AllocateManaged(device, bytes);
+  }
 
   // ---- placement ----
   virtual absl::Status Advise(void* ptr, std::size_t bytes, Advice advice,

@@ -14,7 +14,7 @@ namespace {
 constexpr absl::string_view kKeys =
     "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, prefetch, "
     "preferred_location, accessed_by, discard_on_free, managed_budget, release_threshold, "
-    "release_before_peak, multicast";
+    "release_before_peak, multicast, segments, arena_size";
 
 absl::Status Bad(absl::string_view key, absl::string_view value, absl::string_view accepted) {
   return absl::InvalidArgumentError(absl::StrCat("CMA_ALLOC_CONF: bad value '", value,
@@ -102,6 +102,17 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view v, AllocatorConfi
     auto f = ParseFlag(key, v);
     if (!f.ok()) return f.status();
     c.multicast = *f;
+  } else if (key == "segments") {
+    if (v == "arena") c.segments = SegmentMode::kArena;
+    else if (v == "classic") c.segments = SegmentMode::kClassic;
+    else return Bad(key, v, "arena, classic");
+  } else if (key == "arena_size") {
+    auto s = ParseSize(v);
+    // At least one 2 MiB page; at most 1 TiB of address space per arena.
+    if (!s.ok() || (*s != 0 && (*s < (std::size_t{2} << 20) || *s > (std::size_t{1} << 40)))) {
+      return Bad(key, v, "0 (the managed budget) or a size from 2M to 1024G");
+    }
+    c.arena_size = *s;
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("CMA_ALLOC_CONF: unknown key '", key, "'; accepted keys: ", kKeys));
@@ -183,6 +194,8 @@ std::string AllocatorConfig::ToString() const {
   }
   if (release_before_peak) parts.push_back("release_before_peak:1");
   if (multicast) parts.push_back("multicast:1");
+  if (segments != d.segments) parts.push_back("segments:classic");
+  if (arena_size) parts.push_back(absl::StrCat("arena_size:", arena_size));
   return absl::StrJoin(parts, ",");
 }
 

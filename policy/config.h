@@ -21,6 +21,15 @@
 //                       0: it trades backend calls and stream syncs in the
 //                       steady state for less reserved memory)
 //   multicast           0 | 1: symmetric mode may use multicast (default 0)
+//   segments            arena | classic (default arena). arena: blocks are
+//                       carved from large managed address ranges whose 2 MiB
+//                       pages are populated when first handed out and
+//                       discarded (stream-ordered) when wholly free and
+//                       needed elsewhere, so reserved_bytes counts populated
+//                       pages. classic: PyTorch-like 2 MiB / 20 MiB segments.
+//   arena_size          size of each arena's address range (default 0: the
+//                       managed budget, so one arena never spans more than
+//                       the device had free)
 // Sizes take an optional K, M or G suffix (powers of 1024).
 //
 // Errors: an unknown key or bad value returns kInvalidArgument naming the key
@@ -41,6 +50,7 @@ namespace cma {
 
 enum class PrefetchPolicy { kNone, kOnAlloc, kOnMove };
 enum class PreferredLocationPolicy { kNone, kDevice, kHost };
+enum class SegmentMode { kArena, kClassic };
 
 struct AllocatorConfig {
   std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
@@ -56,6 +66,8 @@ struct AllocatorConfig {
   std::size_t release_threshold = std::numeric_limits<std::size_t>::max();
   bool release_before_peak = false;
   bool multicast = false;
+  SegmentMode segments = SegmentMode::kArena;
+  std::size_t arena_size = 0;  // 0: the managed budget
 
   // The config back in `key:value` form (only keys that differ from defaults).
   std::string ToString() const;

@@ -23,4 +23,12 @@ std::size_t ReleaseAfterFree(const AllocatorConfig& config, std::size_t reserved
   return idle > config.release_threshold ? idle - config.release_threshold : 0;
 }
 
+std::size_t IdlePagesToDiscard(std::size_t populated_pages, std::size_t idle_pages,
+                               std::size_t new_pages, std::size_t budget_pages) {
+  std::size_t discard = std::min(idle_pages, new_pages);
+  const std::size_t after = populated_pages + new_pages;
+  if (after > budget_pages) discard = std::max(discard, std::min(idle_pages, after - budget_pages));
+  return discard;
+}
+
 }  // namespace cma

@@ -26,6 +26,13 @@ std::size_t ReleaseBeforeGrowth(const AllocatorConfig& config, std::size_t reser
 std::size_t ReleaseAfterFree(const AllocatorConfig& config, std::size_t reserved,
                              std::size_t active);
 
+// Arena mode: how many wholly free but populated pages to discard before
+// `new_pages` pages are populated. Discarding one idle page for every page
+// about to be populated keeps the populated high-water mark at the peak of
+// pages in use; the budget may ask for more. Never more than `idle_pages`.
+std::size_t IdlePagesToDiscard(std::size_t populated_pages, std::size_t idle_pages,
+                               std::size_t new_pages, std::size_t budget_pages);
+
 }  // namespace cma
 
 #endif  // CMA_POLICY_RELEASE_POLICY_H_

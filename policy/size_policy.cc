@@ -31,6 +31,7 @@ std::size_t SegmentSizeFor(std::size_t rounded) {
 
 bool CanServe(std::size_t block_size, std::size_t rounded, const AllocatorConfig& config) {
   if (block_size < rounded) return false;
+  if (config.segments == SegmentMode::kArena) return true;
   if (rounded < config.max_split_size && block_size >= config.max_split_size) return false;
   if (rounded >= config.max_split_size && block_size >= rounded + kLargeSegment) return false;
   return true;
@@ -39,6 +40,7 @@ bool CanServe(std::size_t block_size, std::size_t rounded, const AllocatorConfig
 bool ShouldSplit(std::size_t block_size, std::size_t rounded, PoolKind pool,
                  const AllocatorConfig& config) {
   const std::size_t remaining = block_size - rounded;
+  if (config.segments == SegmentMode::kArena) return remaining >= kMinBlockSize;
   if (pool == PoolKind::kSmall) return remaining >= kMinBlockSize;
   return rounded < config.max_split_size && remaining > kSmallSize;
 }

@@ -17,6 +17,8 @@ inline constexpr std::size_t kSmallSegment = std::size_t{2} << 20;
 inline constexpr std::size_t kLargeSegment = std::size_t{20} << 20;
 inline constexpr std::size_t kMinLargeAlloc = std::size_t{10} << 20;
 inline constexpr std::size_t kLargeRounding = std::size_t{2} << 20;
+// Arena mode: the physical unit, populated and discarded whole.
+inline constexpr std::size_t kPageSize = std::size_t{2} << 20;
 
 enum class PoolKind { kSmall = 0, kLarge = 1 };
 
@@ -32,11 +34,13 @@ std::size_t SegmentSizeFor(std::size_t rounded);
 
 // Whether a cached free block of `block_size` may be handed out for a
 // rounded request of `rounded` bytes: blocks at least max_split_size long are
-// only reused for requests that waste little of them.
+// only reused for requests that waste little of them (classic segments only:
+// in an arena, splitting costs nothing physical, since wholly free pages are
+// given back).
 bool CanServe(std::size_t block_size, std::size_t rounded, const AllocatorConfig& config);
 
 // Whether serving `rounded` bytes from a block of `block_size` should split
-// off the remainder as a new free block.
+// off the remainder as a new free block (always, in an arena).
 bool ShouldSplit(std::size_t block_size, std::size_t rounded, PoolKind pool,
                  const AllocatorConfig& config);
 

@@ -20,6 +20,7 @@ TEST_F(AllocatorTest, AllocatedMemoryIsWritable) {
 }
 
 TEST_F(AllocatorTest, SmallRequestsShareOneTwoMiBSegment) {
+  Make({}, "segments:classic");
   void* a = Alloc(1000);
   void* b = Alloc(3000);
   DeviceStats s = Stats();
@@ -34,6 +35,7 @@ TEST_F(AllocatorTest, SmallRequestsShareOneTwoMiBSegment) {
 }
 
 TEST_F(AllocatorTest, LargeRequestsUseTwentyMiBSegments) {
+  Make({}, "segments:classic");
   void* a = Alloc(3 << 20);
   DeviceStats s = Stats();
   EXPECT_EQ(s.segment[kLargePool].current, 1);
@@ -45,6 +47,7 @@ TEST_F(AllocatorTest, LargeRequestsUseTwentyMiBSegments) {
 }
 
 TEST_F(AllocatorTest, HugeRequestsGetExactSegments) {
+  Make({}, "segments:classic");
   void* a = Alloc((64 << 20) + 1);
   EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 66 << 20);
   alloc_->Free(a).IgnoreError();
@@ -63,6 +66,7 @@ TEST_F(AllocatorTest, SteadyStateMakesNoBackendCall) {
 }
 
 TEST_F(AllocatorTest, FreedBlocksMergeBackIntoOneBlock) {
+  Make({}, "segments:classic");
   // Three blocks fill one 2 MiB small segment exactly.
   void* a = Alloc(512 << 10);
   void* b = Alloc(512 << 10);
@@ -121,7 +125,7 @@ TEST_F(AllocatorTest, SmallAndLargePoolsNeverMix) {
 }
 
 TEST_F(AllocatorTest, MaxSplitSizeKeepsOversizeBlocksWhole) {
-  Make({}, "max_split_size_mb:32,release_before_peak:0");
+  Make({}, "max_split_size_mb:32,release_before_peak:0,segments:classic");
   void* big = Alloc(40 << 20);
   alloc_->Free(big).IgnoreError();
   // A 2 MiB request may not carve the 40 MiB block.
@@ -181,6 +185,10 @@ TEST_F(StreamTest, SameStreamReusesAtOnceEvenWithPendingWork) {
 }
 
 TEST_F(StreamTest, OtherStreamWaitsForPendingWork) {
+  Make({.device_count = 2, .device_capacity = std::size_t{1} << 30, .manual_completion = true},
+       "release_before_peak:0,segments:classic");
+  s1_ = *backend_->CreateStream(0);
+  s2_ = *backend_->CreateStream(0);
   void* p = Alloc(4096, 0, s1_);
   ASSERT_TRUE(backend_->EnqueueWork(s1_).ok());
   ASSERT_TRUE(alloc_->Free(p).ok());
@@ -273,7 +281,7 @@ TEST_F(StreamTest, FreeBlocksOfTwoStreamsDoNotMerge) {
 
 TEST_F(StreamTest, ReleaseBeforePeakWaitsForQueuedWork) {
   Make({.device_count = 2, .device_capacity = std::size_t{1} << 30, .manual_completion = true},
-       "release_before_peak:1");
+       "release_before_peak:1,segments:classic");
   s1_ = *backend_->CreateStream(0);
   s2_ = *backend_->CreateStream(0);
   void* p = Alloc(4096, 0, s1_);
@@ -314,7 +322,7 @@ TEST_F(StreamTest, RecordStreamWithBadStreamChangesNothing) {
 // ---------------------------------------------------------------- OOM
 
 TEST_F(AllocatorTest, ReleaseBeforePeakGivesBackIdleSegments) {
-  Make({}, "release_before_peak:1");
+  Make({}, "release_before_peak:1,segments:classic");
   void* a = Alloc(40 << 20);
   ASSERT_TRUE(alloc_->Free(a).ok());
   // A larger request would raise the high-water mark: the idle 40 MiB go first.
@@ -331,7 +339,7 @@ TEST_F(AllocatorTest, ReleaseBeforePeakGivesBackIdleSegments) {
 }
 
 TEST_F(AllocatorTest, OomReleasesCacheAndRetries) {
-  Make({.device_count = 1, .device_capacity = 64 << 20}, "release_before_peak:0");
+  Make({.device_count = 1, .device_capacity = 64 << 20}, "release_before_peak:0,segments:classic");
   void* a = Alloc(40 << 20);
   ASSERT_TRUE(alloc_->Free(a).ok());
   // 40 MiB sit in the cache; 50 MiB need it back.
@@ -377,7 +385,7 @@ TEST_F(AllocatorTest, BudgetDefaultsToFreeMemoryAtStart) {
 }
 
 TEST_F(AllocatorTest, OomWaitsForPendingFreesBeforeFailing) {
-  Make({.device_count = 1, .device_capacity = 64 << 20, .manual_completion = true});
+  Make({.device_count = 1, .device_capacity = 64 << 20, .manual_completion = true}, "segments:classic");
   Stream s1 = *backend_->CreateStream(0), s2 = *backend_->CreateStream(0);
   void* a = Alloc(40 << 20, 0, s1);
   ASSERT_TRUE(alloc_->RecordStream(a, s2).ok());
@@ -494,6 +502,7 @@ TEST_F(AllocatorTest, BadConfigIsRejectedAtCreate) {
 // ---------------------------------------------------------------- stats, cache
 
 TEST_F(AllocatorTest, StatsFollowPyTorchSemantics) {
+  Make({}, "segments:classic");
   void* a = Alloc(1000);
   void* b = Alloc(3 << 20);
   DeviceStats s = Stats();
@@ -530,6 +539,7 @@ TEST_F(AllocatorTest, ResetPeakAndAccumulated) {
 }
 
 TEST_F(AllocatorTest, EmptyCacheReleasesOnlyFullyFreeSegments) {
+  Make({}, "segments:classic");
   void* a = Alloc(4096);         // small segment stays: a is live
   void* b = Alloc(3 << 20);      // large segment goes after free
   alloc_->Free(b).IgnoreError();

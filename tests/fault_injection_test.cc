@@ -83,9 +83,14 @@ std::int64_t CountCalls(const std::function<void(Env&)>& run) {
   return env.faulty.Calls(FaultKind::kAny);
 }
 
-void RunCaching(Env& env, const FaultPlan& plan, const std::string& what) {
+// Both segment modes: the scenario's calls differ between them.
+constexpr const char* kCachingConfigs[] = {"release_threshold:64M",
+                                           "release_threshold:64M,segments:classic"};
+
+void RunCaching(Env& env, const FaultPlan& plan, const std::string& what,
+                const char* config = kCachingConfigs[0]) {
   SCOPED_TRACE(what);
-  auto a = CachingManagedAllocator::Create(env.faulty, "release_threshold:64M");
+  auto a = CachingManagedAllocator::Create(env.faulty, config);
   ASSERT_TRUE(a.ok()) << a.status();
   env.faulty.SetPlan(plan);
   std::vector<std::string> errors;
@@ -105,21 +110,26 @@ void RunCaching(Env& env, const FaultPlan& plan, const std::string& what) {
 }
 
 TEST(FaultInjectionTest, EveryCallOfTheCachingScenarioMayFail) {
-  const std::int64_t total = CountCalls([](Env& env) {
-    auto a = CachingManagedAllocator::Create(env.faulty, "release_threshold:64M");
-    std::vector<std::string> errors;
-    env.faulty.SetPlan({});
-    CachingScenario(env, **a, errors);
-    EXPECT_TRUE(errors.empty()) << errors[0];
-    EXPECT_GE((*a)->GetStats().num_alloc_retries, 1);  // the scenario reaches the OOM path
-  });
-  ASSERT_GT(total, 20);
-  for (std::int64_t n = 1; n <= total; ++n) {
-    Env env;
-    FaultPlan plan;
-    plan.fail_nth = n;
-    RunCaching(env, plan, absl::StrCat("fail call ", n, " of ", total));
-    EXPECT_EQ(env.faulty.Injected(), 0);  // counters were reset by the final SetPlan
+  for (const char* config : kCachingConfigs) {
+    SCOPED_TRACE(config);
+    const std::int64_t total = CountCalls([config](Env& env) {
+      auto a = CachingManagedAllocator::Create(env.faulty, config);
+      std::vector<std::string> errors;
+      env.faulty.SetPlan({});
+      CachingScenario(env, **a, errors);
+      EXPECT_TRUE(errors.empty()) << errors[0];
+      // The scenario reaches the OOM path (arena: the idle pages it discards).
+      const DeviceStats s = (*a)->GetStats();
+      EXPECT_GE(s.num_alloc_retries + s.num_pages_discarded, 1);
+    });
+    ASSERT_GT(total, 20);
+    for (std::int64_t n = 1; n <= total; ++n) {
+      Env env;
+      FaultPlan plan;
+      plan.fail_nth = n;
+      RunCaching(env, plan, absl::StrCat("fail call ", n, " of ", total), config);
+      EXPECT_EQ(env.faulty.Injected(), 0);  // counters were reset by the final SetPlan
+    }
   }
 }
 

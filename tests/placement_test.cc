@@ -196,7 +196,7 @@ TEST_F(PlacementTest, PrefetchOnMoveOnlyMovesOnRequest) {
 }
 
 TEST_F(PlacementTest, ConfigAdviceOnEveryNewSegment) {
-  Remake("preferred_location:device,accessed_by:all,prefetch:none");
+  Remake("preferred_location:device,accessed_by:all,prefetch:none,segments:classic");
   void* a = Alloc(4096, 1);
   auto r = Take();
   ASSERT_EQ(r.size(), 3u);
@@ -313,7 +313,7 @@ TEST_F(PlacementTest, DiscardWaitsForOtherStreams) {
 }
 
 TEST_F(PlacementTest, ReleaseThresholdReturnsIdleMemory) {
-  Remake("release_threshold:0");
+  Remake("release_threshold:0,segments:classic");
   void* a = Alloc(30 << 20, 0, s_);
   ASSERT_TRUE(alloc_->Free(a).ok());
   EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 0);
@@ -322,7 +322,7 @@ TEST_F(PlacementTest, ReleaseThresholdReturnsIdleMemory) {
 
 TEST_F(PlacementTest, GarbageCollectionThresholdKeepsReservedUnderTheMark) {
   Make({.device_count = 1, .device_capacity = 100 << 20},
-       "garbage_collection_threshold:0.5,release_before_peak:0");
+       "garbage_collection_threshold:0.5,release_before_peak:0,segments:classic");
   void* a = Alloc(30 << 20);
   ASSERT_TRUE(alloc_->Free(a).ok());
   void* b = Alloc(40 << 20);  // 30 + 40 > 50: the idle 30 MiB go first

@@ -56,8 +56,9 @@ TEST_F(ReplayTest, KvCacheTwoStreamsReplaysCleanly) {
 TEST_F(ReplayTest, CachingWithoutReleaseMakesFewerBackendCalls) {
   auto ops = ReadTrace("bench/traces/resnet50_train.csv.gz");
   ASSERT_TRUE(ops.ok());
+  Make({}, "segments:classic");
   auto keep_all = Replay(*alloc_, 0, *ops, "resnet50");
-  Make({}, "release_before_peak:1");
+  Make({}, "release_before_peak:1,segments:classic");
   auto with_release = Replay(*alloc_, 0, *ops, "resnet50");
   ASSERT_TRUE(with_release.ok() && keep_all.ok());
   EXPECT_LT(keep_all->backend_allocs, with_release->backend_allocs);

@@ -39,6 +39,7 @@ TEST(SizePolicyTest, SegmentSizes) {
 
 TEST(SizePolicyTest, SplitRules) {
   AllocatorConfig c;
+  c.segments = SegmentMode::kClassic;
   EXPECT_TRUE(ShouldSplit(kSmallSegment, 512, PoolKind::kSmall, c));
   EXPECT_FALSE(ShouldSplit(1024, 1024, PoolKind::kSmall, c));
   EXPECT_TRUE(ShouldSplit(kLargeSegment, 2u << 20, PoolKind::kLarge, c));
@@ -48,6 +49,7 @@ TEST(SizePolicyTest, SplitRules) {
 
 TEST(SizePolicyTest, MaxSplitSizeStopsSplittingAndLimitsWaste) {
   AllocatorConfig c;
+  c.segments = SegmentMode::kClassic;
   c.max_split_size = 64u << 20;
   EXPECT_FALSE(ShouldSplit(128u << 20, 64u << 20, PoolKind::kLarge, c));
   // A small request may not take an oversize block.
@@ -55,6 +57,28 @@ TEST(SizePolicyTest, MaxSplitSizeStopsSplittingAndLimitsWaste) {
   // An oversize request may take an oversize block that wastes < 20 MiB.
   EXPECT_TRUE(CanServe(80u << 20, 70u << 20, c));
   EXPECT_FALSE(CanServe(100u << 20, 70u << 20, c));
+}
+
+TEST(SizePolicyTest, ArenaAlwaysSplitsAndIgnoresMaxSplitSize) {
+  AllocatorConfig c;  // arena by default
+  c.max_split_size = 32u << 20;
+  EXPECT_TRUE(ShouldSplit(3u << 20, 2u << 20, PoolKind::kLarge, c));
+  EXPECT_TRUE(ShouldSplit(128u << 20, 64u << 20, PoolKind::kLarge, c));
+  EXPECT_FALSE(ShouldSplit(4096, 4096, PoolKind::kLarge, c));
+  EXPECT_TRUE(CanServe(1u << 30, 2u << 20, c));
+  EXPECT_FALSE(CanServe(1u << 20, 2u << 20, c));
+}
+
+TEST(ReleasePolicyTest, ArenaDiscardsOneIdlePageForEachNewOne) {
+  // Keeps the populated high-water mark at the peak of pages in use.
+  EXPECT_EQ(IdlePagesToDiscard(/*populated=*/10, /*idle=*/4, /*new=*/3, /*budget=*/100), 3u);
+  EXPECT_EQ(IdlePagesToDiscard(10, 2, 3, 100), 2u);  // never more than are idle
+  EXPECT_EQ(IdlePagesToDiscard(10, 0, 3, 100), 0u);
+  // The budget may ask for more: 10 + 5 > 12 needs 3, only 1 is new-for-old.
+  EXPECT_EQ(IdlePagesToDiscard(10, 6, 1, 12), 1u);
+  EXPECT_EQ(IdlePagesToDiscard(10, 6, 5, 12), 5u);
+  EXPECT_EQ(IdlePagesToDiscard(12, 6, 4, 12), 4u);
+  EXPECT_EQ(IdlePagesToDiscard(12, 2, 4, 12), 2u);
 }
 
 TEST(SizePolicyTest, CanServeNeedsEnoughBytes) {

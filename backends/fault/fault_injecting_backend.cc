@@ -68,6 +68,10 @@ absl::StatusOr<void*> FaultInjectingBackend::AllocateManaged(int device, std::si
   CMA_FAULT(kAllocation, "AllocateManaged");
   return inner_.AllocateManaged(device, bytes);
 }
+absl::StatusOr<void*> FaultInjectingBackend::ReserveManaged(int device, std::size_t bytes) {
+  CMA_FAULT(kAllocation, "ReserveManaged");
+  return inner_.ReserveManaged(device, bytes);
+}
 absl::Status FaultInjectingBackend::FreeManaged(void* ptr) {
   CMA_FAULT(kFree, "FreeManaged");
   return inner_.FreeManaged(ptr);

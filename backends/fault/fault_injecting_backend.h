@@ -25,7 +25,7 @@ namespace cma {
 
 enum class FaultKind {
   kAny = 0,
-  kAllocation,  // AllocateManaged, VmmCreate
+  kAllocation,  // AllocateManaged, ReserveManaged, VmmCreate
   kFree,        // FreeManaged, VmmRelease
   kEventRecord,
   kEventQuery,  // QueryEvent, SynchronizeEvent
@@ -64,6 +64,7 @@ class FaultInjectingBackend final : public Backend {
   absl::StatusOr<MemInfo> GetMemInfo(int device) override;
   absl::StatusOr<void*> AllocateManaged(int device, std::size_t bytes) override;
   absl::Status FreeManaged(void* ptr) override;
+  absl::StatusOr<void*> ReserveManaged(int device, std::size_t bytes) override;
   absl::Status Advise(void* ptr, std::size_t bytes, Advice advice, Location location) override;
   absl::Status Prefetch(void* ptr, std::size_t bytes, Location location, Stream stream) override;
   absl::Status PrefetchBatch(absl::Span<const Range> ranges, Location location,

@@ -14,6 +14,10 @@
 namespace cma {
 namespace {
 
+// The granularity at which reserved managed memory is populated, as the
+// allocator's arenas (and CUDA's large pages) count it.
+constexpr std::size_t kHostPage = std::size_t{2} << 20;
+
 absl::Status Errno(const char* call) {
   return absl::InternalError(absl::StrFormat("%s failed: %s", call, std::strerror(errno)));
 }
@@ -124,6 +128,49 @@ absl::StatusOr<void*> HostBackend::AllocateManaged(int device, std::size_t bytes
   return p;
 }
 
+absl::StatusOr<void*> HostBackend::ReserveManaged(int device, std::size_t bytes) {
+  MutexLock l(&mu_);
+  Count("ReserveManaged");
+  if (auto s = CheckDevice(device); !s.ok()) return s;
+  if (bytes == 0) return absl::InvalidArgumentError("ReserveManaged: size 0");
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("ReserveManaged: mmap of %d bytes failed: %s", bytes, strerror(errno)));
+  }
+  ManagedAllocation a{device, bytes, {}};
+  a.reserved = true;
+  a.page_device.assign((bytes + kHostPage - 1) / kHostPage, -1);
+  managed_[reinterpret_cast<std::uintptr_t>(p)] = std::move(a);
+  return p;
+}
+
+absl::Status HostBackend::PopulatePages(ManagedAllocation& a, std::uintptr_t base,
+                                        const Range& r, PlacementRecord::Op op,
+                                        Location location) {
+  const auto lo = reinterpret_cast<std::uintptr_t>(r.ptr) - base;
+  const std::size_t hi = lo + r.bytes;
+  if (op == PlacementRecord::Op::kDiscard || location.is_host()) {
+    // Only wholly covered pages leave the device.
+    for (std::size_t p = (lo + kHostPage - 1) / kHostPage; p < hi / kHostPage; ++p) {
+      if (a.page_device[p] >= 0) used_[a.page_device[p]] -= kHostPage;
+      a.page_device[p] = -1;
+    }
+    return absl::OkStatus();
+  }
+  // As on a GPU, placing pages past the capacity oversubscribes rather than
+  // fails (the driver would evict others): GetMemInfo then reports none free.
+  const int d = location.device;
+  for (std::size_t p = lo / kHostPage; p <= (hi - 1) / kHostPage; ++p) {
+    if (a.page_device[p] == d) continue;
+    if (a.page_device[p] >= 0) used_[a.page_device[p]] -= kHostPage;
+    a.page_device[p] = d;
+    used_[d] += kHostPage;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status HostBackend::FreeManaged(void* ptr) {
   MutexLock l(&mu_);
   Count("FreeManaged");
@@ -133,7 +180,13 @@ absl::Status HostBackend::FreeManaged(void* ptr) {
         absl::StrFormat("FreeManaged: %p is not a managed allocation of this backend", ptr));
   }
   if (munmap(ptr, it->second.bytes) != 0) return Errno("munmap");
-  used_[it->second.device] -= it->second.bytes;
+  if (it->second.reserved) {
+    for (int d : it->second.page_device) {
+      if (d >= 0) used_[d] -= kHostPage;
+    }
+  } else {
+    used_[it->second.device] -= it->second.bytes;
+  }
   managed_.erase(it);
   return absl::OkStatus();
 }
@@ -210,6 +263,12 @@ absl::Status HostBackend::Place(PlacementRecord::Op op, absl::Span<const Range> 
   }
   if (auto st = FindStream(stream); !st.ok()) return st.status();
   for (const Range& r : ranges) {
+    auto it = --managed_.upper_bound(reinterpret_cast<std::uintptr_t>(r.ptr));
+    if (it->second.reserved) {
+      if (auto s = PopulatePages(it->second, it->first, r, op, location); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(call, ": ", s.message()));
+      }
+    }
     if (op != PlacementRecord::Op::kDiscard) {
       auto a = FindManaged(r.ptr, r.bytes);
       (*a)->attributes.has_last_prefetch = true;

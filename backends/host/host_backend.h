@@ -85,6 +85,12 @@ class HostBackend final : public Backend {
 
   absl::StatusOr<void*> AllocateManaged(int device, std::size_t bytes) override;
   absl::Status FreeManaged(void* ptr) override;
+  // Charges nothing until pages are placed on a device: a prefetch (or
+  // discard-and-prefetch) to device d populates the 2 MiB pages it touches
+  // there (past d's capacity it oversubscribes, as a GPU would, rather than
+  // fail); a prefetch to the host or a discard gives wholly covered pages
+  // back. GetMemInfo counts them.
+  absl::StatusOr<void*> ReserveManaged(int device, std::size_t bytes) override;
 
   absl::Status Advise(void* ptr, std::size_t bytes, Advice advice, Location location) override;
   absl::Status Prefetch(void* ptr, std::size_t bytes, Location location, Stream stream) override;
@@ -160,7 +166,15 @@ class HostBackend final : public Backend {
     int device;
     std::size_t bytes;
     RangeAttributes attributes;
+    // ReserveManaged only: per 2 MiB page, the device it is populated on
+    // (-1: not on any device).
+    bool reserved = false;
+    std::vector<int> page_device;
   };
+  // Populates or gives back the pages of a reserved allocation.
+  absl::Status PopulatePages(ManagedAllocation& a, std::uintptr_t base, const Range& r,
+                             PlacementRecord::Op op, Location location)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct PhysicalMemory {
     int fd;  // -1 once released
     std::size_t bytes;
@@ -192,7 +206,7 @@ class HostBackend final : public Backend {
   const HostBackendOptions options_;
   mutable absl::Mutex mu_;
   std::vector<std::size_t> capacity_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::size_t> used_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::size_t> used_ ABSL_GUARDED_BY(mu_);  // AllocateManaged + populated pages
   std::map<std::uintptr_t, ManagedAllocation> managed_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Stream, StreamState> streams_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Event, EventState> events_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,227 @@
+// DeviceAllocator's arena mode: blocks carved from large managed address
+// ranges whose kPageSize pages are the physical unit. A page is populated
+// when a block on it is first handed out and discarded, ordered on the
+// stream that last used it, when it is wholly free and its memory is wanted
+// for another page; no arena is freed and no stream is synchronised in the
+// steady state. reserved_bytes counts populated pages.
+#include <algorithm>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
+#include "allocator/device_allocator.h"
+#include "allocator/format.h"
+#include "policy/release_policy.h"
+
+namespace cma {
+
+absl::StatusOr<Block*> DeviceAllocator::NewArena(std::size_t rounded, PoolKind pool,
+                                                 Stream stream) {
+  const std::size_t wanted = config_->arena_size != 0 ? config_->arena_size : budget_;
+  const std::size_t round = (std::max(wanted, rounded) + kPageSize - 1) / kPageSize * kPageSize;
+  // A request larger than the budget cannot be populated anyway.
+  if (rounded > budget_) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s exceeds the managed budget of device %d (%s)", FormatBytes(rounded), device_,
+        FormatBytes(budget_)));
+  }
+  absl::StatusOr<void*> mem = backend_->ReserveManaged(device_, round);
+  if (!mem.ok()) return mem.status();
+  auto* seg = new Segment;
+  seg->base = reinterpret_cast<std::uintptr_t>(*mem);
+  seg->size = round;
+  seg->pool = pool;
+  seg->arena = true;
+  seg->page_users.assign(round / kPageSize, 0);
+  seg->page_populated.assign(round / kPageSize, 0);
+  Block* b = NewBlock();
+  b->addr = seg->base;
+  b->size = round;
+  b->stream = stream;
+  b->segment = seg;
+  seg->first = b;
+  segments_[seg->base] = seg;
+  UpdateStat(stats_.segment, pool, 1);
+  stats_.virtual_bytes += static_cast<std::int64_t>(round);
+  ++stats_.num_device_alloc;
+  // Config advice once for the whole range; pages are placed as populated.
+  ApplyAdvice(SegmentAdvice(*config_, device_, device_count_), b->ptr(), b->size);
+  return b;
+}
+
+absl::Status DeviceAllocator::MakeRoomForPages(const Block* b, std::size_t bytes,
+                                               bool everything) {
+  const Segment* seg = b->segment;
+  const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + bytes - 1);
+  std::size_t fresh = 0;
+  for (std::size_t p = first; p <= last; ++p) fresh += seg->page_populated[p] == 0;
+  if (fresh == 0) return absl::OkStatus();
+  const std::size_t budget_pages = budget_ / kPageSize;
+  const std::size_t keep_lo = seg->base + first * kPageSize;
+  const std::size_t keep_hi = seg->base + (last + 1) * kPageSize;
+  std::size_t discard = everything ? idle_pages_
+                                   : IdlePagesToDiscard(populated_pages(), idle_pages_, fresh,
+                                                        budget_pages);
+  if (discard > 0) DiscardIdlePages(discard, keep_lo, keep_hi);
+  if (populated_pages() + fresh > budget_pages) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "populating %s more would exceed the managed budget of device %d (%s populated of %s)",
+        FormatBytes(fresh * kPageSize), device_, FormatBytes(populated_pages() * kPageSize),
+        FormatBytes(budget_)));
+  }
+  return absl::OkStatus();
+}
+
+void DeviceAllocator::AcquirePages(Block* b) {
+  Segment* seg = b->segment;
+  const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + b->size - 1);
+  populate_.clear();
+  std::size_t fresh = 0, reused_idle = 0;
+  for (std::size_t p = first; p <= last; ++p) {
+    if (seg->page_users[p]++ != 0) continue;
+    if (seg->page_populated[p] != 0) {
+      ++reused_idle;
+      continue;
+    }
+    seg->page_populated[p] = 1;
+    ++fresh;
+    void* page = reinterpret_cast<void*>(seg->base + p * kPageSize);
+    if (!populate_.empty() &&
+        static_cast<char*>(populate_.back().ptr) + populate_.back().bytes == page) {
+      populate_.back().bytes += kPageSize;
+    } else {
+      populate_.push_back({page, kPageSize});
+    }
+  }
+  idle_pages_ -= reused_idle;
+  stats_.idle_populated_bytes -= static_cast<std::int64_t>(reused_idle * kPageSize);
+  if (fresh != 0) {
+    seg->populated_pages += fresh;
+    stats_.num_pages_populated += static_cast<std::int64_t>(fresh);
+    UpdateStat(stats_.reserved_bytes, seg->pool, static_cast<std::int64_t>(fresh * kPageSize));
+  }
+}
+
+void DeviceAllocator::ReleasePages(Block* b) {
+  Segment* seg = b->segment;
+  const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + b->size - 1);
+  std::size_t idle = 0;
+  for (std::size_t p = first; p <= last; ++p) {
+    if (--seg->page_users[p] == 0 && seg->page_populated[p] != 0) ++idle;
+  }
+  idle_pages_ += idle;
+  stats_.idle_populated_bytes += static_cast<std::int64_t>(idle * kPageSize);
+}
+
+std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t keep_lo,
+                                              std::uintptr_t keep_hi) {
+  if (pages == 0 || idle_pages_ == 0) return 0;
+  // Candidates in address order: (segment, page, stream of its free blocks).
+  struct Candidate {
+    Segment* seg;
+    std::size_t page;
+    Stream stream;
+    bool mixed;
+  };
+  std::vector<Candidate> candidates;
+  for (auto& [base, seg] : segments_) {
+    if (!seg->arena || seg->populated_pages == 0) continue;
+    for (const Block* b = seg->first; b != nullptr; b = b->next) {
+      if (!b->is_free()) continue;  // its pages have users
+      const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + b->size - 1);
+      for (std::size_t p = first; p <= last; ++p) {
+        if (seg->page_users[p] != 0 || seg->page_populated[p] == 0) continue;
+        const std::uintptr_t page_addr = seg->base + p * kPageSize;
+        if (page_addr >= keep_lo && page_addr < keep_hi) continue;
+        if (!candidates.empty() && candidates.back().seg == seg && candidates.back().page == p) {
+          // A later free block on the same page: the discard must be ordered
+          // after every stream's last use, so mixed pages stay populated.
+          if (candidates.back().stream != b->stream) candidates.back().mixed = true;
+          continue;
+        }
+        candidates.push_back({seg, p, b->stream, false});
+      }
+    }
+  }
+  // Highest addresses first: best fit takes the lowest address among equal
+  // sizes, so the high end is the least likely to be wanted again soon.
+  absl::flat_hash_map<Stream, std::vector<Range>> by_stream;
+  std::vector<const Candidate*> chosen;
+  for (auto it = candidates.rbegin(); it != candidates.rend() && chosen.size() < pages; ++it) {
+    if (it->mixed) continue;
+    chosen.push_back(&*it);
+    void* page = reinterpret_cast<void*>(it->seg->base + it->page * kPageSize);
+    std::vector<Range>& ranges = by_stream[it->stream];
+    // Walking downwards: extend the previous range at its front.
+    if (!ranges.empty() && static_cast<char*>(page) + kPageSize == ranges.back().ptr) {
+      ranges.back().ptr = page;
+      ranges.back().bytes += kPageSize;
+    } else {
+      ranges.push_back({page, kPageSize});
+    }
+  }
+  absl::flat_hash_map<Stream, bool> discarded;
+  for (auto& [stream, ranges] : by_stream) {
+    const bool ok = backend_->DiscardBatch(ranges, stream).ok();
+    discarded[stream] = ok;
+    if (ok) {
+      ++stats_.discard_calls;
+    } else {
+      ++stats_.num_placement_errors;  // the pages stay populated and valid
+    }
+  }
+  std::size_t done = 0;
+  for (const Candidate* c : chosen) {
+    if (!discarded[c->stream]) continue;
+    c->seg->page_populated[c->page] = 0;
+    --c->seg->populated_pages;
+    UpdateStat(stats_.reserved_bytes, c->seg->pool, -static_cast<std::int64_t>(kPageSize));
+    ++done;
+  }
+  idle_pages_ -= done;
+  stats_.idle_populated_bytes -= static_cast<std::int64_t>(done * kPageSize);
+  stats_.num_pages_discarded += static_cast<std::int64_t>(done);
+  stats_.discarded_bytes += static_cast<std::int64_t>(done * kPageSize);
+  return done;
+}
+
+void DeviceAllocator::DiscardPagesInside(Block* b) {
+  // Only pages that lie wholly inside the block: its own stream is then the
+  // only one whose work can still touch them.
+  Segment* seg = b->segment;
+  const std::size_t first = (b->addr - seg->base + kPageSize - 1) / kPageSize;
+  const std::size_t end = (b->addr + b->size - seg->base) / kPageSize;
+  std::vector<Range> ranges;
+  std::size_t pages = 0;
+  for (std::size_t p = first; p < end; ++p) {
+    if (seg->page_users[p] != 0 || seg->page_populated[p] == 0) continue;
+    void* page = reinterpret_cast<void*>(seg->base + p * kPageSize);
+    if (!ranges.empty() && static_cast<char*>(ranges.back().ptr) + ranges.back().bytes == page) {
+      ranges.back().bytes += kPageSize;
+    } else {
+      ranges.push_back({page, kPageSize});
+    }
+    ++pages;
+  }
+  if (pages == 0) return;
+  if (!backend_->DiscardBatch(ranges, b->stream).ok()) {
+    ++stats_.num_placement_errors;
+    return;
+  }
+  for (const Range& r : ranges) {
+    for (std::size_t p = seg->PageOf(reinterpret_cast<std::uintptr_t>(r.ptr)),
+                     n = r.bytes / kPageSize;
+         n > 0; ++p, --n) {
+      seg->page_populated[p] = 0;
+    }
+  }
+  seg->populated_pages -= pages;
+  UpdateStat(stats_.reserved_bytes, seg->pool, -static_cast<std::int64_t>(pages * kPageSize));
+  idle_pages_ -= pages;
+  stats_.idle_populated_bytes -= static_cast<std::int64_t>(pages * kPageSize);
+  stats_.num_pages_discarded += static_cast<std::int64_t>(pages);
+  stats_.discarded_bytes += static_cast<std::int64_t>(pages * kPageSize);
+  ++stats_.discard_calls;
+}
+
+}  // namespace cma
