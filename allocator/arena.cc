@@ -32,8 +32,7 @@ absl::StatusOr<Block*> DeviceAllocator::NewArena(std::size_t rounded, PoolKind p
   seg->size = round;
   seg->pool = pool;
   seg->arena = true;
-  seg->page_users.assign(round / kPageSize, 0);
-  seg->page_populated.assign(round / kPageSize, 0);
+  seg->pages = PageMap(round / kPageSize);
   Block* b = NewBlock();
   b->addr = seg->base;
   b->size = round;
@@ -53,15 +52,22 @@ absl::Status DeviceAllocator::MakeRoomForPages(const Block* b, std::size_t bytes
                                                bool everything) {
   const Segment* seg = b->segment;
   const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + bytes - 1);
-  std::size_t fresh = 0;
-  for (std::size_t p = first; p <= last; ++p) fresh += seg->page_populated[p] == 0;
-  if (fresh == 0) return absl::OkStatus();
+  const std::size_t fresh = last + 1 - first - seg->pages.CountPopulated(first, last + 1);
+  if (fresh == 0) return absl::OkStatus();  // the steady state: popcounts, no walk
+  // The range lies in free block b: a page of it is in use only as the edge
+  // page of a neighbour.
+  std::size_t reused = 0;
+  for (std::size_t p = first; p <= last; ++p) {
+    reused += seg->pages.populated(p) && seg->pages.edge_users(p) == 0;
+  }
   const std::size_t budget_pages = budget_ / kPageSize;
   const std::size_t keep_lo = seg->base + first * kPageSize;
   const std::size_t keep_hi = seg->base + (last + 1) * kPageSize;
-  std::size_t discard = everything ? idle_pages_
-                                   : IdlePagesToDiscard(populated_pages(), idle_pages_, fresh,
-                                                        budget_pages);
+  const std::size_t live_after = populated_pages() - idle_pages_ + fresh + reused;
+  std::size_t discard =
+      everything ? idle_pages_
+                 : IdlePagesToDiscard(*config_, populated_pages(), idle_pages_ - reused, fresh,
+                                      live_after, peak_live_pages_, budget_pages);
   if (discard > 0) DiscardIdlePages(discard, keep_lo, keep_hi);
   if (populated_pages() + fresh > budget_pages) {
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -72,18 +78,16 @@ absl::Status DeviceAllocator::MakeRoomForPages(const Block* b, std::size_t bytes
   return absl::OkStatus();
 }
 
+// See allocator/page_map.h: only a block's first and last pages can be
+// shared, so its interior is handled with popcounts.
 void DeviceAllocator::AcquirePages(Block* b) {
   Segment* seg = b->segment;
+  PageMap& pages = seg->pages;
   const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + b->size - 1);
   populate_.clear();
   std::size_t fresh = 0, reused_idle = 0;
-  for (std::size_t p = first; p <= last; ++p) {
-    if (seg->page_users[p]++ != 0) continue;
-    if (seg->page_populated[p] != 0) {
-      ++reused_idle;
-      continue;
-    }
-    seg->page_populated[p] = 1;
+  auto populate = [&](std::size_t p) {
+    pages.set_populated(p);
     ++fresh;
     void* page = reinterpret_cast<void*>(seg->base + p * kPageSize);
     if (!populate_.empty() &&
@@ -92,23 +96,46 @@ void DeviceAllocator::AcquirePages(Block* b) {
     } else {
       populate_.push_back({page, kPageSize});
     }
+  };
+  auto touch_edge = [&](std::size_t p) {
+    if (pages.edge_users(p)++ != 0) return;  // a neighbour in use has it
+    if (pages.populated(p)) {
+      ++reused_idle;
+    } else {
+      populate(p);
+    }
+  };
+  touch_edge(first);
+  if (last > first + 1) {
+    const std::size_t n = pages.CountPopulated(first + 1, last);
+    reused_idle += n;
+    if (n != last - first - 1) {
+      for (std::size_t p = first + 1; p < last; ++p) {
+        if (!pages.populated(p)) populate(p);
+      }
+    }
   }
+  if (last != first) touch_edge(last);
   idle_pages_ -= reused_idle;
   stats_.idle_populated_bytes -= static_cast<std::int64_t>(reused_idle * kPageSize);
   if (fresh != 0) {
-    seg->populated_pages += fresh;
     stats_.num_pages_populated += static_cast<std::int64_t>(fresh);
     UpdateStat(stats_.reserved_bytes, seg->pool, static_cast<std::int64_t>(fresh * kPageSize));
   }
+  peak_live_pages_ = std::max(peak_live_pages_, populated_pages() - idle_pages_);
 }
 
 void DeviceAllocator::ReleasePages(Block* b) {
   Segment* seg = b->segment;
+  PageMap& pages = seg->pages;
   const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + b->size - 1);
   std::size_t idle = 0;
-  for (std::size_t p = first; p <= last; ++p) {
-    if (--seg->page_users[p] == 0 && seg->page_populated[p] != 0) ++idle;
-  }
+  auto untouch_edge = [&](std::size_t p) {
+    if (--pages.edge_users(p) == 0 && pages.populated(p)) ++idle;
+  };
+  untouch_edge(first);
+  if (last > first + 1) idle += pages.CountPopulated(first + 1, last);
+  if (last != first) untouch_edge(last);
   idle_pages_ += idle;
   stats_.idle_populated_bytes += static_cast<std::int64_t>(idle * kPageSize);
 }
@@ -125,12 +152,13 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
   };
   std::vector<Candidate> candidates;
   for (auto& [base, seg] : segments_) {
-    if (!seg->arena || seg->populated_pages == 0) continue;
+    if (!seg->arena || seg->pages.populated_count() == 0) continue;
     for (const Block* b = seg->first; b != nullptr; b = b->next) {
-      if (!b->is_free()) continue;  // its pages have users
+      // A free block's page is in use only as the edge page of a neighbour.
+      if (!b->is_free()) continue;
       const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + b->size - 1);
       for (std::size_t p = first; p <= last; ++p) {
-        if (seg->page_users[p] != 0 || seg->page_populated[p] == 0) continue;
+        if (seg->pages.edge_users(p) != 0 || !seg->pages.populated(p)) continue;
         const std::uintptr_t page_addr = seg->base + p * kPageSize;
         if (page_addr >= keep_lo && page_addr < keep_hi) continue;
         if (!candidates.empty() && candidates.back().seg == seg && candidates.back().page == p) {
@@ -173,8 +201,7 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
   std::size_t done = 0;
   for (const Candidate* c : chosen) {
     if (!discarded[c->stream]) continue;
-    c->seg->page_populated[c->page] = 0;
-    --c->seg->populated_pages;
+    c->seg->pages.clear_populated(c->page);
     UpdateStat(stats_.reserved_bytes, c->seg->pool, -static_cast<std::int64_t>(kPageSize));
     ++done;
   }
@@ -194,7 +221,7 @@ void DeviceAllocator::DiscardPagesInside(Block* b) {
   std::vector<Range> ranges;
   std::size_t pages = 0;
   for (std::size_t p = first; p < end; ++p) {
-    if (seg->page_users[p] != 0 || seg->page_populated[p] == 0) continue;
+    if (seg->pages.edge_users(p) != 0 || !seg->pages.populated(p)) continue;
     void* page = reinterpret_cast<void*>(seg->base + p * kPageSize);
     if (!ranges.empty() && static_cast<char*>(ranges.back().ptr) + ranges.back().bytes == page) {
       ranges.back().bytes += kPageSize;
@@ -212,10 +239,9 @@ void DeviceAllocator::DiscardPagesInside(Block* b) {
     for (std::size_t p = seg->PageOf(reinterpret_cast<std::uintptr_t>(r.ptr)),
                      n = r.bytes / kPageSize;
          n > 0; ++p, --n) {
-      seg->page_populated[p] = 0;
+      seg->pages.clear_populated(p);
     }
   }
-  seg->populated_pages -= pages;
   UpdateStat(stats_.reserved_bytes, seg->pool, -static_cast<std::int64_t>(pages * kPageSize));
   idle_pages_ -= pages;
   stats_.idle_populated_bytes -= static_cast<std::int64_t>(pages * kPageSize);

@@ -14,6 +14,7 @@
 
 #include "absl/container/btree_set.h"
 #include "absl/container/inlined_vector.h"
+#include "allocator/page_map.h"
 #include "backends/backend.h"
 #include "policy/placement_policy.h"
 #include "policy/size_policy.h"
@@ -56,14 +57,10 @@ struct Segment {
   PoolKind pool = PoolKind::kSmall;
   Block* first = nullptr;
   // Arena mode (policy/config.h `segments:arena`): the segment is a large
-  // address range whose kPageSize pages are populated on demand.
-  // page_users[i]: blocks that are not free (allocated, or freed but awaiting
-  // other streams) touching page i; a populated page with no users is idle
-  // and may be discarded.
+  // address range whose kPageSize pages are populated on demand; a populated
+  // page that no block in use touches is idle and may be discarded.
   bool arena = false;
-  std::vector<std::uint32_t> page_users;
-  std::vector<std::uint8_t> page_populated;
-  std::size_t populated_pages = 0;
+  PageMap pages;
 
   std::size_t PageOf(std::uintptr_t addr) const { return (addr - base) / kPageSize; }
 

@@ -154,7 +154,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
         // An arena made for this request holds nothing and no work: give
         // its address range back rather than keep an empty rival to the
         // populated arenas that the retry should reuse.
-        if (b->prev == nullptr && b->next == nullptr && b->segment->populated_pages == 0) {
+        if (b->prev == nullptr && b->next == nullptr && b->segment->pages.populated_count() == 0) {
           ReleaseSegment(b->segment);
         }
         cause = s;
@@ -526,6 +526,7 @@ void DeviceAllocator::ResetPeakStats() {
                        &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
     for (Stat& s : *a) s.peak = s.current;
   }
+  peak_live_pages_ = populated_pages() - idle_pages_;
 }
 
 void DeviceAllocator::ResetAccumulatedStats() {
@@ -549,7 +550,7 @@ void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
     s.total_size = seg->size;
     s.segment_type = seg->pool == PoolKind::kSmall ? "small" : "large";
     s.is_arena = seg->arena;
-    s.populated_bytes = seg->arena ? seg->populated_pages * kPageSize : seg->size;
+    s.populated_bytes = seg->arena ? seg->pages.populated_count() * kPageSize : seg->size;
     for (const Block* b = seg->first; b != nullptr; b = b->next) {
       BlockSnapshot bs;
       bs.address = b->addr;

@@ -207,6 +207,7 @@ class DeviceAllocator {
   std::vector<Block*> unmerged_ ABSL_GUARDED_BY(mu_);  // may hold stale entries
   std::vector<Range> populate_ ABSL_GUARDED_BY(mu_);  // arena pages the last hand-out populated
   std::size_t idle_pages_ ABSL_GUARDED_BY(mu_) = 0;   // arena pages populated with no users
+  std::size_t peak_live_pages_ ABSL_GUARDED_BY(mu_) = 0;  // most arena pages ever in use
   Stream last_stream_ ABSL_GUARDED_BY(mu_) = kDefaultStream;  // last validated
   DeviceStats stats_ ABSL_GUARDED_BY(mu_);
 };

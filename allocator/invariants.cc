@@ -37,33 +37,36 @@ absl::Status Compare(const char* name, const StatArray& s, const std::int64_t (&
 }  // namespace
 
 absl::Status DeviceAllocator::CheckArenaPages(const Segment* seg, std::size_t* idle_pages) {
-  const std::size_t pages = seg->size / kPageSize;
-  if (seg->page_users.size() != pages || seg->page_populated.size() != pages) {
-    return Broken(absl::StrFormat("arena %#x page maps do not match its size", seg->base));
+  const std::size_t n = seg->size / kPageSize;
+  if (seg->pages.size() != n) {
+    return Broken(absl::StrFormat("arena %#x page map does not match its size", seg->base));
   }
-  // Every block that is not free is one user of each page it touches.
-  std::vector<std::uint32_t> users(pages, 0);
+  // Recount: edge users from every block in use, and which pages it uses.
+  std::vector<std::uint32_t> edges(n, 0);
+  std::vector<bool> used(n, false);
   for (const Block* b = seg->first; b != nullptr; b = b->next) {
     if (b->is_free()) continue;
-    for (std::size_t p = seg->PageOf(b->addr); p <= seg->PageOf(b->addr + b->size - 1); ++p) {
-      ++users[p];
-    }
+    const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + b->size - 1);
+    ++edges[first];
+    if (last != first) ++edges[last];
+    for (std::size_t p = first; p <= last; ++p) used[p] = true;
   }
   std::size_t populated = 0;
-  for (std::size_t p = 0; p < pages; ++p) {
-    if (users[p] != seg->page_users[p]) {
-      return Broken(absl::StrFormat("arena %#x page %d has %d users, recount %d", seg->base, p,
-                                    seg->page_users[p], users[p]));
+  for (std::size_t p = 0; p < n; ++p) {
+    if (edges[p] != seg->pages.edge_users(p)) {
+      return Broken(absl::StrFormat("arena %#x page %d has %d edge users, recount %d", seg->base,
+                                    p, seg->pages.edge_users(p), edges[p]));
     }
-    if (users[p] != 0 && seg->page_populated[p] == 0) {
+    if (used[p] && !seg->pages.populated(p)) {
       return Broken(absl::StrFormat("arena %#x page %d is in use but not populated", seg->base, p));
     }
-    populated += seg->page_populated[p] != 0;
-    if (users[p] == 0 && seg->page_populated[p] != 0) ++*idle_pages;
+    populated += seg->pages.populated(p);
+    if (!used[p] && seg->pages.populated(p)) ++*idle_pages;
   }
-  if (populated != seg->populated_pages) {
+  if (populated != seg->pages.populated_count() ||
+      populated != seg->pages.CountPopulated(0, n)) {
     return Broken(absl::StrFormat("arena %#x counts %d populated pages, recount %d", seg->base,
-                                  seg->populated_pages, populated));
+                                  seg->pages.populated_count(), populated));
   }
   return absl::OkStatus();
 }
@@ -82,7 +85,7 @@ absl::Status DeviceAllocator::CheckInvariants() {
     if (base < previous_end) return Broken(absl::StrFormat("segment %#x overlaps its predecessor", base));
     previous_end = base + seg->size;
     // An arena reserves only its populated pages.
-    segments.Add(seg->pool, seg->arena ? seg->populated_pages * kPageSize : seg->size);
+    segments.Add(seg->pool, seg->arena ? seg->pages.populated_count() * kPageSize : seg->size);
     if (seg->arena) {
       if (absl::Status s = CheckArenaPages(seg, &idle_pages); !s.ok()) return s;
     }

@@ -62,9 +62,9 @@ void DeviceAllocator::ReleaseSegment(Segment* seg) {
   }
   UpdateStat(stats_.segment, seg->pool, -1);
   if (seg->arena) {
-    const std::size_t populated = seg->populated_pages * kPageSize;
+    const std::size_t populated = seg->pages.populated_count() * kPageSize;
     UpdateStat(stats_.reserved_bytes, seg->pool, -static_cast<std::int64_t>(populated));
-    idle_pages_ -= seg->populated_pages;  // fully free: every populated page is idle
+    idle_pages_ -= seg->pages.populated_count();  // fully free: every populated page is idle
     stats_.idle_populated_bytes -= static_cast<std::int64_t>(populated);
     stats_.virtual_bytes -= static_cast<std::int64_t>(seg->size);
   } else {

@@ -14,7 +14,7 @@ namespace {
 constexpr absl::string_view kKeys =
     "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, prefetch, "
     "preferred_location, accessed_by, discard_on_free, managed_budget, release_threshold, "
-    "release_before_peak, multicast, segments, arena_size";
+    "release_before_peak, multicast, segments, arena_size, idle_page_slack";
 
 absl::Status Bad(absl::string_view key, absl::string_view value, absl::string_view accepted) {
   return absl::InvalidArgumentError(absl::StrCat("CMA_ALLOC_CONF: bad value '", value,
@@ -106,6 +106,12 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view v, AllocatorConfi
     if (v == "arena") c.segments = SegmentMode::kArena;
     else if (v == "classic") c.segments = SegmentMode::kClassic;
     else return Bad(key, v, "arena, classic");
+  } else if (key == "idle_page_slack") {
+    double f;
+    if (!absl::SimpleAtod(v, &f) || !(f >= 0.0 && f <= 1.0)) {
+      return Bad(key, v, "a fraction from 0 to 1");
+    }
+    c.idle_page_slack = f;
   } else if (key == "arena_size") {
     auto s = ParseSize(v);
     // At least one 2 MiB page; at most 1 TiB of address space per arena.
@@ -196,6 +202,9 @@ std::string AllocatorConfig::ToString() const {
   if (multicast) parts.push_back("multicast:1");
   if (segments != d.segments) parts.push_back("segments:classic");
   if (arena_size) parts.push_back(absl::StrCat("arena_size:", arena_size));
+  if (idle_page_slack != d.idle_page_slack) {
+    parts.push_back(absl::StrCat("idle_page_slack:", idle_page_slack));
+  }
   return absl::StrJoin(parts, ",");
 }
 

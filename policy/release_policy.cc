@@ -23,12 +23,19 @@ std::size_t ReleaseAfterFree(const AllocatorConfig& config, std::size_t reserved
   return idle > config.release_threshold ? idle - config.release_threshold : 0;
 }
 
-std::size_t IdlePagesToDiscard(std::size_t populated_pages, std::size_t idle_pages,
-                               std::size_t new_pages, std::size_t budget_pages) {
-  std::size_t discard = std::min(idle_pages, new_pages);
+std::size_t IdlePagesToDiscard(const AllocatorConfig& config, std::size_t populated_pages,
+                               std::size_t idle_pages, std::size_t new_pages,
+                               std::size_t live_after, std::size_t peak_live,
+                               std::size_t budget_pages) {
+  const std::size_t peak = std::max(peak_live, live_after);
+  const std::size_t slack =
+      config.idle_page_slack == 0
+          ? 0
+          : std::max(kMinSlackPages,
+                     static_cast<std::size_t>(config.idle_page_slack * static_cast<double>(peak)));
+  const std::size_t limit = std::min(peak + slack, budget_pages);
   const std::size_t after = populated_pages + new_pages;
-  if (after > budget_pages) discard = std::max(discard, std::min(idle_pages, after - budget_pages));
-  return discard;
+  return after > limit ? std::min(idle_pages, after - limit) : 0;
 }
 
 }  // namespace cma

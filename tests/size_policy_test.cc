@@ -69,16 +69,17 @@ TEST(SizePolicyTest, ArenaAlwaysSplitsAndIgnoresMaxSplitSize) {
   EXPECT_FALSE(CanServe(1u << 20, 2u << 20, c));
 }
 
-TEST(ReleasePolicyTest, ArenaDiscardsOneIdlePageForEachNewOne) {
-  // Keeps the populated high-water mark at the peak of pages in use.
-  EXPECT_EQ(IdlePagesToDiscard(/*populated=*/10, /*idle=*/4, /*new=*/3, /*budget=*/100), 3u);
-  EXPECT_EQ(IdlePagesToDiscard(10, 2, 3, 100), 2u);  // never more than are idle
-  EXPECT_EQ(IdlePagesToDiscard(10, 0, 3, 100), 0u);
-  // The budget may ask for more: 10 + 5 > 12 needs 3, only 1 is new-for-old.
-  EXPECT_EQ(IdlePagesToDiscard(10, 6, 1, 12), 1u);
-  EXPECT_EQ(IdlePagesToDiscard(10, 6, 5, 12), 5u);
-  EXPECT_EQ(IdlePagesToDiscard(12, 6, 4, 12), 4u);
-  EXPECT_EQ(IdlePagesToDiscard(12, 2, 4, 12), 2u);
+TEST(ReleasePolicyTest, ArenaKeepsPopulatedPagesNearThePeakInUse) {
+  AllocatorConfig strict;
+  strict.idle_page_slack = 0;
+  // populated 10 (4 idle), 3 new, 9 in use after, peak 9: 13 > 9 -> 4, capped by idle.
+  EXPECT_EQ(IdlePagesToDiscard(strict, 10, 4, 3, 9, 9, 100), 4u);
+  EXPECT_EQ(IdlePagesToDiscard(strict, 10, 4, 3, 9, 12, 100), 1u);  // an earlier peak of 12
+  EXPECT_EQ(IdlePagesToDiscard(strict, 10, 0, 3, 13, 13, 100), 0u);
+  EXPECT_EQ(IdlePagesToDiscard(strict, 10, 6, 5, 9, 30, 12), 3u);  // the budget asks
+  AllocatorConfig slack;  // default: 2% of the peak, at least 4 pages
+  EXPECT_EQ(IdlePagesToDiscard(slack, 10, 4, 3, 9, 9, 100), 0u);  // 13 <= 9 + 4
+  EXPECT_EQ(IdlePagesToDiscard(slack, 1000, 100, 50, 950, 950, 5000), 81u);  // 1050 - 969
 }
 
 TEST(SizePolicyTest, CanServeNeedsEnoughBytes) {

@@ -1,0 +1,279 @@
+// Arena mode (the default): pages populated on hand-out, idle pages
+// discarded on the stream that last used them, reserved_bytes equal to the
+// populated bytes that the host backend itself counts, the budget under
+// churn, and the real PyTorch traces within their goals.
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "bench/replay.h"
+#include "bench/trace.h"
+#include "gmock/gmock.h"
+#include "tests/test_util.h"
+
+namespace cma {
+namespace {
+
+using ::testing::HasSubstr;
+using Op = PlacementRecord::Op;
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+class ArenaTest : public AllocatorTest {
+ protected:
+  void SetUp() override { Remake(""); }
+  void Remake(const std::string& config, std::size_t capacity = std::size_t{1} << 30) {
+    Make({.device_count = 2, .device_capacity = capacity, .manual_completion = true}, config);
+    s1_ = *backend_->CreateStream(0);
+    s2_ = *backend_->CreateStream(0);
+    backend_->ClearRecords();
+  }
+  void TearDown() override {
+    AllocatorTest::TearDown();
+    backend_->DestroyStream(s1_).IgnoreError();
+    backend_->DestroyStream(s2_).IgnoreError();
+  }
+  std::vector<PlacementRecord> Take(Op op) {
+    std::vector<PlacementRecord> out;
+    for (const PlacementRecord& r : backend_->Records()) {
+      if (r.op == op) out.push_back(r);
+    }
+    backend_->ClearRecords();
+    return out;
+  }
+  // Populated bytes as the host backend counts them (capacity - free).
+  std::int64_t BackendPopulated(int device = 0) {
+    MemInfo m = *backend_->GetMemInfo(device);
+    return static_cast<std::int64_t>(m.total_bytes - m.free_bytes);
+  }
+  Stream s1_ = 0, s2_ = 0;
+};
+
+TEST_F(ArenaTest, ReservedCountsPopulatedPagesNotAddressSpace) {
+  void* a = Alloc(3 * kMiB, 0, s1_);  // two 2 MiB pages
+  DeviceStats s = Stats();
+  EXPECT_EQ(s.reserved_bytes[kAllPools].current, 4 * kMiB);
+  EXPECT_EQ(s.virtual_bytes, 1 << 30);  // one arena the size of the budget
+  EXPECT_EQ(BackendPopulated(), 4 * kMiB);
+  auto prefetches = Take(Op::kPrefetch);
+  ASSERT_EQ(prefetches.size(), 1u);
+  EXPECT_EQ(prefetches[0].bytes, 4 * kMiB);  // the fresh pages, whole
+  EXPECT_EQ(prefetches[0].stream, s1_);
+  void* b = Alloc(512 * 1024, 0, s1_);  // small pool: its own arena, one page
+  EXPECT_EQ(Stats().reserved_bytes[kSmallPool].current, 2 * kMiB);
+  void* c = Alloc(kMiB / 2, 0, s1_);  // same page as b's block
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 6 * kMiB);
+  EXPECT_EQ(BackendPopulated(), 6 * kMiB);
+  for (void* x : {a, b, c}) ASSERT_TRUE(alloc_->Free(x).ok());
+  // Freeing gives nothing back by itself: the pages are cached, idle.
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 6 * kMiB);
+  EXPECT_EQ(Stats().idle_populated_bytes, 6 * kMiB);
+}
+
+TEST_F(ArenaTest, SteadyStateMakesNoBackendCall) {
+  for (std::size_t n : {std::size_t{700}, 3 * kMiB, 100 * kMiB}) {
+    ASSERT_TRUE(alloc_->Free(Alloc(n, 0, s1_)).ok());
+  }
+  backend_->ClearRecords();
+  const std::int64_t events = backend_->CallCount("RecordEvent");
+  for (int i = 0; i < 100; ++i) {
+    for (std::size_t n : {std::size_t{700}, 3 * kMiB, 100 * kMiB}) {
+      ASSERT_TRUE(alloc_->Free(Alloc(n, 0, s1_)).ok());
+    }
+  }
+  EXPECT_TRUE(backend_->Records().empty());
+  EXPECT_EQ(backend_->CallCount("RecordEvent"), events);
+  EXPECT_EQ(backend_->CallCount("ReserveManaged"), 2);
+  EXPECT_EQ(Stats().num_pages_discarded, 0);
+}
+
+TEST_F(ArenaTest, NewPagesReplaceIdleOnesSoThePeakStaysAtTheLivePeak) {
+  Remake("idle_page_slack:0");
+  void* a = Alloc(8 * kMiB, 0, s1_);
+  void* keep = Alloc(2 * kMiB, 0, s1_);  // pins the arena's middle
+  ASSERT_TRUE(alloc_->Free(a).ok());     // 4 idle pages below `keep`
+  backend_->ClearRecords();
+  void* b = Alloc(10 * kMiB, 0, s1_);  // does not fit below: 5 fresh pages above
+  DeviceStats s = Stats();
+  // Four idle pages were discarded to make room for five new ones.
+  EXPECT_EQ(s.num_pages_discarded, 4);
+  EXPECT_EQ(s.reserved_bytes[kAllPools].current, 12 * kMiB);
+  EXPECT_EQ(s.reserved_bytes[kAllPools].peak, 12 * kMiB);
+  EXPECT_EQ(BackendPopulated(), 12 * kMiB);
+  auto discards = Take(Op::kDiscard);
+  ASSERT_EQ(discards.size(), 1u);
+  EXPECT_EQ(discards[0].ptr, a);
+  EXPECT_EQ(discards[0].bytes, 8 * kMiB);
+  EXPECT_EQ(discards[0].stream, s1_);  // ordered after a's last use
+  for (void* x : {keep, b}) ASSERT_TRUE(alloc_->Free(x).ok());
+}
+
+TEST_F(ArenaTest, DiscardIsOrderedOnTheStreamStillUsingThePage) {
+  Remake("idle_page_slack:0");
+  void* a = Alloc(4 * kMiB, 0, s1_);
+  ASSERT_TRUE(backend_->EnqueueWork(s1_).ok());  // a kernel still reads a
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  backend_->ClearRecords();
+  // s2 cannot take a's pages while s1 is busy; its new arena's pages replace
+  // a's idle ones, discarded on s1 behind the kernel, not synchronously.
+  void* b = Alloc(4 * kMiB, 0, s2_);
+  EXPECT_NE(b, a);
+  auto discards = Take(Op::kDiscard);
+  ASSERT_EQ(discards.size(), 1u);
+  EXPECT_EQ(discards[0].stream, s1_);
+  EXPECT_EQ(backend_->PendingWork(s1_), 1);  // nobody waited for the kernel
+  EXPECT_EQ(Stats().num_sync_all_streams, 0);
+  ASSERT_TRUE(backend_->CompleteWork(s1_).ok());
+  ASSERT_TRUE(alloc_->Free(b).ok());
+}
+
+TEST_F(ArenaTest, EmptyCacheReturnsIdlePagesAndArenas) {
+  void* a = Alloc(kMiB, 0, s1_);
+  void* x = Alloc(3 * kMiB / 2, 0, s1_);
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(alloc_->Free(x).ok());
+  void* y = Alloc(3 * kMiB / 2, 0, s2_);  // s2's own arena
+  ASSERT_TRUE(alloc_->RecordStream(y, s1_).ok());
+  ASSERT_TRUE(alloc_->Free(y).ok());
+  const std::int64_t before = Stats().reserved_bytes[kAllPools].current;
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  // Everything idle went, and with it the arenas.
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 0);
+  EXPECT_GT(before, 0);
+  EXPECT_EQ(backend_->LiveResources().managed_allocations, 0);
+  EXPECT_EQ(BackendPopulated(), 0);
+}
+
+TEST_F(ArenaTest, MixedStreamPageSurvivesDiscard) {
+  Remake("", 64 * kMiB);
+  // Large blocks of two streams meet inside page 1 of one arena: s1 takes
+  // [0, 3 MiB); s2 takes the rest of page 1 from the same arena once s1 is
+  // idle (cross-stream reuse of the tail).
+  void* a = Alloc(3 * kMiB, 0, s1_);
+  void* b = Alloc(3 * kMiB, 0, s2_);  // cross-stream: s1 has no queued work
+  ASSERT_EQ(static_cast<char*>(b) - static_cast<char*>(a), static_cast<long>(3 * kMiB));
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(alloc_->Free(b).ok());
+  // Pages 0 (s1 only), 1 (s1 and s2), 2 (s2 only) are idle.
+  EXPECT_EQ(Stats().idle_populated_bytes, 6 * kMiB);
+  backend_->ClearRecords();
+  // A budget below the idle pages asks for all of them.
+  ASSERT_TRUE(alloc_->SetMemoryFraction(1.0 / 64, 0).ok());
+  auto discards = Take(Op::kDiscard);
+  ASSERT_EQ(discards.size(), 2u);
+  for (const PlacementRecord& r : discards) EXPECT_EQ(r.bytes, 2 * kMiB);
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 2 * kMiB);  // the shared page
+  EXPECT_EQ(BackendPopulated(), 2 * kMiB);
+}
+
+TEST_F(ArenaTest, BudgetCountsPopulatedBytesAndOomChangesNothing) {
+  Remake("managed_budget:32M");
+  void* a = Alloc(20 * kMiB, 0, s1_);
+  const std::string before = Fingerprint(*alloc_);
+  auto b = alloc_->Allocate(14 * kMiB, 0, s1_);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(b.status().message(), HasSubstr("managed budget"));
+  EXPECT_THAT(b.status().message(), HasSubstr("num_ooms=1"));
+  // Only the counters of the failed attempt moved.
+  EXPECT_EQ(Stats().num_ooms, 1);
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 20 * kMiB);
+  EXPECT_EQ(backend_->LiveResources().managed_allocations, 1);
+  ExpectInvariants();
+  (void)before;
+  void* c = Alloc(12 * kMiB, 0, s1_);  // exactly fits
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 32 * kMiB);
+  for (void* x : {a, c}) ASSERT_TRUE(alloc_->Free(x).ok());
+}
+
+TEST_F(ArenaTest, OomRetryWaitsForPendingFreesAndReusesTheirPages) {
+  Remake("", 64 * kMiB);
+  void* a = Alloc(40 * kMiB, 0, s1_);
+  ASSERT_TRUE(alloc_->RecordStream(a, s2_).ok());
+  ASSERT_TRUE(backend_->EnqueueWork(s2_).ok());
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  void* b = Alloc(40 * kMiB, 0, s1_);  // waits for s2's kernel, then reuses a
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(Stats().num_alloc_retries, 1);
+  EXPECT_EQ(Stats().num_ooms, 0);
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].peak, 40 * kMiB);
+  EXPECT_EQ(backend_->LiveResources().managed_allocations, 1);  // the empty try went back
+  ASSERT_TRUE(alloc_->Free(b).ok());
+}
+
+TEST_F(ArenaTest, DiscardOnFreeGivesWhollyFreePagesBack) {
+  Remake("discard_on_free:1");
+  void* a = Alloc(5 * kMiB, 0, s1_);  // pages 0-2; page 2 partly
+  void* b = Alloc(kMiB + 512 * 1024, 0, s1_);  // shares page 2
+  backend_->ClearRecords();
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  auto d = Take(Op::kDiscard);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].bytes, 4 * kMiB);  // pages 0 and 1 only: page 2 holds b too
+  EXPECT_EQ(d[0].stream, s1_);
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 4 * kMiB);  // pages 2 and 3
+  ASSERT_TRUE(alloc_->Free(b).ok());
+}
+
+TEST_F(ArenaTest, SetBudgetBelowPopulatedDiscardsIdlePages) {
+  void* a = Alloc(16 * kMiB, 0, s1_);
+  void* b = Alloc(16 * kMiB, 0, s1_);
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(alloc_->SetMemoryFraction(20.0 * kMiB / (1 << 30), 0).ok());
+  EXPECT_LE(Stats().reserved_bytes[kAllPools].current, 20 * kMiB);
+  EXPECT_EQ(BackendPopulated(), Stats().reserved_bytes[kAllPools].current);
+  ASSERT_TRUE(alloc_->Free(b).ok());
+}
+
+TEST_F(ArenaTest, BudgetHoldsUnderChurnOnTwoStreams) {
+  Remake("managed_budget:96M", 256 * kMiB);
+  std::mt19937_64 rng(7);
+  std::vector<std::pair<void*, Stream>> live;
+  std::int64_t ooms = 0;
+  for (int step = 0; step < 4000; ++step) {
+    const Stream s = rng() % 2 ? s1_ : s2_;
+    if (live.size() < 12 && rng() % 3 != 0) {
+      const std::size_t n = std::size_t{512} << (rng() % 15);  // 512 B .. 8 MiB
+      auto p = alloc_->Allocate(n + rng() % 4096, 0, s);
+      if (p.ok()) {
+        live.push_back({*p, s});
+      } else {
+        ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
+        ++ooms;
+      }
+    } else if (!live.empty()) {
+      const std::size_t i = rng() % live.size();
+      if (rng() % 4 == 0) ASSERT_TRUE(backend_->EnqueueWork(live[i].second).ok());
+      if (rng() % 5 == 0) ASSERT_TRUE(alloc_->RecordStream(live[i].first, s).ok());
+      ASSERT_TRUE(alloc_->Free(live[i].first).ok());
+      live.erase(live.begin() + static_cast<long>(i));
+    }
+    if (rng() % 7 == 0) ASSERT_TRUE(backend_->CompleteWork(rng() % 2 ? s1_ : s2_).ok());
+    const DeviceStats st = Stats();
+    ASSERT_LE(st.reserved_bytes[kAllPools].current, 96 * kMiB);
+    ASSERT_EQ(BackendPopulated(), st.reserved_bytes[kAllPools].current) << "step " << step;
+    if (step % 50 == 0) ASSERT_TRUE(alloc_->CheckInvariants().ok()) << alloc_->CheckInvariants();
+  }
+  for (auto& [p, s] : live) ASSERT_TRUE(alloc_->Free(p).ok());
+  ASSERT_TRUE(backend_->CompleteWork(s1_).ok());
+  ASSERT_TRUE(backend_->CompleteWork(s2_).ok());
+  EXPECT_EQ(ooms, Stats().num_ooms);
+}
+
+TEST_F(ArenaTest, RealTracesStayWithinTheirGoals) {
+  Make({}, "");
+  for (const auto& [path, goal] :
+       {std::pair<const char*, double>{"bench/traces/resnet50_train.csv.gz", 1.03},
+        {"bench/traces/kvcache_two_streams.csv.gz", 1.10}}) {
+    auto ops = ReadTrace(path);
+    ASSERT_TRUE(ops.ok()) << ops.status();
+    Make({}, "");
+    auto r = Replay(*alloc_, 0, *ops, path);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->ooms, 0);
+    EXPECT_LE(r->ratio, goal) << path;
+    EXPECT_GE(r->ratio, 1.0) << path;
+    ExpectInvariants();
+  }
+}
+
+}  // namespace
+}  // namespace cma
