@@ -25,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "allocator/caching_managed_allocator.h"
+#include "backends/fault/fault_injecting_backend.h"
 #include "backends/registry.h"
 #include "bench/baselines.h"
 #include "nlohmann/json.hpp"
@@ -138,16 +139,25 @@ absl::Status ReplaySuite(Backend& backend, int device, const std::string& config
   std::vector<std::string> traces = absl::StrSplit(absl::GetFlag(FLAGS_trace), ',',
                                                    absl::SkipEmpty());
   if (traces.empty()) traces = DefaultTraces();
+  // The allocator runs on a wrapper that injects nothing and counts every
+  // backend call, so the steady state's calls per operation are measured.
+  FaultInjectingBackend counting(backend);
+  // On the host backend the same instrument reads its emulated population.
+  const bool sample = true;
   Json rows = Json::array();
-  std::cout << absl::StrFormat("%-28s %14s %14s %7s %9s %10s\n", "trace", "peak_requested",
-                               "peak_reserved", "ratio", "backend", "ns_per_op");
+  std::cout << absl::StrFormat("%-28s %14s %14s %7s %7s %8s %10s %10s %11s\n", "trace",
+                               "peak_requested", "peak_reserved", "ratio", "device", "arenas",
+                               "ns_per_op", "steady_ns", "steady_calls");
   for (const std::string& path : traces) {
     absl::StatusOr<std::vector<TraceOp>> ops = ReadTrace(path);
     if (!ops.ok()) return ops.status();
-    auto alloc = CachingManagedAllocator::Create(backend, config);
+    auto alloc = CachingManagedAllocator::Create(counting, config);
     if (!alloc.ok()) return alloc.status();
     const std::string name = path.substr(path.find_last_of('/') + 1);
-    absl::StatusOr<ReplayResult> r = Replay(**alloc, device, *ops, name);
+    ReplayOptions options;
+    options.sample_device_memory = sample;
+    options.calls = [&counting]() { return counting.Calls(FaultKind::kAny); };
+    absl::StatusOr<ReplayResult> r = Replay(**alloc, device, *ops, name, options);
     if (!r.ok()) return r.status();
     Json row = Json::object();
     row["trace"] = r->trace;
@@ -155,12 +165,20 @@ absl::Status ReplaySuite(Backend& backend, int device, const std::string& config
     row["peak_requested"] = static_cast<std::int64_t>(r->peak_requested);
     row["peak_reserved"] = static_cast<std::int64_t>(r->peak_reserved);
     row["ratio"] = r->ratio;
+    row["peak_device_used"] = static_cast<std::int64_t>(r->peak_device_used);
+    row["device_ratio"] = r->device_ratio;
     row["backend_allocs"] = static_cast<std::int64_t>(r->backend_allocs);
     row["ns_per_op"] = r->ns_per_op;
+    row["steady_ns_per_op"] = r->steady_ns_per_op;
+    row["steady_backend_calls_per_op"] = r->steady_backend_calls_per_op;
+    row["steady_pages_populated"] = r->steady_pages_populated;
+    row["steady_pages_discarded"] = r->steady_pages_discarded;
     row["skipped_frees"] = static_cast<std::int64_t>(r->skipped_frees);
     row["ooms"] = static_cast<std::int64_t>(r->ooms);
-    std::cout << absl::StrFormat("%-28s %14d %14d %7.3f %9d %10.1f\n", r->trace, r->peak_requested,
-                                 r->peak_reserved, r->ratio, r->backend_allocs, r->ns_per_op);
+    std::cout << absl::StrFormat("%-28s %14d %14d %7.3f %7.3f %8d %10.1f %10.1f %11.4f\n",
+                                 r->trace, r->peak_requested, r->peak_reserved, r->ratio,
+                                 r->device_ratio, r->backend_allocs, r->ns_per_op,
+                                 r->steady_ns_per_op, r->steady_backend_calls_per_op);
     rows.push_back(std::move(row));
   }
   out["replay"] = std::move(rows);
