@@ -35,9 +35,11 @@ Global& G() {
 }
 
 thread_local std::string last_error;
+thread_local int last_error_code = 0;
 
 int Fail(const absl::Status& s) {
   last_error = std::string(s.message());
+  last_error_code = static_cast<int>(s.code());
   return -1;
 }
 
@@ -123,6 +125,7 @@ int cma_device_count(void) {
 }
 
 const char* cma_last_error(void) { return last_error.c_str(); }
+int cma_last_error_code(void) { return last_error_code; }
 
 void* cma_malloc(size_t size, int device, void* stream) {
   CachingManagedAllocator* a = Get();
@@ -186,6 +189,19 @@ int cma_empty_cache(void) {
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return -1;
   absl::Status s = a->EmptyCache();
+  return s.ok() ? 0 : Fail(s);
+}
+
+int cma_reset_peak_stats(int device) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::Status s;
+  for (int d = 0; d < a->device_count(); ++d) {
+    if (device < 0 || d == device) s.Update(a->ResetPeakStats(d));
+  }
+  if (device >= a->device_count()) {
+    s = absl::InvalidArgumentError(absl::StrCat("cma: no device ", device));
+  }
   return s.ok() ? 0 : Fail(s);
 }
 

@@ -11,7 +11,8 @@
  *
  * Errors: functions returning int give 0 on success and -1 on failure;
  * pointer-returning ones give NULL. cma_last_error() then describes the
- * failure (per thread, valid until the thread's next failing call).
+ * failure and cma_last_error_code() its kind (per thread, valid until the
+ * thread's next failing call).
  * Strings returned by cma_*_json must be released with cma_string_free.
  * Thread safety: every function may be called from any thread. */
 #ifndef CMA_INTEGRATIONS_C_CMA_C_H_
@@ -29,6 +30,9 @@ void cma_shutdown(void);
 const char* cma_backend_name(void);
 int cma_device_count(void);
 const char* cma_last_error(void);
+/* The kind of the last failure, as absl::StatusCode numbers: 3 invalid
+ * argument, 5 not found, 8 out of memory (resource exhausted), ... */
+int cma_last_error_code(void);
 
 void* cma_malloc(size_t size, int device, void* stream);
 int cma_free(void* ptr);
@@ -41,6 +45,8 @@ int cma_advise(void* ptr, int read_mostly, int preferred, const int* accessed_by
                int n_accessed_by);
 int cma_synchronize(void* stream);
 int cma_empty_cache(void);
+/* Peaks back to current values, for one device or all (-1). */
+int cma_reset_peak_stats(int device);
 /* The allocation's owning device, or -1 (with cma_last_error) if none. */
 int cma_device_of(void* ptr);
 /* Caps a device's managed memory at `fraction` of its total memory. */

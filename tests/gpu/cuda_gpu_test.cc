@@ -50,7 +50,9 @@ class CudaGpuTest : public ::testing::Test {
 };
 
 TEST_F(CudaGpuTest, KernelStillWritingOnS1IsNeverHandedToS2) {
-  // 12 MiB from a 20 MiB segment: the 8 MiB left cannot serve a second one.
+  // Classic segments: 12 MiB from a 20 MiB segment, the 8 MiB left cannot
+  // serve a second one.
+  alloc_ = *CachingManagedAllocator::Create(*backend_, "segments:classic");
   constexpr std::size_t kBytes = 12 << 20;
   void* p = *alloc_->Allocate(kBytes, 0, s1_);
   // A long kernel, then a fill: both queued on s1 when the host frees p.
@@ -70,6 +72,39 @@ TEST_F(CudaGpuTest, KernelStillWritingOnS1IsNeverHandedToS2) {
   EXPECT_EQ(alloc_->GetStats().num_cross_stream_reuse, 1);
   ASSERT_TRUE(alloc_->Free(q).ok());
   ASSERT_TRUE(alloc_->Free(r).ok());
+}
+
+TEST_F(CudaGpuTest, ArenaDiscardWaitsForTheKernelAndReusesItsMemory) {
+  // Arena mode, strict peak: a block still written by a kernel on s1 is
+  // freed; s2 needs as many new pages, so the freed pages are discarded,
+  // ordered on s1 behind the kernel, while s2 populates its own.
+  alloc_ = *CachingManagedAllocator::Create(*backend_, "idle_page_slack:0");
+  constexpr std::size_t kBytes = std::size_t{256} << 20;
+  void* p = *alloc_->Allocate(kBytes, 0, s1_);
+  ASSERT_TRUE(LaunchFill(p, kBytes, 7, s1_).ok());
+  ASSERT_TRUE(backend_->SynchronizeStream(s1_).ok());
+  std::size_t free_before = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  ASSERT_TRUE(LaunchSpin(kLongSpin, s1_).ok());
+  ASSERT_TRUE(LaunchFill(p, kBytes, 1000, s1_).ok());  // still writing when freed
+  ASSERT_TRUE(alloc_->Free(p).ok());
+  void* q = *alloc_->Allocate(kBytes, 0, s2_);
+  EXPECT_NE(q, p);
+  EXPECT_EQ(alloc_->GetStats().num_pages_discarded, 128);
+  EXPECT_EQ(alloc_->GetStats().num_sync_all_streams, 0);  // nobody waited for the kernel
+  ASSERT_TRUE(LaunchFill(q, kBytes, 2000, s2_).ok());
+  ASSERT_TRUE(LaunchCheck(q, kBytes, 2000, mismatches_, s2_).ok());
+  EXPECT_EQ(Mismatches(s2_), 0u);
+  ASSERT_TRUE(backend_->SynchronizeStream(s1_).ok());
+  // The discarded pages' memory served q: the device's free memory did not
+  // drop by another 256 MiB (allow 64 MiB for the driver's own bookkeeping).
+  std::size_t free_after = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  EXPECT_LT(static_cast<long long>(free_before) - static_cast<long long>(free_after),
+            64ll << 20)
+      << "free before " << free_before << ", after " << free_after;
+  EXPECT_EQ(alloc_->GetStats().reserved_bytes[kAllPools].peak, static_cast<long long>(kBytes));
+  ASSERT_TRUE(alloc_->Free(q).ok());
 }
 
 TEST_F(CudaGpuTest, SameStreamReuseIsOrderedByTheStream) {

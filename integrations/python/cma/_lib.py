@@ -44,6 +44,7 @@ def lib():
                 "cma_backend_name": (cp, []),
                 "cma_device_count": (i, []),
                 "cma_last_error": (cp, []),
+                "cma_last_error_code": (i, []),
                 "cma_malloc": (vp, [sz, i, vp]),
                 "cma_free": (i, [vp]),
                 "cma_record_stream": (i, [vp, vp]),
@@ -51,6 +52,7 @@ def lib():
                 "cma_advise": (i, [vp, i, i, ctypes.POINTER(i), i]),
                 "cma_synchronize": (i, [vp]),
                 "cma_empty_cache": (i, []),
+                "cma_reset_peak_stats": (i, [i]),
                 "cma_device_of": (i, [vp]),
                 "cma_set_memory_fraction": (i, [ctypes.c_double, i]),
                 "cma_stats_json": (vp, [i]),
@@ -137,6 +139,11 @@ def advise(ptr, read_mostly=False, preferred=None, accessed_by=()):
 
 def empty_cache():
     _check(lib().cma_empty_cache())
+
+
+def reset_peak_stats(device=-1):
+    """Peaks back to current values, for one device or all (-1)."""
+    _check(lib().cma_reset_peak_stats(device))
 
 
 def set_memory_fraction(fraction, device=0):

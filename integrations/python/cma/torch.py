@@ -15,24 +15,29 @@ import os
 import torch
 
 from cma import _lib
+from cma import _torch_oom
 
-_pluggable = None
+_pluggable = {}
 
 
-def _allocator():
-    global _pluggable
-    if _pluggable is None:
+def _allocator(checked):
+    """The pluggable allocator object; `checked`: its hook raises
+    torch.OutOfMemoryError instead of returning NULL (the default route).
+    Under a MemPool the hook must return NULL: PyTorch's caching allocator
+    owns the pool, sees the failed segment, frees its cached blocks, retries,
+    and raises OutOfMemoryError itself."""
+    if checked not in _pluggable:
         lib = _lib.lib()
-        a = torch.cuda.memory.CUDAPluggableAllocator(_lib.library_path(), "cma_torch_alloc",
-                                                     "cma_torch_free")
-        inner = a.allocator()
         fn = lambda name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+        # What torch.cuda.memory.CUDAPluggableAllocator does, with our hook.
+        alloc_fn = (_torch_oom.checked_alloc_fn(lib) if checked else None) or fn("cma_torch_alloc")
+        inner = torch._C._cuda_customAllocator(alloc_fn, fn("cma_torch_free"))
         inner.set_init_fn(fn("cma_torch_init"))
         inner.set_reset_fn(fn("cma_torch_reset"))
         inner.set_memory_fraction_fn(fn("cma_torch_memory_fraction"))
         inner.set_record_stream_fn(fn("cma_torch_record_stream"))
-        _pluggable = a
-    return _pluggable
+        _pluggable[checked] = torch.cuda.memory._CUDAAllocator(inner)
+    return _pluggable[checked]
 
 
 def use_as_default(config=None):
@@ -42,12 +47,12 @@ def use_as_default(config=None):
                            "(PyTorch cannot change allocators afterwards); use cma.torch.pool()")
     if config is not None:
         os.environ["CMA_ALLOC_CONF"] = config
-    torch.cuda.memory.change_current_allocator(_allocator())
+    torch.cuda.memory.change_current_allocator(_allocator(checked=True))
 
 
 def pool():
     """A torch.cuda.MemPool whose memory comes from this allocator."""
-    return torch.cuda.MemPool(_allocator().allocator())
+    return torch.cuda.MemPool(_allocator(checked=False).allocator())
 
 
 def _owned_storage(tensor):

@@ -37,6 +37,21 @@ def test_routes_train_identically():
     assert runs["pool"]["cma_stats"]["allocation.all.allocated"] > 0
 
 
+@pytest.mark.parametrize("route", ["default", "pool"])
+def test_out_of_memory_raises_torch_out_of_memory_error(route):
+    out = subprocess.run([sys.executable, os.path.join(HERE, "oom_route.py"), route],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    RESULTS.setdefault("oom", {})[route] = r
+    assert r["raised"], r
+    assert r["type"] == "torch.OutOfMemoryError", r
+    if route == "default":
+        # cma's own message and statistics reach the user.
+        assert "caching_managed_allocator" in r["message"] and "num_ooms=" in r["message"], r
+    assert r["after_ok"] and r["keep_ok"], r
+
+
 @pytest.fixture(scope="module")
 def pool():
     return cmat.pool()

@@ -1,0 +1,134 @@
+"""A real training loop under each allocator a PyTorch user could pick, side
+by side, one fresh process per route: a BERT-style encoder (transformers'
+BertForMaskedLM built from a config, random weights), batch size and
+sequence length drawn per step from a seeded generator, AdamW, bf16
+autocast, deterministic kernels.
+
+  native       PyTorch's caching allocator
+  expandable   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  cma          cma.torch.use_as_default()
+  cma_pool     cma.torch.pool() under torch.cuda.use_mem_pool
+
+Reported per route: every loss (identical across routes, or the run fails),
+median step time after warm-up, and peak device memory as (free at start -
+lowest free) from cudaMemGetInfo after every step, the same instrument for
+every route; plus the allocator's own peak reserved.
+
+    python3 torch_train_bench.py --steps 60 --json out.json
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROUTES = ("native", "expandable", "cma", "cma_pool")
+
+
+def run_route(route, steps):
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch
+    if route == "cma":
+        import cma.torch as cmat
+        cmat.use_as_default()
+    import transformers
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    free_start = torch.cuda.mem_get_info()[0]
+    lowest = [free_start]
+
+    def sample():
+        torch.cuda.synchronize()
+        lowest[0] = min(lowest[0], torch.cuda.mem_get_info()[0])
+
+    def train():
+        cfg = transformers.BertConfig(hidden_size=768, num_hidden_layers=12,
+                                      num_attention_heads=12, intermediate_size=3072,
+                                      max_position_embeddings=512, attn_implementation="eager")
+        model = transformers.BertForMaskedLM(cfg).cuda()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        g = torch.Generator().manual_seed(1)
+        losses, times = [], []
+        for step in range(steps):
+            batch = int(torch.randint(4, 17, (1,), generator=g))
+            seq = 64 * int(torch.randint(1, 9, (1,), generator=g))
+            ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            ids = ids.cuda(non_blocking=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+            losses.append(loss.item())
+            sample()
+        return losses, times
+
+    if route == "cma_pool":
+        import cma.torch as cmat
+        pool = cmat.pool()
+        with torch.cuda.use_mem_pool(pool):
+            losses, times = train()
+    else:
+        losses, times = train()
+    out = {"route": route, "losses": losses, "steps": steps,
+           "step_ms_median": statistics.median(times[10:]),
+           "peak_device_used": free_start - lowest[0],
+           "max_memory_allocated": torch.cuda.max_memory_allocated(),
+           "max_memory_reserved": torch.cuda.max_memory_reserved()}
+    if route.startswith("cma"):
+        import cma.torch as cmat
+        st = cmat.memory_stats()
+        out["cma"] = {k: st[k] for k in ("reserved_bytes.all.peak", "requested_bytes.all.peak",
+                                         "num_device_alloc", "num_pages_populated",
+                                         "num_pages_discarded", "num_sync_all_streams")}
+    print(json.dumps(out))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--json", default="")
+    ap.add_argument("--route", default="")
+    a = ap.parse_args()
+    if a.route:
+        run_route(a.route, a.steps)
+        return
+    runs = {}
+    for route in ROUTES:
+        env = dict(os.environ)
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        if route == "expandable":
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        if route.startswith("cma"):
+            env.setdefault("CMA_ALLOC_CONF", "managed_budget:16G")
+        out = subprocess.run([sys.executable, __file__, "--steps", str(a.steps), "--route", route],
+                             env=env, capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            print(out.stderr[-3000:], file=sys.stderr)
+            sys.exit(1)
+        runs[route] = json.loads(out.stdout.strip().splitlines()[-1])
+    base = runs["native"]
+    identical = all(r["losses"] == base["losses"] for r in runs.values())
+    print("losses identical across routes:", identical)
+    print("%-11s %12s %14s %12s" % ("route", "step_ms", "peak_device", "vs_native"))
+    for r in runs.values():
+        print("%-11s %12.2f %11.2f GiB %12.3f" % (r["route"], r["step_ms_median"],
+                                                 r["peak_device_used"] / 2**30,
+                                                 r["step_ms_median"] / base["step_ms_median"]))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"identical_losses": identical, "runs": runs}, f, indent=1)
+    sys.exit(0 if identical else 1)
+
+
+if __name__ == "__main__":
+    main()

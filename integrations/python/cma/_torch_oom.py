@@ -1,0 +1,79 @@
+"""The allocation hook PyTorch calls, with real out-of-memory errors.
+
+PyTorch's CUDAPluggableAllocator stores whatever pointer the allocation hook
+returns and never checks it for NULL, so a failed allocation would become a
+tensor at address 0. The one way to raise torch.OutOfMemoryError (what the
+native allocator raises, and what OOM handlers, batch-size finders and
+Lightning catch) is to throw c10::OutOfMemoryError in C++ from the hook.
+That needs PyTorch's own headers and ABI, so a tiny C++ shim is compiled
+against the installed torch on first use (torch.utils.cpp_extension, cached
+in TORCH_EXTENSIONS_DIR like any extension) and wraps cma_torch_alloc:
+an out-of-memory throws OutOfMemoryError with cma's message and statistics;
+any other failure throws c10::Error (RuntimeError) with cma's message.
+"""
+import ctypes
+import warnings
+
+_SOURCE = r"""
+#include <c10/util/Exception.h>
+#include <cstddef>
+#include <cstdint>
+
+namespace {
+using AllocFn = void* (*)(size_t, int, void*);
+using ErrorFn = const char* (*)();
+using CodeFn = int (*)();
+AllocFn g_alloc = nullptr;
+ErrorFn g_error = nullptr;
+CodeFn g_code = nullptr;
+constexpr int kResourceExhausted = 8;  // absl::StatusCode
+}  // namespace
+
+extern "C" void* cma_torch_alloc_checked(size_t size, int device, void* stream) {
+  void* p = g_alloc(size, device, stream);
+  if (p == nullptr && size != 0) {
+    const char* why = g_error();
+    if (g_code() == kResourceExhausted) {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (caching_managed_allocator). ",
+                       why);
+    }
+    TORCH_CHECK(false, "caching_managed_allocator: allocation of ", size, " bytes on device ",
+                device, " failed: ", why);
+  }
+  return p;
+}
+
+int64_t bind(int64_t alloc, int64_t error, int64_t code) {
+  g_alloc = reinterpret_cast<AllocFn>(alloc);
+  g_error = reinterpret_cast<ErrorFn>(error);
+  g_code = reinterpret_cast<CodeFn>(code);
+  return reinterpret_cast<int64_t>(&cma_torch_alloc_checked);
+}
+"""
+
+_checked = None
+
+
+def _address(lib, name):
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+def checked_alloc_fn(lib):
+    """Address of the checking hook, or None (with a warning) if the shim
+    cannot be built here (no C++ compiler): then a failed allocation is a
+    NULL tensor, as with any plain pluggable allocator."""
+    global _checked
+    if _checked is None:
+        try:
+            from torch.utils import cpp_extension
+            mod = cpp_extension.load_inline(
+                name="cma_torch_oom_shim", cpp_sources=_SOURCE, functions=["bind"],
+                extra_cflags=["-O2"], verbose=False)
+            _checked = mod.bind(_address(lib, "cma_torch_alloc"), _address(lib, "cma_last_error"),
+                                _address(lib, "cma_last_error_code"))
+        except Exception as e:  # noqa: BLE001 - any build failure falls back, loudly
+            warnings.warn("cma.torch: could not build the out-of-memory shim (%s); an "
+                          "out-of-memory will return a null tensor instead of raising "
+                          "torch.OutOfMemoryError" % e)
+            _checked = 0
+    return _checked or None
