@@ -48,11 +48,18 @@ absl::StatusOr<Block*> DeviceAllocator::NewArena(std::size_t rounded, PoolKind p
   return b;
 }
 
-absl::Status DeviceAllocator::MakeRoomForPages(const Block* b, std::size_t bytes,
+std::size_t DeviceAllocator::FreshPagesFor(const Block* b, std::size_t bytes) const {
+  const Segment* seg = b->segment;
+  if (!seg->arena) return 0;
+  const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + bytes - 1);
+  return last + 1 - first - seg->pages.CountPopulated(first, last + 1);
+}
+
+absl::Status DeviceAllocator::MakeRoomForPages(const Block* b, std::size_t bytes, Stream stream,
                                                bool everything) {
   const Segment* seg = b->segment;
   const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + bytes - 1);
-  const std::size_t fresh = last + 1 - first - seg->pages.CountPopulated(first, last + 1);
+  const std::size_t fresh = FreshPagesFor(b, bytes);
   if (fresh == 0) return absl::OkStatus();  // the steady state: popcounts, no walk
   // The range lies in free block b: a page of it is in use only as the edge
   // page of a neighbour.
@@ -68,7 +75,7 @@ absl::Status DeviceAllocator::MakeRoomForPages(const Block* b, std::size_t bytes
       everything ? idle_pages_
                  : IdlePagesToDiscard(*config_, populated_pages(), idle_pages_ - reused, fresh,
                                       live_after, peak_live_pages_, budget_pages);
-  if (discard > 0) DiscardIdlePages(discard, keep_lo, keep_hi);
+  if (discard > 0) DiscardIdlePages(discard, keep_lo, keep_hi, &stream);
   if (populated_pages() + fresh > budget_pages) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "populating %s more would exceed the managed budget of device %d (%s populated of %s)",
@@ -141,7 +148,7 @@ void DeviceAllocator::ReleasePages(Block* b) {
 }
 
 std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t keep_lo,
-                                              std::uintptr_t keep_hi) {
+                                              std::uintptr_t keep_hi, const Stream* populating) {
   if (pages == 0 || idle_pages_ == 0) return 0;
   // Candidates in address order: (segment, page, stream of its free blocks).
   struct Candidate {
@@ -171,31 +178,50 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
       }
     }
   }
-  // Highest addresses first: best fit takes the lowest address among equal
-  // sizes, so the high end is the least likely to be wanted again soon.
+  // The populating stream's own pages first (its stream order already puts
+  // the discard before the population); then, highest addresses first (best
+  // fit takes the lowest address among equal sizes, so the high end is the
+  // least likely to be wanted again soon).
   absl::flat_hash_map<Stream, std::vector<Range>> by_stream;
   std::vector<const Candidate*> chosen;
-  for (auto it = candidates.rbegin(); it != candidates.rend() && chosen.size() < pages; ++it) {
-    if (it->mixed) continue;
-    chosen.push_back(&*it);
-    void* page = reinterpret_cast<void*>(it->seg->base + it->page * kPageSize);
-    std::vector<Range>& ranges = by_stream[it->stream];
-    // Walking downwards: extend the previous range at its front.
-    if (!ranges.empty() && static_cast<char*>(page) + kPageSize == ranges.back().ptr) {
-      ranges.back().ptr = page;
-      ranges.back().bytes += kPageSize;
-    } else {
-      ranges.push_back({page, kPageSize});
+  for (int own = populating != nullptr ? 1 : 0; own >= 0 && chosen.size() < pages; --own) {
+    for (auto it = candidates.rbegin(); it != candidates.rend() && chosen.size() < pages; ++it) {
+      if (it->mixed || (populating != nullptr && (it->stream == *populating) != (own == 1))) {
+        continue;
+      }
+      chosen.push_back(&*it);
+      void* page = reinterpret_cast<void*>(it->seg->base + it->page * kPageSize);
+      std::vector<Range>& ranges = by_stream[it->stream];
+      // Walking downwards: extend the previous range at its front.
+      if (!ranges.empty() && static_cast<char*>(page) + kPageSize == ranges.back().ptr) {
+        ranges.back().ptr = page;
+        ranges.back().bytes += kPageSize;
+      } else {
+        ranges.push_back({page, kPageSize});
+      }
     }
   }
   absl::flat_hash_map<Stream, bool> discarded;
   for (auto& [stream, ranges] : by_stream) {
     const bool ok = backend_->DiscardBatch(ranges, stream).ok();
     discarded[stream] = ok;
-    if (ok) {
-      ++stats_.discard_calls;
-    } else {
+    if (!ok) {
       ++stats_.num_placement_errors;  // the pages stay populated and valid
+      continue;
+    }
+    ++stats_.discard_calls;
+    // The driver reuses discarded memory for the next population only once
+    // the discard has run: the populating stream waits for it on the GPU (no
+    // host sync), or both pages would be populated at once.
+    if (populating != nullptr && stream != *populating) {
+      absl::StatusOr<Event> ev = TakeEvent();
+      if (ev.ok()) {
+        if (backend_->RecordEvent(*ev, stream).ok() &&
+            backend_->StreamWaitEvent(*populating, *ev).ok()) {
+          ++stats_.num_discard_waits;
+        }
+        spare_events_.push_back(*ev);
+      }
     }
   }
   std::size_t done = 0;

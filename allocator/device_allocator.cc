@@ -127,6 +127,15 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
       CoalesceUnmerged();
     }
     Block* b = FindSameStream(rounded, pool, stream);
+    if (b != nullptr && arena_mode() && FreshPagesFor(b, rounded) != 0) {
+      // New pages raise the device's high-water mark for good (the driver
+      // keeps discarded memory with its pages until something else needs
+      // it): an idle stream's populated block is the better choice.
+      if (Block* c = FindCrossStream(rounded, pool, stream, retry, /*populated_only=*/true)) {
+        InsertFree(b);
+        b = c;
+      }
+    }
     if (b == nullptr) b = FindCrossStream(rounded, pool, stream, /*synchronize=*/retry);
     if (b == nullptr) {
       if (!arena_mode()) {
@@ -149,7 +158,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
     if (b->segment->arena) {
       // Pages the block needs that hold nothing yet must fit the budget.
       const std::size_t take = ShouldSplit(b->size, rounded, pool, *config_) ? rounded : b->size;
-      if (absl::Status s = MakeRoomForPages(b, take, /*everything=*/retry); !s.ok()) {
+      if (absl::Status s = MakeRoomForPages(b, take, stream, /*everything=*/retry); !s.ok()) {
         ReturnBlock(b);  // unchanged: back into its pool
         // An arena made for this request holds nothing and no work: give
         // its address range back rather than keep an empty rival to the
@@ -213,6 +222,18 @@ Block* DeviceAllocator::FindSameStream(std::size_t rounded, PoolKind pool, Strea
     it = FindFit(rounded, pool, stream);
   }
   if (it == p.end()) return nullptr;
+  if (arena_mode() && FreshPagesFor(*it, rounded) != 0) {
+    // Memory already populated beats a tighter fit that needs new pages:
+    // the driver does not give populated memory back by itself, so new
+    // pages raise the device's high-water mark. Look a few sizes up.
+    auto alt = it;
+    for (int i = 0; i < kPopulatedSearch && ++alt != p.end() && (*alt)->stream == stream; ++i) {
+      if (FreshPagesFor(*alt, rounded) == 0) {
+        it = alt;
+        break;
+      }
+    }
+  }
   Block* b = *it;
   p.erase(it);
   if (b->is_split()) {
@@ -223,7 +244,7 @@ Block* DeviceAllocator::FindSameStream(std::size_t rounded, PoolKind pool, Strea
 }
 
 Block* DeviceAllocator::FindCrossStream(std::size_t rounded, PoolKind pool, Stream stream,
-                                        bool synchronize) {
+                                        bool synchronize, bool populated_only) {
   BlockPool& p = PoolOf(pool);
   std::vector<Block*> candidates;  // the best fit of each other stream
   for (auto it = p.begin(); it != p.end();) {
@@ -235,15 +256,31 @@ Block* DeviceAllocator::FindCrossStream(std::size_t rounded, PoolKind pool, Stre
       key.size = rounded;
       auto c = p.lower_bound(&key);
       if (c != p.end() && (*c)->stream == s && CanServe((*c)->size, rounded, *config_)) {
-        candidates.push_back(*c);
+        // In an arena, a few sizes up for one that needs no new page.
+        Block* pick = *c;
+        if (arena_mode() && FreshPagesFor(pick, rounded) != 0) {
+          pick = populated_only ? nullptr : pick;
+          auto alt = c;
+          for (int i = 0; i < kPopulatedSearch && ++alt != p.end() && (*alt)->stream == s; ++i) {
+            if (FreshPagesFor(*alt, rounded) == 0) {
+              pick = *alt;
+              break;
+            }
+          }
+        }
+        if (pick != nullptr) candidates.push_back(pick);
       }
     }
     key.size = ~std::size_t{0};
     key.addr = ~std::uintptr_t{0};
     it = p.upper_bound(&key);
   }
-  std::sort(candidates.begin(), candidates.end(),
-            [](const Block* a, const Block* b) { return a->size < b->size; });
+  // Populated memory first (see FindSameStream), then the tightest fit.
+  std::sort(candidates.begin(), candidates.end(), [&](const Block* a, const Block* b) {
+    const bool fa = arena_mode() && FreshPagesFor(a, rounded) != 0;
+    const bool fb = arena_mode() && FreshPagesFor(b, rounded) != 0;
+    return std::tie(fa, a->size) < std::tie(fb, b->size);
+  });
   for (Block* c : candidates) {
     // Everything in the pool was freed before now, so once an event recorded
     // now on its stream completes, no queued work can still touch it.
@@ -539,6 +576,7 @@ void DeviceAllocator::ResetAccumulatedStats() {
   stats_.num_alloc_retries = stats_.num_ooms = stats_.num_device_alloc = stats_.num_device_free = 0;
   stats_.num_sync_all_streams = stats_.num_cross_stream_reuse = 0;
   stats_.num_pages_populated = stats_.num_pages_discarded = stats_.discard_calls = 0;
+  stats_.num_discard_waits = 0;
 }
 
 void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {

@@ -103,9 +103,10 @@ class DeviceAllocator {
   Block* FindSameStream(std::size_t rounded, PoolKind pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A free block of another stream whose queued work has completed (or, with
-  // `synchronize`, after waiting for it).
-  Block* FindCrossStream(std::size_t rounded, PoolKind pool, Stream stream, bool synchronize)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `synchronize`, after waiting for it); with `populated_only`, only one
+  // whose arena pages are all populated already.
+  Block* FindCrossStream(std::size_t rounded, PoolKind pool, Stream stream, bool synchronize,
+                         bool populated_only = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> NewSegment(std::size_t rounded, PoolKind pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A block that has stopped being used (its events, if any, completed):
@@ -114,6 +115,11 @@ class DeviceAllocator {
 
   // ---- arena mode (arena.cc) ----
   bool arena_mode() const { return config_->segments == SegmentMode::kArena; }
+  // Pages of the first `bytes` of free block `b` that are not populated (0
+  // outside arenas). How many larger blocks a lookup checks for one that
+  // needs none.
+  std::size_t FreshPagesFor(const Block* b, std::size_t bytes) const;
+  static constexpr int kPopulatedSearch = 8;
   // A new address range (no physical cost) as one free block of `stream`.
   absl::StatusOr<Block*> NewArena(std::size_t rounded, PoolKind pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -121,18 +127,20 @@ class DeviceAllocator {
   // free block `b`:
   // discards idle pages as policy/release_policy.h says (all of them with
   // `everything`). kResourceExhausted when they still do not fit.
-  absl::Status MakeRoomForPages(const Block* b, std::size_t bytes, bool everything)
+  absl::Status MakeRoomForPages(const Block* b, std::size_t bytes, Stream stream, bool everything)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a block handed out / given back in its pages' users; pages
   // populated by the hand-out are left in populate_ for placement.
   void AcquirePages(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleasePages(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Discards up to `pages` idle pages outside [keep_lo, keep_hi), highest
-  // addresses first, each on the one stream whose free blocks cover it (a
-  // page whose free blocks belong to several streams is left alone).
-  // Returns the pages discarded.
+  // Discards up to `pages` idle pages outside [keep_lo, keep_hi), each on
+  // the one stream whose free blocks cover it (a page whose free blocks
+  // belong to several streams is left alone). With `populating`, the stream
+  // about to populate new pages: its own idle pages go first, and it waits
+  // (GPU-side) for discards on other streams. Returns the pages discarded.
   std::size_t DiscardIdlePages(std::size_t pages, std::uintptr_t keep_lo = 0,
-                               std::uintptr_t keep_hi = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                               std::uintptr_t keep_hi = 0, const Stream* populating = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // discard_on_free in an arena: the idle pages wholly inside `b`.
   void DiscardPagesInside(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::size_t populated_pages() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

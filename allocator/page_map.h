@@ -43,7 +43,10 @@ class PageMap {
       const std::size_t span = std::min<std::size_t>(64 - bit, hi - lo);
       const std::uint64_t mask = span == 64 ? ~std::uint64_t{0}
                                             : ((std::uint64_t{1} << span) - 1) << bit;
-      n += static_cast<std::size_t>(__builtin_popcountll(bits_[word] & mask));
+      const std::uint64_t set = bits_[word] & mask;
+      // All set is the steady state; a real popcount only otherwise (it is
+      // a library call on baseline x86-64).
+      n += set == mask ? span : static_cast<std::size_t>(__builtin_popcountll(set));
       lo += span;
     }
     return n;

@@ -72,6 +72,7 @@ struct DeviceStats {
   std::int64_t num_pages_populated = 0;
   std::int64_t num_pages_discarded = 0;
   std::int64_t discard_calls = 0;
+  std::int64_t num_discard_waits = 0;  // populations ordered after another stream's discard
 
   // Flattened as PyTorch does: "allocated_bytes.all.current", "num_ooms", ...
   std::map<std::string, std::int64_t> Flatten() const;

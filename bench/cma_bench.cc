@@ -73,9 +73,15 @@ double MedianPairNs(int reps, int per_rep, F&& pair) {
 absl::Status LatencySuite(Backend& backend, int device, const std::string& config, Json& out) {
   auto alloc = CachingManagedAllocator::Create(backend, config);
   if (!alloc.ok()) return alloc.status();
+  // The same allocator with classic segments, side by side: what the arena's
+  // page bookkeeping costs on the fast path.
+  auto classic = CachingManagedAllocator::Create(
+      backend, config.empty() ? "segments:classic" : config + ",segments:classic");
+  if (!classic.ok()) return classic.status();
   const int reps = absl::GetFlag(FLAGS_reps);
   Json rows = Json::array();
-  std::cout << absl::StrFormat("%12s %16s %14s", "bytes", "cached_pair_ns", "raw_pair_ns");
+  std::cout << absl::StrFormat("%12s %16s %16s %14s", "bytes", "cached_pair_ns", "classic_pair_ns",
+                               "raw_pair_ns");
   std::vector<std::string> extra_names = BaselineNames(backend);
   for (const std::string& n : extra_names) std::cout << absl::StrFormat(" %24s", n);
   std::cout << "\n";
@@ -97,6 +103,18 @@ absl::Status LatencySuite(Backend& backend, int device, const std::string& confi
     cached_pair();
     const double cached = MedianPairNs(reps, 2000, cached_pair);
     if (!failure.ok()) return failure;
+    auto classic_pair = [&]() {
+      absl::StatusOr<void*> p = (*classic)->Allocate(bytes, device);
+      if (!p.ok()) {
+        failure = p.status();
+        return false;
+      }
+      failure = (*classic)->Free(*p);
+      return failure.ok();
+    };
+    classic_pair();
+    const double classic_ns = MedianPairNs(reps, 2000, classic_pair);
+    if (!failure.ok()) return failure;
     auto raw_pair = [&]() {
       absl::StatusOr<void*> p = backend.AllocateManaged(device, bytes);
       if (!p.ok()) {
@@ -112,9 +130,10 @@ absl::Status LatencySuite(Backend& backend, int device, const std::string& confi
     Json row = Json::object();
     row["bytes"] = static_cast<std::int64_t>(bytes);
     row["cached_pair_ns"] = cached;
+    row["classic_pair_ns"] = classic_ns;
     row["raw_pair_ns"] = raw;
     row["raw_over_cached"] = raw / cached;
-    std::cout << absl::StrFormat("%12d %16.1f %14.1f", bytes, cached, raw);
+    std::cout << absl::StrFormat("%12d %16.1f %16.1f %14.1f", bytes, cached, classic_ns, raw);
     for (const std::string& n : extra_names) {
       absl::StatusOr<double> ns = MeasureBaseline(backend, n, device, bytes, reps);
       if (!ns.ok()) return ns.status();

@@ -108,10 +108,13 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view v, AllocatorConfi
     else return Bad(key, v, "arena, classic");
   } else if (key == "idle_page_slack") {
     double f;
-    if (!absl::SimpleAtod(v, &f) || !(f >= 0.0 && f <= 1.0)) {
-      return Bad(key, v, "a fraction from 0 to 1");
+    if (v == "off") {
+      c.idle_page_slack = -1;
+    } else if (absl::SimpleAtod(v, &f) && f >= 0.0 && f <= 1.0) {
+      c.idle_page_slack = f;
+    } else {
+      return Bad(key, v, "off, or a fraction from 0 to 1");
     }
-    c.idle_page_slack = f;
   } else if (key == "arena_size") {
     auto s = ParseSize(v);
     // At least one 2 MiB page; at most 1 TiB of address space per arena.
@@ -202,9 +205,7 @@ std::string AllocatorConfig::ToString() const {
   if (multicast) parts.push_back("multicast:1");
   if (segments != d.segments) parts.push_back("segments:classic");
   if (arena_size) parts.push_back(absl::StrCat("arena_size:", arena_size));
-  if (idle_page_slack != d.idle_page_slack) {
-    parts.push_back(absl::StrCat("idle_page_slack:", idle_page_slack));
-  }
+  if (idle_page_slack >= 0) parts.push_back(absl::StrCat("idle_page_slack:", idle_page_slack));
   return absl::StrJoin(parts, ",");
 }
 

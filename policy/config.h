@@ -27,12 +27,16 @@
 //                       discarded (stream-ordered) when wholly free and
 //                       needed elsewhere, so reserved_bytes counts populated
 //                       pages. classic: PyTorch-like 2 MiB / 20 MiB segments.
-//   idle_page_slack     arena mode: fraction of the peak of pages in use that
-//                       idle populated pages may add to it before new pages
-//                       replace idle ones (default 0.02, and at least 4
-//                       pages; 0: strictly the peak). The slack is what lets
-//                       a repeating workload reach a steady state with no
-//                       discard and no populate.
+//   idle_page_slack     arena mode: off (default) | a fraction F. off: idle
+//                       populated pages are discarded only under pressure
+//                       (the budget, garbage_collection_threshold,
+//                       release_threshold, empty_cache), so the steady state
+//                       makes no driver call. F: populated pages may exceed
+//                       the peak of pages in use by F of it (at least 4
+//                       pages) before new pages replace idle ones by
+//                       discarding them; 0 keeps strictly to the peak. A
+//                       discarded page is reclaimable by the driver (cudaMalloc
+//                       can take it) but cudaMemGetInfo does not show it free.
 //   arena_size          size of each arena's address range (default 0: the
 //                       managed budget, so one arena never spans more than
 //                       the device had free)
@@ -74,7 +78,7 @@ struct AllocatorConfig {
   bool multicast = false;
   SegmentMode segments = SegmentMode::kArena;
   std::size_t arena_size = 0;  // 0: the managed budget
-  double idle_page_slack = 0.02;
+  double idle_page_slack = -1;  // < 0: off
 
   // The config back in `key:value` form (only keys that differ from defaults).
   std::string ToString() const;

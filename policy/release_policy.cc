@@ -27,13 +27,16 @@ std::size_t IdlePagesToDiscard(const AllocatorConfig& config, std::size_t popula
                                std::size_t idle_pages, std::size_t new_pages,
                                std::size_t live_after, std::size_t peak_live,
                                std::size_t budget_pages) {
-  const std::size_t peak = std::max(peak_live, live_after);
-  const std::size_t slack =
-      config.idle_page_slack == 0
-          ? 0
-          : std::max(kMinSlackPages,
-                     static_cast<std::size_t>(config.idle_page_slack * static_cast<double>(peak)));
-  const std::size_t limit = std::min(peak + slack, budget_pages);
+  std::size_t limit = budget_pages;  // off: only the budget asks
+  if (config.idle_page_slack >= 0) {
+    const std::size_t peak = std::max(peak_live, live_after);
+    const std::size_t slack =
+        config.idle_page_slack == 0
+            ? 0
+            : std::max(kMinSlackPages, static_cast<std::size_t>(config.idle_page_slack *
+                                                                static_cast<double>(peak)));
+    limit = std::min(peak + slack, budget_pages);
+  }
   const std::size_t after = populated_pages + new_pages;
   return after > limit ? std::min(idle_pages, after - limit) : 0;
 }

@@ -29,11 +29,12 @@ std::size_t ReleaseAfterFree(const AllocatorConfig& config, std::size_t reserved
 // Arena mode: how many wholly free but populated ("idle") pages to discard
 // before `new_pages` pages are populated, when the allocation will leave
 // `live_after` pages in use and the most ever in use was `peak_live`.
-// Populated pages may exceed the peak of pages in use by a slack
-// (config.idle_page_slack of it, at least kMinSlackPages) so that a
-// repeating workload settles with no discard; beyond it, idle pages make way
-// for new ones, which keeps the populated high-water mark at the peak in
-// use. The budget may ask for more. Never more than `idle_pages`.
+// By default (idle_page_slack off) only the budget asks for discards. With a
+// slack, populated pages may exceed the peak of pages in use by that
+// fraction of it (at least kMinSlackPages), so a repeating workload settles
+// with no discard; beyond it, idle pages make way for new ones, which keeps
+// the populated high-water mark at the peak in use. Never more than
+// `idle_pages`.
 inline constexpr std::size_t kMinSlackPages = 4;
 std::size_t IdlePagesToDiscard(const AllocatorConfig& config, std::size_t populated_pages,
                                std::size_t idle_pages, std::size_t new_pages,

@@ -77,9 +77,14 @@ TEST(ReleasePolicyTest, ArenaKeepsPopulatedPagesNearThePeakInUse) {
   EXPECT_EQ(IdlePagesToDiscard(strict, 10, 4, 3, 9, 12, 100), 1u);  // an earlier peak of 12
   EXPECT_EQ(IdlePagesToDiscard(strict, 10, 0, 3, 13, 13, 100), 0u);
   EXPECT_EQ(IdlePagesToDiscard(strict, 10, 6, 5, 9, 30, 12), 3u);  // the budget asks
-  AllocatorConfig slack;  // default: 2% of the peak, at least 4 pages
+  AllocatorConfig slack;
+  slack.idle_page_slack = 0.02;  // 2% of the peak, at least 4 pages
   EXPECT_EQ(IdlePagesToDiscard(slack, 10, 4, 3, 9, 9, 100), 0u);  // 13 <= 9 + 4
   EXPECT_EQ(IdlePagesToDiscard(slack, 1000, 100, 50, 950, 950, 5000), 81u);  // 1050 - 969
+  AllocatorConfig off;  // the default: only the budget
+  EXPECT_EQ(IdlePagesToDiscard(off, 1000, 100, 50, 950, 950, 5000), 0u);
+  EXPECT_EQ(IdlePagesToDiscard(off, 1000, 100, 50, 950, 950, 1020), 30u);
+  EXPECT_EQ(IdlePagesToDiscard(off, 1000, 10, 50, 950, 950, 1020), 10u);
 }
 
 TEST(SizePolicyTest, CanServeNeedsEnoughBytes) {
