@@ -75,7 +75,8 @@ def run_route(route, traces):
                    for sid in sorted({o[3] for o in ops})}
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+        if route != "cma":  # the pluggable allocator has no PyTorch stats
+            torch.cuda.reset_peak_memory_stats()
         if route == "cma":
             import cma
             cma.empty_cache()

@@ -81,9 +81,10 @@ def run_route(route, steps):
         losses, times = train()
     out = {"route": route, "losses": losses, "steps": steps,
            "step_ms_median": statistics.median(times[10:]),
-           "peak_device_used": free_start - lowest[0],
-           "max_memory_allocated": torch.cuda.max_memory_allocated(),
-           "max_memory_reserved": torch.cuda.max_memory_reserved()}
+           "peak_device_used": free_start - lowest[0]}
+    if route != "cma":  # the pluggable allocator has no PyTorch stats
+        out["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+        out["max_memory_reserved"] = torch.cuda.max_memory_reserved()
     if route.startswith("cma"):
         import cma.torch as cmat
         st = cmat.memory_stats()
