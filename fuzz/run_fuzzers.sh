@@ -27,7 +27,8 @@ build() { clang++ "${flags[@]}" "$@" "${link[@]}"; }
 build fuzz/config_fuzzer.cc policy/*.cc -o "$out/config"
 build fuzz/trace_fuzzer.cc bench/trace.cc -o "$out/trace"
 build fuzz/sequence_fuzzer.cc "${core[@]}" -o "$out/sequence"
-for name in config trace sequence; do
+build fuzz/handshake_fuzzer.cc allocator/symmetric/wire.cc -o "$out/handshake"
+for name in config trace sequence handshake; do
   mkdir -p "fuzz/corpus/$name"
   echo "== fuzzing $name for ${seconds}s"
   "$out/$name" "fuzz/corpus/$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
@@ -38,4 +39,4 @@ for name in config trace sequence; do
     exit 1
   fi
 done
-echo "fuzzers: 3 run, 0 failed"
+echo "fuzzers: 4 run, 0 failed"

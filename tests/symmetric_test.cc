@@ -26,7 +26,15 @@ using ::testing::HasSubstr;
 
 constexpr absl::Duration kTimeout = absl::Seconds(5);
 
+// One rendezvous token for this test process; forked members inherit it
+// (SocketPath makes it before any fork).
+const std::string& Token() {
+  static const std::string* token = new std::string(*MakeRendezvousToken());
+  return *token;
+}
+
 std::string SocketPath(const char* test) {
+  Token();
   return absl::StrFormat("/tmp/cma-test-%s-%d.sock", test, getpid());
 }
 
@@ -210,7 +218,7 @@ TEST(ExchangeTest, SingleProcessDupsDescriptors) {
 TEST(ExchangeTest, UnixSocketGathersBytesAndDescriptorsAcrossProcesses) {
   const std::string path = SocketPath("gather");
   auto codes = RunProcesses(3, [&](int r) {
-    auto x = MakeUnixSocketExchange(path, r, 3, kTimeout);
+    auto x = MakeUnixSocketExchange(path, r, 3, kTimeout, Token());
     if (!x.ok()) return false;
     const int fd = memfd_create("x", MFD_CLOEXEC);
     const std::string text = absl::StrFormat("from %d", r);
@@ -236,11 +244,11 @@ TEST(ExchangeTest, UnixSocketGathersBytesAndDescriptorsAcrossProcesses) {
 
 TEST(ExchangeTest, MissingProcessTimesOutWithAClearError) {
   const auto t0 = absl::Now();
-  auto x = MakeUnixSocketExchange(SocketPath("missing"), 0, 2, absl::Milliseconds(300));
+  auto x = MakeUnixSocketExchange(SocketPath("missing"), 0, 2, absl::Milliseconds(300), Token());
   EXPECT_EQ(x.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(x.status().message(), HasSubstr("1 more process(es) to connect"));
   EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
-  auto leaf = MakeUnixSocketExchange(SocketPath("nobody"), 1, 2, absl::Milliseconds(200));
+  auto leaf = MakeUnixSocketExchange(SocketPath("nobody"), 1, 2, absl::Milliseconds(200), Token());
   EXPECT_THAT(leaf.status().message(), HasSubstr("process 0 never listened"));
 }
 
@@ -271,7 +279,7 @@ TEST(ExchangeTest, CallbackBootstrapsASocketExchange) {
 // GPU per process.
 std::unique_ptr<SymmetricHeap> ProcessHeap(HostBackend& b, const std::string& path, int rank,
                                            int world, absl::Duration timeout = kTimeout) {
-  auto x = MakeUnixSocketExchange(path, rank, world, timeout);
+  auto x = MakeUnixSocketExchange(path, rank, world, timeout, Token());
   if (!x.ok()) return nullptr;
   SymmetricGroup g;
   g.world_size = world;

@@ -1,5 +1,8 @@
 #include "allocator/symmetric/exchange.h"
 
+#include <sys/random.h>
+#include <sys/stat.h>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -7,154 +10,24 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
-#include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
+#include "allocator/symmetric/wire.h"
 
 namespace cma {
 namespace {
 
-constexpr std::uint32_t kMagic = 0x434d4158;  // "CMAX"
-constexpr int kMaxFds = 250;                  // under SCM_MAX_FD
-
-struct Header {
-  std::uint32_t magic;
-  std::uint32_t ok;  // 0: an error frame whose bytes are the reason
-  std::uint32_t bytes;
-  std::uint32_t fds;
-};
-
-void CloseAll(std::vector<int>& fds) {
-  for (int fd : fds) {
-    if (fd >= 0) close(fd);
-  }
-  fds.clear();
-}
-
-absl::Status Errno(const std::string& what) {
-  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
-}
-
-// Waits until `fd` is ready for `events` or the deadline passes.
-absl::Status WaitFor(int fd, short events, absl::Time deadline, const std::string& who) {
-  for (;;) {
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) {
-      return absl::DeadlineExceededError(absl::StrCat("symmetric exchange: timed out waiting for ", who));
-    }
-    pollfd p{fd, events, 0};
-    const int r = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return Errno("poll");
-    if (r == 0) continue;  // re-check the deadline
-    if (p.revents & (POLLERR | POLLNVAL)) {
-      return absl::UnavailableError(absl::StrCat("symmetric exchange: ", who, " disconnected"));
-    }
-    return absl::OkStatus();
-  }
-}
-
-absl::Status WriteAll(int fd, const void* data, std::size_t n, absl::Time deadline,
-                      const std::string& who) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    if (absl::Status s = WaitFor(fd, POLLOUT, deadline, who); !s.ok()) return s;
-    const ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (w <= 0) return absl::UnavailableError(absl::StrCat("symmetric exchange: ", who, " disconnected"));
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ReadAll(int fd, void* data, std::size_t n, absl::Time deadline, const std::string& who) {
-  char* p = static_cast<char*>(data);
-  while (n > 0) {
-    if (absl::Status s = WaitFor(fd, POLLIN, deadline, who); !s.ok()) return s;
-    const ssize_t r = recv(fd, p, n, 0);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (r <= 0) return absl::UnavailableError(absl::StrCat("symmetric exchange: ", who, " disconnected"));
-    p += r;
-    n -= static_cast<std::size_t>(r);
-  }
-  return absl::OkStatus();
-}
-
-// One frame: header (carrying the FDs) then the bytes.
-absl::Status SendFrame(int sock, bool ok, const Contribution& c, absl::Time deadline,
-                       const std::string& who) {
-  if (c.fds.size() > kMaxFds) return absl::InvalidArgumentError("too many FDs in one exchange");
-  Header h{kMagic, ok ? 1u : 0u, static_cast<std::uint32_t>(c.bytes.size()),
-           static_cast<std::uint32_t>(c.fds.size())};
-  iovec iov{&h, sizeof(h)};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * std::max<std::size_t>(c.fds.size(), 1)));
-  if (!c.fds.empty()) {
-    msg.msg_control = control.data();
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * c.fds.size());
-    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int) * c.fds.size());
-    std::memcpy(CMSG_DATA(cm), c.fds.data(), sizeof(int) * c.fds.size());
-  }
-  if (absl::Status s = WaitFor(sock, POLLOUT, deadline, who); !s.ok()) return s;
-  ssize_t w;
-  do {
-    w = sendmsg(sock, &msg, MSG_NOSIGNAL);
-  } while (w < 0 && errno == EINTR);
-  if (w != static_cast<ssize_t>(sizeof(h))) {
-    return absl::UnavailableError(absl::StrCat("symmetric exchange: ", who, " disconnected"));
-  }
-  return WriteAll(sock, c.bytes.data(), c.bytes.size(), deadline, who);
-}
-
-absl::StatusOr<Contribution> RecvFrame(int sock, absl::Time deadline, const std::string& who) {
-  Header h{};
-  iovec iov{&h, sizeof(h)};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * kMaxFds));
-  msg.msg_control = control.data();
-  msg.msg_controllen = control.size();
-  if (absl::Status s = WaitFor(sock, POLLIN, deadline, who); !s.ok()) return s;
-  ssize_t r;
-  do {
-    r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-  } while (r < 0 && errno == EINTR);
-  Contribution c;
-  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
-    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-      const std::size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      const int* fds = reinterpret_cast<const int*>(CMSG_DATA(cm));
-      c.fds.insert(c.fds.end(), fds, fds + n);
-    }
-  }
-  if (r == 0) {
-    CloseAll(c.fds);
-    return absl::UnavailableError(absl::StrCat("symmetric exchange: ", who, " disconnected"));
-  }
-  if (r != static_cast<ssize_t>(sizeof(h)) || h.magic != kMagic || c.fds.size() != h.fds) {
-    CloseAll(c.fds);
-    return absl::DataLossError(absl::StrCat("symmetric exchange: malformed frame from ", who));
-  }
-  c.bytes.resize(h.bytes);
-  if (absl::Status s = ReadAll(sock, c.bytes.data(), h.bytes, deadline, who); !s.ok()) {
-    CloseAll(c.fds);
-    return s;
-  }
-  if (!h.ok) {
-    CloseAll(c.fds);
-    return absl::AbortedError(absl::StrCat("symmetric exchange failed elsewhere: ", c.bytes));
-  }
-  return c;
-}
+using wire::CloseAll;
+using wire::Errno;
+using wire::ReadAll;
+using wire::RecvFrame;
+using wire::SendFrame;
+using wire::WaitFor;
+using wire::WriteAll;
 
 std::vector<int> DupAll(const std::vector<int>& fds) {
   std::vector<int> out;
@@ -257,49 +130,118 @@ std::unique_ptr<Exchange> MakeSingleProcessExchange() {
   return std::make_unique<SingleProcessExchange>();
 }
 
+absl::StatusOr<std::string> MakeRendezvousToken() {
+  unsigned char raw[32];
+  std::size_t got = 0;
+  while (got < sizeof(raw)) {
+    const ssize_t n = getrandom(raw + got, sizeof(raw) - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Errno("getrandom");
+    got += static_cast<std::size_t>(n);
+  }
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(raw), sizeof(raw)));
+}
+
+namespace {
+
+// Process 0: accepts until every member has presented the token with a free
+// index; anything else is closed unanswered and the wait goes on.
+absl::Status AcceptMembers(int listener, int process_count, const std::string& token,
+                           absl::Time deadline, std::vector<int>& peers) {
+  const uid_t me = geteuid();
+  int rejected = 0;
+  std::string last_rejection;
+  for (int accepted = 1; accepted < process_count;) {
+    absl::Status s = WaitFor(listener, POLLIN, deadline,
+                             absl::StrCat(process_count - accepted, " more process(es) to connect"));
+    if (!s.ok()) {
+      if (rejected > 0) {
+        s = absl::Status(s.code(), absl::StrFormat("%s; rejected %d connection(s), the last: %s",
+                                                   s.message(), rejected, last_rejection));
+      }
+      return s;
+    }
+    const int c = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return Errno("accept");
+    }
+    // A silent connector must not hold the rendezvous up for long.
+    const absl::Time hello_deadline = std::min(deadline, absl::Now() + absl::Seconds(2));
+    absl::StatusOr<uid_t> uid = wire::PeerUid(c);
+    absl::StatusOr<int> who = absl::PermissionDeniedError("");
+    if (!uid.ok()) {
+      who = uid.status();
+    } else if (*uid != me) {
+      who = absl::PermissionDeniedError(absl::StrFormat("uid %d is not this user (%d)", *uid, me));
+    } else {
+      who = wire::ReadHello(c, token, process_count, hello_deadline);
+    }
+    if (who.ok() && peers[*who] != -1) {
+      who = absl::PermissionDeniedError(absl::StrFormat("process index %d is taken", *who));
+    }
+    if (who.ok()) {
+      if (absl::Status w = wire::SendWelcome(c, deadline); !w.ok()) {
+        close(c);
+        return w;
+      }
+      peers[*who] = c;
+      ++accepted;
+      continue;
+    }
+    ++rejected;
+    last_rejection = std::string(who.status().message());
+    close(c);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Listen(const std::string& path, const sockaddr_un& addr, int process_count,
+                    int* listener) {
+  struct stat st {};
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "symmetric exchange: ", path, " exists and is not a socket; it is left alone"));
+    }
+    unlink(path.c_str());  // a stale socket of an earlier run
+  }
+  const int l = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (l < 0) return Errno("socket");
+  // Owner-only from the start would need umask, which is process-wide;
+  // between bind and chmod the token and peer credentials still guard it.
+  if (bind(l, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      chmod(path.c_str(), 0600) != 0 || listen(l, process_count + 8) != 0) {
+    absl::Status s = Errno(absl::StrCat("bind/listen on ", path));
+    close(l);
+    unlink(path.c_str());
+    return s;
+  }
+  *listener = l;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Exchange>> MakeUnixSocketExchange(const std::string& path,
                                                                   int process_index,
                                                                   int process_count,
-                                                                  absl::Duration timeout) {
+                                                                  absl::Duration timeout,
+                                                                  const std::string& token) {
   if (process_count < 1 || process_index < 0 || process_index >= process_count) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "symmetric exchange: process %d of %d is not a valid member", process_index, process_count));
   }
+  if (absl::Status s = wire::CheckToken(token); !s.ok()) return s;
   absl::StatusOr<sockaddr_un> addr = Address(path);
   if (!addr.ok()) return addr.status();
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<int> peers(process_count, -1);
   if (process_index == 0) {
-    const int listener = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (listener < 0) return Errno("socket");
-    unlink(path.c_str());
-    if (bind(listener, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0 ||
-        listen(listener, process_count) != 0) {
-      absl::Status s = Errno(absl::StrCat("bind/listen on ", path));
-      close(listener);
-      return s;
-    }
-    absl::Status failure;
-    for (int accepted = 1; accepted < process_count && failure.ok(); ++accepted) {
-      failure = WaitFor(listener, POLLIN, deadline,
-                        absl::StrCat(process_count - accepted, " more process(es) to connect"));
-      if (!failure.ok()) break;
-      const int c = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) {
-        failure = Errno("accept");
-        break;
-      }
-      std::int32_t who = -1;
-      failure = ReadAll(c, &who, sizeof(who), deadline, "a connecting process");
-      if (failure.ok() && (who <= 0 || who >= process_count || peers[who] != -1)) {
-        failure = absl::InvalidArgumentError(absl::StrCat("symmetric exchange: bad process index ", who));
-      }
-      if (!failure.ok()) {
-        close(c);
-        break;
-      }
-      peers[who] = c;
-    }
+    int listener = -1;
+    if (absl::Status s = Listen(path, *addr, process_count, &listener); !s.ok()) return s;
+    absl::Status failure = AcceptMembers(listener, process_count, token, deadline, peers);
     close(listener);
     unlink(path.c_str());
     if (!failure.ok()) {
@@ -320,8 +262,17 @@ absl::StatusOr<std::unique_ptr<Exchange>> MakeUnixSocketExchange(const std::stri
       }
       absl::SleepFor(absl::Milliseconds(5));
     }
-    const std::int32_t me = process_index;
-    if (absl::Status s = WriteAll(c, &me, sizeof(me), deadline, "process 0"); !s.ok()) {
+    // Our handles go only to process 0 of our own user.
+    absl::StatusOr<uid_t> uid = wire::PeerUid(c);
+    absl::Status s = uid.status();
+    if (s.ok() && *uid != geteuid()) {
+      s = absl::PermissionDeniedError(absl::StrFormat(
+          "symmetric exchange: the process listening at %s runs as uid %d, not this user", path,
+          *uid));
+    }
+    if (s.ok()) s = wire::SendHello(c, process_index, token, deadline);
+    if (s.ok()) s = wire::ReadWelcome(c, deadline);
+    if (!s.ok()) {
       close(c);
       return s;
     }
@@ -336,20 +287,34 @@ absl::StatusOr<std::unique_ptr<Exchange>> MakeCallbackExchange(AllGatherCallback
                                                                int process_count,
                                                                absl::Duration timeout) {
   if (callback == nullptr) return absl::InvalidArgumentError("symmetric exchange: null callback");
-  constexpr std::size_t kLen = sizeof(sockaddr_un::sun_path);
+  // Process 0's entry: the socket path, then the token, each NUL-padded.
+  constexpr std::size_t kPath = sizeof(sockaddr_un::sun_path);
+  constexpr std::size_t kLen = kPath + kMaxTokenBytes;
   std::string mine(kLen, '\0');
+  std::string dir;
   if (process_index == 0) {
-    std::random_device rd;
-    const std::string path =
-        absl::StrFormat("/tmp/cma-symmetric-%d-%08x.sock", getpid(), rd());
+    char tmpl[] = "/tmp/cma-symmetric-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) return Errno("mkdtemp");  // 0700: ours alone
+    dir = tmpl;
+    const std::string path = dir + "/rendezvous.sock";
+    absl::StatusOr<std::string> token = MakeRendezvousToken();
+    if (!token.ok()) {
+      rmdir(dir.c_str());
+      return token.status();
+    }
     std::memcpy(mine.data(), path.data(), path.size());
+    std::memcpy(mine.data() + kPath, token->data(), token->size());
   }
   std::string all(kLen * static_cast<std::size_t>(process_count), '\0');
-  if (callback(ctx, mine.data(), kLen, all.data()) != 0) {
-    return absl::UnavailableError("symmetric exchange: the framework's all-gather failed");
+  absl::StatusOr<std::unique_ptr<Exchange>> x =
+      absl::UnavailableError("symmetric exchange: the framework's all-gather failed");
+  if (callback(ctx, mine.data(), kLen, all.data()) == 0) {
+    const std::string path(all.data(), strnlen(all.data(), kPath));
+    const std::string token(all.data() + kPath, strnlen(all.data() + kPath, kMaxTokenBytes));
+    x = MakeUnixSocketExchange(path, process_index, process_count, timeout, token);
   }
-  const std::string path(all.data());  // process 0's entry, NUL-terminated
-  return MakeUnixSocketExchange(path, process_index, process_count, timeout);
+  if (!dir.empty()) rmdir(dir.c_str());  // the socket itself is gone already
+  return x;
 }
 
 }  // namespace cma

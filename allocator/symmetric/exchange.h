@@ -7,6 +7,16 @@
 // SCM_RIGHTS), and MakeCallbackExchange (a framework's own communicator,
 // such as torch.distributed or MPI, bootstraps a UnixSocketExchange).
 //
+// Security of the socket rendezvous: only processes of the same user that
+// present the rendezvous token get in. Process 0 checks every connector's
+// peer credentials (SO_PEERCRED: same effective uid) and its token before it
+// assigns the connector a member index; a rejected connector is closed
+// without being sent anything, and the rendezvous goes on waiting for the
+// real member (an intruder cannot claim an index or abort it). Connectors
+// check that process 0 runs as the same user. The socket file is made 0600;
+// the callback bootstrap puts it in a private (0700) directory. Frame sizes
+// are bounded before anything is allocated.
+//
 // Contract: AllGather is collective; every process calls it the same number
 // of times. Every wait is bounded by the exchange's timeout: a process that
 // dies or never arrives gives the others kDeadlineExceeded or kUnavailable
@@ -15,6 +25,7 @@
 #ifndef CMA_ALLOCATOR_SYMMETRIC_EXCHANGE_H_
 #define CMA_ALLOCATOR_SYMMETRIC_EXCHANGE_H_
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,21 +53,38 @@ class Exchange {
 // (with dup'ed FDs, so ownership rules are the same as for other exchanges).
 std::unique_ptr<Exchange> MakeSingleProcessExchange();
 
+// A fresh random rendezvous token (64 hex characters from the kernel's
+// random source), for the bootstrap to hand to every member.
+absl::StatusOr<std::string> MakeRendezvousToken();
+
 // Processes on one host meet at a Unix socket path; process 0 listens there.
-// `timeout` bounds connection set-up and every AllGather.
+// Every member passes the same `token` (16 to 128 bytes; MakeRendezvousToken
+// makes one); a bootstrap (MakeCallbackExchange, MPI, torch.distributed)
+// distributes it. `timeout` bounds connection set-up and every AllGather.
+// kInvalidArgument for a bad index, path or token; kPermissionDenied when
+// process 0 is another user or rejected this process's token;
+// kDeadlineExceeded naming what is missing (and any connections rejected).
+// An existing file at `path` that is not a socket is never removed.
 absl::StatusOr<std::unique_ptr<Exchange>> MakeUnixSocketExchange(const std::string& path,
                                                                   int process_index,
                                                                   int process_count,
-                                                                  absl::Duration timeout);
+                                                                  absl::Duration timeout,
+                                                                  const std::string& token);
+
+// Limits of the wire protocol, checked before anything is allocated.
+inline constexpr std::size_t kMaxFrameBytes = std::size_t{1} << 20;
+inline constexpr std::size_t kMinTokenBytes = 16;
+inline constexpr std::size_t kMaxTokenBytes = 128;
 
 // A framework's all-gather of fixed-size byte buffers: `send` (len bytes)
 // from every rank lands in `recv` (count * len bytes, rank order). Returns 0
 // on success.
 using AllGatherCallback = int (*)(void* ctx, const void* send, size_t len, void* recv);
 
-// Uses `callback` once, to agree on a socket path created by process 0, then
-// exchanges through a UnixSocketExchange (FDs cannot travel through a
-// framework's communicator).
+// Uses `callback` once, to agree on a socket path in a private directory
+// that process 0 creates and on a fresh token from process 0, then exchanges
+// through a UnixSocketExchange (FDs cannot travel through a framework's
+// communicator). The directory is removed once everyone has connected.
 absl::StatusOr<std::unique_ptr<Exchange>> MakeCallbackExchange(AllGatherCallback callback,
                                                                void* ctx, int process_index,
                                                                int process_count,

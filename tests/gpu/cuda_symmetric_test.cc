@@ -38,7 +38,9 @@ unsigned long long Mismatches(Backend& b, const void* p, std::uint32_t seed, int
 int ChildMain(int rank, const std::string& path) {
   auto backend = MakeCudaBackend();
   if (!backend.ok()) return 2;
-  auto x = MakeUnixSocketExchange(path, rank, 2, absl::Seconds(60));
+  const char* token = std::getenv("CMA_SYMMETRIC_CHILD_TOKEN");
+  if (token == nullptr) return 5;
+  auto x = MakeUnixSocketExchange(path, rank, 2, absl::Seconds(60), token);
   if (!x.ok()) return 3;
   SymmetricGroup g;
   g.world_size = 2;
@@ -102,6 +104,7 @@ TEST(CudaSymmetricTest, TwoDevicesInOneProcess) {
 TEST(CudaSymmetricTest, TwoProcessesOneDeviceEach) {
   if (GpuCount() < 2) GTEST_SKIP() << "needs two GPUs (" << GpuCount() << " visible)";
   const std::string path = absl::StrFormat("/tmp/cma-gpu-sym-%d.sock", getpid());
+  const std::string token = *MakeRendezvousToken();
   pid_t pids[2];
   for (int r = 0; r < 2; ++r) {
     pids[r] = fork();
@@ -110,6 +113,7 @@ TEST(CudaSymmetricTest, TwoProcessesOneDeviceEach) {
       const std::string rank = std::to_string(r);
       setenv("CMA_SYMMETRIC_CHILD_RANK", rank.c_str(), 1);
       setenv("CMA_SYMMETRIC_CHILD_PATH", path.c_str(), 1);
+      setenv("CMA_SYMMETRIC_CHILD_TOKEN", token.c_str(), 1);
       execl("/proc/self/exe", "cuda_symmetric_test", nullptr);
       _exit(127);
     }
