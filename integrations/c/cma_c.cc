@@ -13,9 +13,11 @@
 #include "absl/synchronization/mutex.h"
 #include "allocator/caching_managed_allocator.h"
 #include "backends/registry.h"
+#include "integrations/c/cma_c_internal.h"
 #include "nlohmann/json.hpp"
 
-namespace {
+namespace cma {
+namespace capi {
 
 using cma::CachingManagedAllocator;
 
@@ -95,7 +97,20 @@ nlohmann::json StatsJson(const cma::DeviceStats& s) {
   return j;
 }
 
-}  // namespace
+}  // namespace capi
+}  // namespace cma
+
+using cma::CachingManagedAllocator;
+using cma::capi::CopyString;
+using cma::capi::Fail;
+using cma::capi::Get;
+using cma::capi::StatsJson;
+using cma::capi::G;
+using cma::capi::Init;
+using cma::capi::last_error;
+using cma::capi::last_error_code;
+using cma::capi::AsStream;
+using cma::capi::Global;
 
 extern "C" {
 
@@ -222,13 +237,20 @@ int cma_set_memory_fraction(double fraction, int device) {
 char* cma_stats_json(int device) {
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return nullptr;
-  if (device == -1) return CopyString(StatsJson(a->GetStats()).dump());
+  // Managed and symmetric memory side by side (cma_c_internal.h).
+  if (device == -1) {
+    nlohmann::json j = StatsJson(a->GetStats());
+    cma::capi::AddSymmetricStats(-1, j);
+    return CopyString(j.dump());
+  }
   absl::StatusOr<cma::DeviceStats> s = a->GetStats(device);
   if (!s.ok()) {
     Fail(s.status());
     return nullptr;
   }
-  return CopyString(StatsJson(*s).dump());
+  nlohmann::json j = StatsJson(*s);
+  cma::capi::AddSymmetricStats(device, j);
+  return CopyString(j.dump());
 }
 
 char* cma_snapshot_json(void) {

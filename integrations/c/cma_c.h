@@ -66,6 +66,43 @@ void cma_torch_reset(void);
 void cma_torch_memory_fraction(double fraction, int device);
 void cma_torch_record_stream(void* ptr, void* stream);
 
+/* ---- symmetric memory (allocator/symmetric/symmetric_heap.h) ----
+ * A heap serves `n_local` members of a group of `world_size` (rank
+ * local_ranks[i] on device local_devices[i]) in this process, which is
+ * process `process_index` of `process_count`. With several processes,
+ * `allgather` (a framework's all-gather of fixed-size byte buffers: send's
+ * len bytes from every process land in recv in process order; 0 on success)
+ * bootstraps the authenticated Unix-socket rendezvous once; NULL when every
+ * member is in this process. `options`: "signal_bytes:N,multicast:0|1".
+ * Allocation, free and empty_cache are collective (same order everywhere).
+ * Memory comes from the process-wide backend (cma_init / CMA_BACKEND). */
+typedef struct cma_symmetric_heap cma_symmetric_heap;
+typedef struct cma_symmetric_allocation cma_symmetric_allocation;
+typedef int (*cma_allgather_fn)(void* ctx, const void* send, size_t len, void* recv);
+
+cma_symmetric_heap* cma_symmetric_create(int world_size, const int* local_ranks,
+                                         const int* local_devices, int n_local,
+                                         int process_index, int process_count,
+                                         cma_allgather_fn allgather, void* ctx,
+                                         double timeout_seconds, const char* options);
+/* Releases what this process mapped or created (not collective). */
+void cma_symmetric_destroy(cma_symmetric_heap* heap);
+/* make_symmetric: members may ask for different sizes; all get the largest. */
+cma_symmetric_allocation* cma_symmetric_alloc(cma_symmetric_heap* heap, size_t size,
+                                              int make_symmetric);
+int cma_symmetric_free(cma_symmetric_heap* heap, cma_symmetric_allocation* a);
+int cma_symmetric_empty_cache(cma_symmetric_heap* heap);
+size_t cma_symmetric_size(const cma_symmetric_allocation* a);
+/* Member `rank`'s buffer and signal area as mapped in this process; NULL for
+ * a bad rank. */
+void* cma_symmetric_peer(const cma_symmetric_allocation* a, int rank);
+void* cma_symmetric_signal(const cma_symmetric_allocation* a, int rank);
+size_t cma_symmetric_signal_size(const cma_symmetric_heap* heap);
+/* world_size pointers (void*[]) that kernels can read. */
+void* cma_symmetric_device_peers(const cma_symmetric_allocation* a);
+/* {"allocations", "cache_hits", "exchanges", "symmetric_bytes", ...} */
+char* cma_symmetric_stats_json(cma_symmetric_heap* heap);
+
 #ifdef __cplusplus
 }
 #endif

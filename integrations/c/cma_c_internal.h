@@ -1,0 +1,30 @@
+// Shared by the C ABI's translation units (cma_c.cc, cma_symmetric_c.cc);
+// not part of the ABI.
+#ifndef CMA_INTEGRATIONS_C_CMA_C_INTERNAL_H_
+#define CMA_INTEGRATIONS_C_CMA_C_INTERNAL_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "allocator/caching_managed_allocator.h"
+#include "nlohmann/json.hpp"
+
+namespace cma {
+namespace capi {
+
+// The process-wide allocator, created from the environment on first use;
+// nullptr (with the thread's last error set) when that fails.
+CachingManagedAllocator* Get();
+// Records `s` as the thread's last error; returns -1.
+int Fail(const absl::Status& s);
+// A malloc'ed copy for the caller to cma_string_free.
+char* CopyString(const std::string& s);
+// Adds the symmetric heaps' statistics to a stats object: for one device,
+// the heaps serving a member on it (their bytes shared evenly among their
+// local devices); for -1, all of them.
+void AddSymmetricStats(int device, nlohmann::json& stats);
+
+}  // namespace capi
+}  // namespace cma
+
+#endif  // CMA_INTEGRATIONS_C_CMA_C_INTERNAL_H_

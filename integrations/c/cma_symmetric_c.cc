@@ -1,0 +1,234 @@
+// The C ABI of the symmetric heap (cma_c.h, second half), and its share of
+// the unified statistics.
+#include <algorithm>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "allocator/symmetric/exchange.h"
+#include "allocator/symmetric/symmetric_heap.h"
+#include "backends/mutex_lock.h"
+#include "integrations/c/cma_c.h"
+#include "integrations/c/cma_c_internal.h"
+
+struct cma_symmetric_heap {
+  std::unique_ptr<cma::SymmetricHeap> heap;
+  std::vector<int> local_devices;
+  std::size_t signal_bytes = 0;
+};
+
+namespace cma {
+namespace capi {
+namespace {
+
+struct Registry {
+  absl::Mutex mu;
+  std::set<cma_symmetric_heap*> heaps ABSL_GUARDED_BY(mu);
+};
+
+Registry& Heaps() {
+  static Registry* r = new Registry;  // never destroyed
+  return *r;
+}
+
+absl::StatusOr<SymmetricOptions> ParseOptions(const char* text) {
+  SymmetricOptions o;
+  if (text == nullptr) return o;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits(':', 1));
+    std::size_t n = 0;
+    if (kv.first == "signal_bytes" && absl::SimpleAtoi(kv.second, &n) && n <= (1u << 20)) {
+      o.signal_bytes = n;
+    } else if (kv.first == "multicast" && (kv.second == "0" || kv.second == "1")) {
+      o.multicast = kv.second == "1";
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cma_symmetric_create: bad option '", item,
+          "'; accepted: signal_bytes:N (up to 1M), multicast:0|1"));
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+void AddSymmetricStats(int device, nlohmann::json& stats) {
+  std::int64_t bytes = 0, peak = 0, cached = 0, allocs = 0, hits = 0, exchanges = 0;
+  Registry& r = Heaps();
+  MutexLock l(&r.mu);
+  for (cma_symmetric_heap* h : r.heaps) {
+    const auto n = static_cast<std::int64_t>(
+        device < 0 ? h->local_devices.size()
+                   : std::count(h->local_devices.begin(), h->local_devices.end(), device));
+    if (n == 0) continue;
+    const SymmetricStats s = h->heap->GetStats();
+    const auto members = static_cast<std::int64_t>(h->local_devices.size());
+    bytes += s.symmetric_bytes * n / members;
+    peak += s.symmetric_bytes_peak * n / members;
+    cached += s.cached_bytes * n / members;
+    allocs += s.allocations;
+    hits += s.cache_hits;
+    exchanges += s.exchanges;
+  }
+  stats["symmetric_bytes.current"] = bytes;
+  stats["symmetric_bytes.peak"] = peak;
+  stats["symmetric_cached_bytes"] = cached;
+  stats["symmetric_allocations"] = allocs;
+  stats["symmetric_cache_hits"] = hits;
+  stats["symmetric_exchanges"] = exchanges;
+}
+
+}  // namespace capi
+}  // namespace cma
+
+namespace {
+
+using cma::capi::Fail;
+
+const cma::SymmetricAllocation* Cast(const cma_symmetric_allocation* a) {
+  return reinterpret_cast<const cma::SymmetricAllocation*>(a);
+}
+
+}  // namespace
+
+extern "C" {
+
+cma_symmetric_heap* cma_symmetric_create(int world_size, const int* local_ranks,
+                                         const int* local_devices, int n_local,
+                                         int process_index, int process_count,
+                                         cma_allgather_fn allgather, void* ctx,
+                                         double timeout_seconds, const char* options) {
+  cma::CachingManagedAllocator* a = cma::capi::Get();
+  if (a == nullptr) return nullptr;
+  if (world_size < 1 || n_local < 1 || n_local > world_size || local_ranks == nullptr ||
+      local_devices == nullptr || !(timeout_seconds > 0)) {
+    Fail(absl::InvalidArgumentError(
+        "cma_symmetric_create: needs world_size >= 1, 1..world_size local members with their "
+        "ranks and devices, and a positive timeout"));
+    return nullptr;
+  }
+  absl::StatusOr<cma::SymmetricOptions> opts = cma::capi::ParseOptions(options);
+  if (!opts.ok()) {
+    Fail(opts.status());
+    return nullptr;
+  }
+  cma::SymmetricGroup g;
+  g.world_size = world_size;
+  g.local_ranks.assign(local_ranks, local_ranks + n_local);
+  g.local_devices.assign(local_devices, local_devices + n_local);
+  const absl::Duration timeout = absl::Seconds(timeout_seconds);
+  absl::StatusOr<std::unique_ptr<cma::Exchange>> x;
+  if (allgather == nullptr) {
+    if (n_local != world_size || process_count != 1) {
+      Fail(absl::InvalidArgumentError(
+          "cma_symmetric_create: members in other processes need an allgather callback"));
+      return nullptr;
+    }
+    x = cma::MakeSingleProcessExchange();
+  } else {
+    x = cma::MakeCallbackExchange(allgather, ctx, process_index, process_count, timeout);
+  }
+  if (!x.ok()) {
+    Fail(x.status());
+    return nullptr;
+  }
+  auto heap = cma::SymmetricHeap::Create(a->backend(), g, std::move(*x), *opts);
+  if (!heap.ok()) {
+    Fail(heap.status());
+    return nullptr;
+  }
+  auto* h = new cma_symmetric_heap{std::move(*heap), g.local_devices, opts->signal_bytes};
+  cma::capi::Registry& r = cma::capi::Heaps();
+  cma::MutexLock l(&r.mu);
+  r.heaps.insert(h);
+  return h;
+}
+
+void cma_symmetric_destroy(cma_symmetric_heap* heap) {
+  if (heap == nullptr) return;
+  {
+    cma::capi::Registry& r = cma::capi::Heaps();
+    cma::MutexLock l(&r.mu);
+    r.heaps.erase(heap);
+  }
+  delete heap;
+}
+
+cma_symmetric_allocation* cma_symmetric_alloc(cma_symmetric_heap* heap, size_t size,
+                                              int make_symmetric) {
+  if (heap == nullptr) {
+    Fail(absl::InvalidArgumentError("cma_symmetric_alloc: null heap"));
+    return nullptr;
+  }
+  auto a = heap->heap->Allocate(size, make_symmetric != 0);
+  if (!a.ok()) {
+    Fail(a.status());
+    return nullptr;
+  }
+  return reinterpret_cast<cma_symmetric_allocation*>(const_cast<cma::SymmetricAllocation*>(*a));
+}
+
+int cma_symmetric_free(cma_symmetric_heap* heap, cma_symmetric_allocation* a) {
+  if (heap == nullptr) return Fail(absl::InvalidArgumentError("cma_symmetric_free: null heap"));
+  absl::Status s = heap->heap->Free(Cast(a));
+  return s.ok() ? 0 : Fail(s);
+}
+
+int cma_symmetric_empty_cache(cma_symmetric_heap* heap) {
+  if (heap == nullptr) {
+    return Fail(absl::InvalidArgumentError("cma_symmetric_empty_cache: null heap"));
+  }
+  absl::Status s = heap->heap->EmptyCache();
+  return s.ok() ? 0 : Fail(s);
+}
+
+size_t cma_symmetric_size(const cma_symmetric_allocation* a) {
+  return a == nullptr ? 0 : Cast(a)->bytes;
+}
+
+void* cma_symmetric_peer(const cma_symmetric_allocation* a, int rank) {
+  if (a == nullptr || rank < 0 || rank >= static_cast<int>(Cast(a)->peers.size())) {
+    Fail(absl::InvalidArgumentError(absl::StrCat("cma_symmetric_peer: no member ", rank)));
+    return nullptr;
+  }
+  return Cast(a)->peers[rank];
+}
+
+void* cma_symmetric_signal(const cma_symmetric_allocation* a, int rank) {
+  if (a == nullptr || rank < 0 || rank >= static_cast<int>(Cast(a)->signals.size())) {
+    Fail(absl::InvalidArgumentError(absl::StrCat("cma_symmetric_signal: no member ", rank)));
+    return nullptr;
+  }
+  return Cast(a)->signals[rank];
+}
+
+size_t cma_symmetric_signal_size(const cma_symmetric_heap* heap) {
+  return heap == nullptr ? 0 : heap->signal_bytes;
+}
+
+void* cma_symmetric_device_peers(const cma_symmetric_allocation* a) {
+  return a == nullptr ? nullptr : Cast(a)->device_peers;
+}
+
+char* cma_symmetric_stats_json(cma_symmetric_heap* heap) {
+  if (heap == nullptr) {
+    Fail(absl::InvalidArgumentError("cma_symmetric_stats_json: null heap"));
+    return nullptr;
+  }
+  const cma::SymmetricStats s = heap->heap->GetStats();
+  nlohmann::json j = {{"allocations", s.allocations},
+                      {"cache_hits", s.cache_hits},
+                      {"exchanges", s.exchanges},
+                      {"symmetric_bytes", s.symmetric_bytes},
+                      {"symmetric_bytes_peak", s.symmetric_bytes_peak},
+                      {"cached_bytes", s.cached_bytes}};
+  return cma::capi::CopyString(j.dump());
+}
+
+}  // extern "C"

@@ -1,0 +1,148 @@
+// The symmetric heap's C ABI on the host backend: members in one process,
+// members in two processes bootstrapped by an all-gather callback (as a
+// framework's communicator would), errors, and the unified statistics.
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "integrations/c/cma_c.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using ::testing::HasSubstr;
+
+nlohmann::json Json(char* s) {
+  EXPECT_NE(s, nullptr) << cma_last_error();
+  nlohmann::json j = nlohmann::json::parse(s ? s : "null");
+  cma_string_free(s);
+  return j;
+}
+
+class SymmetricCApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(cma_init("", "host"), 0) << cma_last_error(); }
+  void TearDown() override { cma_shutdown(); }
+};
+
+TEST_F(SymmetricCApiTest, TwoMembersInOneProcessShareBuffersAndTheCache) {
+  const int ranks[] = {0, 1}, devices[] = {0, 1};
+  cma_symmetric_heap* h =
+      cma_symmetric_create(2, ranks, devices, 2, 0, 1, nullptr, nullptr, 10.0, "signal_bytes:64");
+  ASSERT_NE(h, nullptr) << cma_last_error();
+  EXPECT_EQ(cma_symmetric_signal_size(h), 64u);
+  cma_symmetric_allocation* a = cma_symmetric_alloc(h, 1 << 20, 0);
+  ASSERT_NE(a, nullptr) << cma_last_error();
+  EXPECT_EQ(cma_symmetric_size(a), 1u << 20);
+  auto* p0 = static_cast<std::int32_t*>(cma_symmetric_peer(a, 0));
+  auto* p1 = static_cast<std::int32_t*>(cma_symmetric_peer(a, 1));
+  ASSERT_NE(p0, nullptr);
+  ASSERT_NE(p1, nullptr);
+  p1[7] = 42;  // member 0 writes into member 1's buffer
+  EXPECT_EQ(static_cast<std::int32_t*>(cma_symmetric_peer(a, 1))[7], 42);
+  EXPECT_NE(cma_symmetric_signal(a, 1), nullptr);
+  auto** table = static_cast<void**>(cma_symmetric_device_peers(a));
+  ASSERT_NE(table, nullptr);
+  EXPECT_EQ(table[1], p1);
+  EXPECT_EQ(cma_symmetric_peer(a, 2), nullptr);
+  EXPECT_THAT(cma_last_error(), HasSubstr("no member 2"));
+  // One statistics view: managed and symmetric side by side, per device.
+  auto all = Json(cma_stats_json(-1));
+  EXPECT_GE(all["symmetric_bytes.current"].get<std::int64_t>(), 2 << 20);
+  EXPECT_EQ(all["symmetric_allocations"], 1);
+  EXPECT_TRUE(all.contains("reserved_bytes.all.current"));
+  auto d1 = Json(cma_stats_json(1));
+  EXPECT_EQ(d1["symmetric_bytes.current"].get<std::int64_t>() * 2,
+            all["symmetric_bytes.current"].get<std::int64_t>());
+  ASSERT_EQ(cma_symmetric_free(h, a), 0) << cma_last_error();
+  // Cached: the same size again makes no exchange and no driver call.
+  cma_symmetric_allocation* b = cma_symmetric_alloc(h, 1 << 20, 0);
+  ASSERT_NE(b, nullptr);
+  auto s = Json(cma_symmetric_stats_json(h));
+  EXPECT_EQ(s["cache_hits"], 1);
+  EXPECT_EQ(cma_symmetric_free(h, b), 0);
+  EXPECT_EQ(cma_symmetric_empty_cache(h), 0);
+  EXPECT_EQ(Json(cma_symmetric_stats_json(h))["symmetric_bytes"], 0);
+  cma_symmetric_destroy(h);
+  EXPECT_FALSE(Json(cma_stats_json(-1)).contains("nothing"));
+  EXPECT_EQ(Json(cma_stats_json(-1))["symmetric_allocations"], 0);  // heap gone
+}
+
+TEST_F(SymmetricCApiTest, BadArgumentsAreClearErrors) {
+  const int ranks[] = {0}, devices[] = {0};
+  EXPECT_EQ(cma_symmetric_create(0, ranks, devices, 1, 0, 1, nullptr, nullptr, 1, ""), nullptr);
+  EXPECT_THAT(cma_last_error(), HasSubstr("world_size"));
+  EXPECT_EQ(cma_symmetric_create(2, ranks, devices, 1, 0, 2, nullptr, nullptr, 1, ""), nullptr);
+  EXPECT_THAT(cma_last_error(), HasSubstr("allgather callback"));
+  EXPECT_EQ(cma_symmetric_create(1, ranks, devices, 1, 0, 1, nullptr, nullptr, 1, "colour:red"),
+            nullptr);
+  EXPECT_THAT(cma_last_error(), HasSubstr("bad option 'colour:red'"));
+  EXPECT_EQ(cma_symmetric_alloc(nullptr, 10, 0), nullptr);
+  EXPECT_EQ(cma_symmetric_free(nullptr, nullptr), -1);
+  cma_symmetric_heap* h = cma_symmetric_create(1, ranks, devices, 1, 0, 1, nullptr, nullptr, 1, "");
+  ASSERT_NE(h, nullptr) << cma_last_error();
+  EXPECT_EQ(cma_symmetric_alloc(h, 0, 0), nullptr);  // size 0
+  EXPECT_NE(std::string(cma_last_error()), "");
+  cma_symmetric_destroy(h);
+}
+
+// An all-gather between two processes over a socket pair, as a framework's
+// communicator would provide: ctx is {my index, my end of the pair}.
+int PairAllGather(void* ctx, const void* send, size_t len, void* recv) {
+  const int* c = static_cast<const int*>(ctx);
+  const int me = c[0], fd = c[1];
+  if (write(fd, send, len) != static_cast<ssize_t>(len)) return 1;
+  char* out = static_cast<char*>(recv);
+  std::memcpy(out + me * len, send, len);
+  std::size_t got = 0;
+  while (got < len) {
+    const ssize_t n = read(fd, out + (1 - me) * len + got, len - got);
+    if (n <= 0) return 1;
+    got += static_cast<std::size_t>(n);
+  }
+  return 0;
+}
+
+TEST(SymmetricCApiProcessTest, TwoProcessesWriteIntoEachOthersBuffers) {
+  int pair[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
+  pid_t pids[2];
+  for (int r = 0; r < 2; ++r) {
+    pids[r] = fork();
+    if (pids[r] != 0) continue;
+    auto run = [&]() -> bool {
+      if (cma_init("", "host") != 0) return false;
+      int ctx[2] = {r, pair[r]};
+      const int rank = r, device = 0;
+      cma_symmetric_heap* h =
+          cma_symmetric_create(2, &rank, &device, 1, r, 2, PairAllGather, ctx, 20.0, "");
+      if (h == nullptr) return false;
+      cma_symmetric_allocation* a = cma_symmetric_alloc(h, 4096, /*make_symmetric=*/1);
+      if (a == nullptr) return false;
+      // Slot r of the other member's buffer gets 100 + r.
+      static_cast<std::int32_t*>(cma_symmetric_peer(a, 1 - r))[r] = 100 + r;
+      if (cma_symmetric_empty_cache(h) != 0) return false;  // collective: both have written
+      const bool seen = static_cast<std::int32_t*>(cma_symmetric_peer(a, r))[1 - r] == 101 - r;
+      const bool freed = cma_symmetric_free(h, a) == 0;
+      cma_symmetric_destroy(h);
+      cma_shutdown();
+      return seen && freed;
+    };
+    _exit(run() ? 0 : 1);
+  }
+  close(pair[0]);
+  close(pair[1]);
+  for (int r = 0; r < 2; ++r) {
+    int status = 0;
+    waitpid(pids[r], &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "process " << r;
+  }
+}
+
+}  // namespace
