@@ -58,6 +58,18 @@ def lib():
                 "cma_stats_json": (vp, [i]),
                 "cma_snapshot_json": (vp, []),
                 "cma_string_free": (None, [vp]),
+                "cma_symmetric_create": (vp, [i, ctypes.POINTER(i), ctypes.POINTER(i), i, i, i,
+                                              vp, vp, ctypes.c_double, cp]),
+                "cma_symmetric_destroy": (None, [vp]),
+                "cma_symmetric_alloc": (vp, [vp, sz, i]),
+                "cma_symmetric_free": (i, [vp, vp]),
+                "cma_symmetric_empty_cache": (i, [vp]),
+                "cma_symmetric_size": (sz, [vp]),
+                "cma_symmetric_peer": (vp, [vp, i]),
+                "cma_symmetric_signal": (vp, [vp, i]),
+                "cma_symmetric_signal_size": (sz, [vp]),
+                "cma_symmetric_device_peers": (vp, [vp]),
+                "cma_symmetric_stats_json": (vp, [vp]),
             }
             for name, (res, args) in sig.items():
                 f = getattr(l, name)

@@ -121,9 +121,18 @@ def advise(tensor, read_mostly=False, preferred=None, accessed_by=()):
 
 
 def memory_stats(device=None):
-    """This allocator's statistics with PyTorch's keys."""
+    """This allocator's statistics with PyTorch's keys, and the symmetric
+    heaps' (symmetric_bytes.current, ...) beside them: one view per device."""
     return _lib.stats(-1 if device is None else torch.device(device).index or 0)
 
 
 def snapshot():
     return _lib.snapshot()
+
+
+def __getattr__(name):
+    # cma.torch.symmetric, imported on first use (it needs torch.distributed).
+    if name == "symmetric":
+        from cma import torch_symmetric
+        return torch_symmetric
+    raise AttributeError(name)

@@ -1,0 +1,115 @@
+"""cma.torch.symmetric: symmetric tensors over a torch.distributed group, in
+the shape of torch.distributed._symmetric_memory.
+
+    import torch.distributed as dist, cma.torch
+    dist.init_process_group("nccl")             # or gloo; one rank per GPU
+    t = cma.torch.symmetric.empty((1 << 20,), dtype=torch.float32)   # collective
+    h = cma.torch.symmetric.rendezvous(t)
+    peer = h.get_buffer((h.rank + 1) % h.world_size)  # the next rank's tensor, writable
+    peer.fill_(h.rank); h.barrier()             # the peer sees it after the barrier
+    cma.torch.symmetric.free(t)                 # collective, cached for the next empty()
+
+The group bootstraps cma's authenticated socket rendezvous once (through
+all_gather_object); after that a cached empty() of a size seen before makes
+no exchange and no driver call. Every call is collective.
+"""
+import numpy
+import torch
+import torch.distributed as dist
+
+from cma import symmetric as _sym
+
+_live = {}  # data_ptr -> (SymmetricBuffer, group)
+
+
+class _GroupComm:
+    """The small part of an MPI communicator that cma.symmetric needs."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def Get_rank(self):
+        return dist.get_rank(self.group)
+
+    def Get_size(self):
+        return dist.get_world_size(self.group)
+
+    def allgather(self, obj):
+        out = [None] * self.Get_size()
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+
+_comms = {}
+
+
+def _heap(group, device):
+    key = id(group) if group is not None else None
+    if key not in _comms:
+        _comms[key] = _GroupComm(group)
+    return _sym.heap_for(_comms[key], device)
+
+
+def _tensor(ptr, shape, dtype, device, owner):
+    nbytes = int(numpy.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    raw = _sym._DeviceArray(ptr, (nbytes,), numpy.dtype("uint8"), owner)
+    return torch.as_tensor(raw, device=device).view(dtype).view(shape)
+
+
+def empty(shape, dtype=torch.float32, group=None, device=None):
+    """Collective: a tensor in symmetric memory on this rank's device."""
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None \
+        else torch.device(device)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    nbytes = int(numpy.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    heap = _heap(group, device.index)
+    buf = heap.allocate((nbytes,), "uint8")
+    t = _tensor(buf.peer_ptrs[heap.rank], shape, dtype, device, buf)
+    _live[t.data_ptr()] = (buf, group)
+    return t
+
+
+class Handle:
+    """What rendezvous() returns: every rank's view of the allocation."""
+
+    def __init__(self, tensor, buf, group):
+        self._t, self._buf, self._group = tensor, buf, group
+        self.rank, self.world_size = buf.heap.rank, buf.heap.world_size
+        self.buffer_ptrs = list(buf.peer_ptrs)
+        self.signal_pad_ptrs = list(buf.signal_ptrs)
+        self.buffer_ptrs_dev = buf.device_peers
+        self.buffer_size = buf.nbytes
+        self.signal_pad_size = buf.heap.signal_bytes
+
+    def get_buffer(self, rank, shape=None, dtype=None):
+        """Rank `rank`'s tensor (this rank's view, shaped like the original)."""
+        shape = self._t.shape if shape is None else shape
+        dtype = self._t.dtype if dtype is None else dtype
+        return _tensor(self.buffer_ptrs[rank], shape, dtype, self._t.device, self._buf)
+
+    def get_signal_pad(self, rank):
+        return _tensor(self.signal_pad_ptrs[rank], (self.signal_pad_size,), torch.uint8,
+                       self._t.device, self._buf)
+
+    def barrier(self):
+        torch.cuda.current_stream(self._t.device).synchronize()
+        dist.barrier(group=self._group)
+
+
+def rendezvous(tensor):
+    """The handle of a tensor from empty(): peers' buffers and signal pads."""
+    if tensor.data_ptr() not in _live:
+        raise ValueError("cma.torch.symmetric: the tensor was not made by empty()")
+    buf, group = _live[tensor.data_ptr()]
+    return Handle(tensor, buf, group)
+
+
+def free(tensor):
+    """Collective: the allocation goes back to the cache on every rank."""
+    buf, _ = _live.pop(tensor.data_ptr())
+    buf.heap.free(buf)
+
+
+def memory_stats(group=None, device=None):
+    device = torch.cuda.current_device() if device is None else device
+    return _heap(group, device).stats()
