@@ -105,22 +105,40 @@ class SymmetricBuffer:
         self.peer_ptrs = [lib.cma_symmetric_peer(a, r) for r in range(heap.world_size)]
         self.signal_ptrs = [lib.cma_symmetric_signal(a, r) for r in range(heap.world_size)]
         self.device_peers = lib.cma_symmetric_device_peers(a)
-        self.peers = [_array(p, shape, dtype, self) for p in self.peer_ptrs]
-        self.signals = [_array(p, (heap.signal_bytes,), numpy.dtype("uint8"), self)
-                        for p in self.signal_ptrs]
-        self.local = self.peers[heap.rank]
+        self._peers = self._signals = None
+
+    # Arrays are made on first use: a framework that wraps the pointers
+    # itself (cma.torch.symmetric) pays nothing for them.
+    @property
+    def peers(self):
+        if self._peers is None:
+            self._peers = [_array(p, self.shape, self.dtype, self) for p in self.peer_ptrs]
+        return self._peers
+
+    @property
+    def signals(self):
+        if self._signals is None:
+            self._signals = [_array(p, (self.heap.signal_bytes,), numpy.dtype("uint8"), self)
+                             for p in self.signal_ptrs]
+        return self._signals
+
+    @property
+    def local(self):
+        return self.peers[self.heap.rank]
 
 
 def _array(ptr, shape, dtype, owner):
+    n = int(numpy.prod(shape)) * dtype.itemsize
     if _lib.backend_name() == "host":
-        n = int(numpy.prod(shape)) * dtype.itemsize
         return _lib.host_view(ptr, n, owner=owner).view(dtype).reshape(shape)
-    raw = _DeviceArray(ptr, shape, dtype, owner)
     try:
         import cupy
-        return cupy.asarray(raw)
     except ImportError:
-        return raw
+        return _DeviceArray(ptr, shape, dtype, owner)
+    # A peer's buffer is used from this member's device, whichever GPU holds
+    # its pages: say so, rather than let CuPy ask the driver.
+    mem = cupy.cuda.UnownedMemory(ptr, n, owner, device_id=owner.heap.device)
+    return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(mem, 0))
 
 
 def heap_for(comm, device=0, **kwargs):
