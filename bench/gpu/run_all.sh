@@ -29,6 +29,12 @@ if [[ $part == core || $part == all ]]; then
   tail -16 "$out/cma_bench.txt"
   timeout 120 ./cma_bench --backend=cuda --suite=replay --config=segments:classic \
     --json="$out/replay_classic.json" | tail -3
+  if [[ $(nvidia-smi -L | wc -l) -ge 2 ]]; then  # symmetric memory from Python, two processes
+    timeout 240 torchrun --nproc-per-node 2 py/gpu/symmetric_gpu.py torch "$out/symmetric_torch.json" \
+      2>&1 | tail -2
+    timeout 120 mpirun --allow-run-as-root -np 2 -x PYTHONPATH -x CMA_LIBRARY -x CMA_DISABLE_MULTICAST \
+      python3 py/gpu/symmetric_gpu.py mpi "$out/symmetric_mpi.json" 2>&1 | tail -2
+  fi
 fi
 if [[ $part == torch || $part == all ]]; then
   (cd py/gpu && CMA_RESULTS="$out/torch_routes.json" timeout 300 \

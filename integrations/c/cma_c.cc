@@ -150,6 +150,7 @@ void* cma_malloc(size_t size, int device, void* stream) {
     Fail(p.status());
     return nullptr;
   }
+  cma::capi::RecordAlloc(*p, size, device, stream);
   return *p;
 }
 
@@ -157,7 +158,9 @@ int cma_free(void* ptr) {
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return -1;
   absl::Status s = a->Free(ptr);
-  return s.ok() ? 0 : Fail(s);
+  if (!s.ok()) return Fail(s);
+  cma::capi::RecordFree(ptr);
+  return 0;
 }
 
 int cma_record_stream(void* ptr, void* stream) {
@@ -273,6 +276,8 @@ char* cma_snapshot_json(void) {
                    {"allocated_size", seg.allocated_size},
                    {"requested_size", seg.requested_size},
                    {"segment_type", seg.segment_type},
+                   {"is_arena", seg.is_arena},
+                   {"populated_bytes", seg.populated_bytes},
                    {"blocks", std::move(blocks)}});
   }
   return CopyString(out.dump());

@@ -54,9 +54,17 @@ int cma_set_memory_fraction(double fraction, int device);
 
 /* Statistics with PyTorch's keys, {"key": value, ...}; device -1 sums all. */
 char* cma_stats_json(int device);
-/* [{"device", "address", "total_size", "segment_type", "blocks": [...]}, ...] */
+/* [{"device", "address", "total_size", "segment_type", "is_arena",
+ *   "populated_bytes", "blocks": [...]}, ...] (an arena's total_size is its
+ *   address range; populated_bytes its memory) */
 char* cma_snapshot_json(void);
 void cma_string_free(char* s);
+/* Allocation history for tools: while enabled, the last max_entries alloc
+ * and free events of cma_malloc/cma_free (and the PyTorch entry points).
+ * Disabling clears it. cma_history_json: [{"action", "addr", "size",
+ * "device", "stream", "time_us"}, ...], oldest first. */
+int cma_record_history(int enabled, int max_entries);
+char* cma_history_json(void);
 
 /* torch.cuda.memory.CUDAPluggableAllocator entry points. */
 void* cma_torch_alloc(size_t size, int device, void* stream);

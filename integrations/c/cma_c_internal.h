@@ -3,6 +3,7 @@
 #ifndef CMA_INTEGRATIONS_C_CMA_C_INTERNAL_H_
 #define CMA_INTEGRATIONS_C_CMA_C_INTERNAL_H_
 
+#include <cstddef>
 #include <string>
 
 #include "absl/status/status.h"
@@ -23,6 +24,11 @@ char* CopyString(const std::string& s);
 // the heaps serving a member on it (their bytes shared evenly among their
 // local devices); for -1, all of them.
 void AddSymmetricStats(int device, nlohmann::json& stats);
+
+// Allocation history (cma_history.cc): no-ops unless cma_record_history
+// enabled it.
+void RecordAlloc(void* p, std::size_t size, int device, void* stream);
+void RecordFree(void* p);
 
 }  // namespace capi
 }  // namespace cma

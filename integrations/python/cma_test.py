@@ -89,6 +89,36 @@ def test_init_twice_with_other_config_fails():
         cma.init("prefetch:none", backend="host")
 
 
+def test_history_and_snapshot_in_pytorchs_format():
+    from cma import torch_format
+    cma.record_history(True, max_entries=100)
+    a = cma.malloc(3 << 20)
+    b = cma.malloc(1000)
+    cma.free(a)
+    events = cma.history()
+    assert [e["action"] for e in events] == ["alloc", "alloc", "free_requested", "free_completed"]
+    assert events[0]["size"] == 3 << 20 and events[2]["addr"] == a
+    snap = torch_format.snapshot(cma.snapshot(), events, device_count=2)
+    assert set(snap) == {"segments", "device_traces", "allocator_settings"}
+    assert len(snap["device_traces"]) == 2 and len(snap["device_traces"][0]) == 4
+    segs = snap["segments"]
+    # Arenas are clipped to what memory held: b's page in the small arena;
+    # the large arena has nothing in use and is left out.
+    assert len(segs) == 1 and segs[0]["segment_type"] == "small"
+    assert segs[0]["total_size"] == 2 << 20 and segs[0]["is_expandable"]
+    blocks = segs[0]["blocks"]
+    assert sum(x["size"] for x in blocks) == segs[0]["total_size"]
+    assert blocks[0]["state"] == "active_allocated" and blocks[0]["requested_size"] == 1000
+    for key in ("device", "address", "allocated_size", "active_size", "requested_size", "stream",
+                "segment_pool_id", "frames"):
+        assert key in segs[0]
+    cma.free(b)
+    cma.record_history(False)
+    assert cma.history() == []
+    with pytest.raises(cma.CmaError, match="max_entries"):
+        cma.record_history(True, max_entries=0)
+
+
 if __name__ == "__main__":
     args = [__file__, "-q", "-p", "no:cacheprovider"]
     if os.environ.get("XML_OUTPUT_FILE"):

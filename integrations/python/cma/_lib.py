@@ -61,6 +61,8 @@ def lib():
                 "cma_symmetric_create": (vp, [i, ctypes.POINTER(i), ctypes.POINTER(i), i, i, i,
                                               vp, vp, ctypes.c_double, cp]),
                 "cma_symmetric_destroy": (None, [vp]),
+                "cma_record_history": (i, [i, i]),
+                "cma_history_json": (vp, []),
                 "cma_symmetric_alloc": (vp, [vp, sz, i]),
                 "cma_symmetric_free": (i, [vp, vp]),
                 "cma_symmetric_empty_cache": (i, [vp]),
@@ -174,6 +176,15 @@ def stats(device=-1):
 
 def snapshot():
     return _json(lib().cma_snapshot_json())
+
+
+def record_history(enabled=True, max_entries=100_000):
+    """Records alloc/free events (for snapshot device traces) while enabled."""
+    _check(lib().cma_record_history(int(bool(enabled)), int(max_entries)))
+
+
+def history():
+    return _json(lib().cma_history_json())
 
 
 class _HostBuffer:

@@ -40,14 +40,20 @@ def _allocator(checked):
     return _pluggable[checked]
 
 
-def use_as_default(config=None):
-    """Makes this allocator PyTorch's CUDA allocator for the whole process."""
+def use_as_default(config=None, memory_tools=True):
+    """Makes this allocator PyTorch's CUDA allocator for the whole process.
+    With memory_tools (default), torch.cuda.memory_stats(), memory_summary(),
+    max_memory_*(), reset_peak_memory_stats() and memory._snapshot() report
+    cma's memory (cma/torch_memory.py) instead of raising."""
     if torch.cuda.is_initialized():
         raise RuntimeError("cma.torch.use_as_default() must run before CUDA is initialised "
                            "(PyTorch cannot change allocators afterwards); use cma.torch.pool()")
     if config is not None:
         os.environ["CMA_ALLOC_CONF"] = config
     torch.cuda.memory.change_current_allocator(_allocator(checked=True))
+    if memory_tools:
+        from cma import torch_memory
+        torch_memory.install()
 
 
 def pool():
@@ -127,7 +133,24 @@ def memory_stats(device=None):
 
 
 def snapshot():
+    """cma's own snapshot (arenas whole); torch_snapshot() gives PyTorch's format."""
     return _lib.snapshot()
+
+
+def torch_snapshot():
+    """torch.cuda.memory._snapshot()'s format (for torch.cuda._memory_viz)."""
+    from cma import torch_memory
+    return torch_memory.snapshot()
+
+
+def record_memory_history(enabled="all", max_entries=100_000):
+    from cma import torch_memory
+    torch_memory.record_memory_history(enabled, max_entries=max_entries)
+
+
+def memory_summary(device=None, abbreviated=False):
+    from cma import torch_memory
+    return torch_memory.memory_summary(device, abbreviated)
 
 
 def __getattr__(name):
