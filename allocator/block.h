@@ -32,6 +32,9 @@ struct Block {
   Block* prev = nullptr;  // neighbours inside the segment
   Block* next = nullptr;
   bool allocated = false;
+  // The contents may be thrown away while the owner sleeps (a KV cache):
+  // set per allocation, cleared when it is freed.
+  bool disposable = false;
   int pending_events = 0;  // > 0 while freed but still used by other streams
   // Freed but not yet merged with its free neighbours: merging is deferred
   // until a lookup misses, so a steady alloc/free cycle neither splits nor

@@ -123,6 +123,27 @@ absl::Status CachingManagedAllocator::MoveBatch(absl::Span<void* const> ptrs, Lo
   return absl::OkStatus();
 }
 
+absl::Status CachingManagedAllocator::SetDisposable(void* ptr, bool disposable) {
+  for (auto& d : devices_) {
+    absl::Status s = d->SetDisposable(ptr, disposable);
+    if (!absl::IsNotFound(s)) return s;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("cma: %p is not an allocation of this allocator", ptr));
+}
+
+absl::StatusOr<std::size_t> CachingManagedAllocator::Sleep(int device, Stream stream) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->Sleep(stream);
+}
+
+absl::StatusOr<std::size_t> CachingManagedAllocator::Wake(int device, Stream stream) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->Wake(stream);
+}
+
 absl::Status CachingManagedAllocator::SetHints(void* ptr, const AllocationHints& hints) {
   if (absl::Status s = CheckHints(hints); !s.ok()) return s;
   for (auto& d : devices_) {

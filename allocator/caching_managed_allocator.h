@@ -68,6 +68,16 @@ class CachingManagedAllocator {
   // Several allocations in one batch call per device (e.g. a model's tensors).
   absl::Status MoveBatch(absl::Span<void* const> ptrs, Location target, Stream stream,
                          bool contents_dead = false);
+  // Sleep mode, as vLLM's (which unmaps and remaps): every allocation of
+  // `device` moves to the host in one batch call, ordered on `stream`, and
+  // those marked disposable (a KV cache) are discarded instead; same
+  // addresses, nothing re-created, and the device memory is reclaimable by
+  // the driver (another process's cudaMalloc can take it). Wake brings
+  // them back, disposable ones populated rather than migrated. The caller
+  // synchronises `stream` before relying on either. Returns the bytes.
+  absl::Status SetDisposable(void* ptr, bool disposable);
+  absl::StatusOr<std::size_t> Sleep(int device, Stream stream);
+  absl::StatusOr<std::size_t> Wake(int device, Stream stream);
   // Replaces the advice (read-mostly, preferred location, accessed-by) of
   // one allocation; withdrawn again when it is freed.
   absl::Status SetHints(void* ptr, const AllocationHints& hints);

@@ -358,6 +358,7 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
     ReturnBlock(rest);
   }
   b->requested = requested;
+  b->disposable = false;
   b->stream_uses.clear();
   if (b->segment->arena) AcquirePages(b);
   allocated_[b->addr] = b;

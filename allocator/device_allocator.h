@@ -60,6 +60,15 @@ class DeviceAllocator {
   // is not allocated here; nothing is moved then.
   absl::Status Move(absl::Span<void* const> ptrs, Location target, Stream stream,
                     bool contents_dead) ABSL_LOCKS_EXCLUDED(mu_);
+  // Marks the allocation at `ptr` as disposable (its contents may be
+  // discarded by Sleep) until it is freed.
+  absl::Status SetDisposable(void* ptr, bool disposable) ABSL_LOCKS_EXCLUDED(mu_);
+  // Every allocation of this device leaves it, ordered on `stream`: moved to
+  // the host in one batch, or discarded if disposable. Same addresses; the
+  // memory is then reclaimable by the driver. Wake brings them back (the
+  // disposable ones populated, not migrated). Returns the bytes handled.
+  absl::StatusOr<std::size_t> Sleep(Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::size_t> Wake(Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
   // Replaces the advice of the allocation at `ptr`.
   absl::Status SetHints(void* ptr, const AllocationHints& hints) ABSL_LOCKS_EXCLUDED(mu_);
   // The allocated block at `ptr`: its size as requested and its stream.

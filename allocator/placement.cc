@@ -156,6 +156,69 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
   return absl::OkStatus();
 }
 
+absl::Status DeviceAllocator::SetDisposable(void* ptr, bool disposable) {
+  MutexLock l(&mu_);
+  auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == allocated_.end()) return NotMine();
+  it->second->disposable = disposable;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream) {
+  MutexLock l(&mu_);
+  if (absl::Status s = CheckStream(stream); !s.ok()) return s;
+  std::vector<Range> keep, drop;
+  std::vector<Block*> kept;
+  std::size_t bytes = 0;
+  for (auto& [addr, b] : allocated_) {
+    (b->disposable ? drop : keep).push_back({b->ptr(), b->size});
+    if (!b->disposable) kept.push_back(b);
+    bytes += b->size;
+  }
+  // One batch call each: a whole model's tensors in two driver calls.
+  absl::Status s = Execute(PlacementAction::kPrefetch, keep, Location::Host(), stream);
+  if (s.ok() && !drop.empty()) {
+    s = backend_->DiscardBatch(drop, stream);
+    if (s.ok()) {
+      for (const Range& r : drop) stats_.discarded_bytes += static_cast<std::int64_t>(r.bytes);
+    }
+  }
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("cma: sleep failed: ", s.message()));
+  for (auto& [addr, b] : allocated_) {
+    b->placed = !b->disposable;
+    b->location = Location::Host();
+  }
+  stats_.moves += static_cast<std::int64_t>(kept.size());
+  // The cache sleeps too: idle memory goes back (arena pages by discard,
+  // stream-ordered), so the device holds nothing of this allocator's.
+  ProcessPendingFrees(/*synchronize=*/false);
+  CoalesceUnmerged();
+  ReleaseCachedSegments(0);
+  return bytes;
+}
+
+absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
+  MutexLock l(&mu_);
+  if (absl::Status s = CheckStream(stream); !s.ok()) return s;
+  const Location here = Location::Device(device_);
+  std::vector<Range> migrate, repopulate;
+  std::size_t bytes = 0;
+  for (auto& [addr, b] : allocated_) {
+    if (b->placed && b->location == here) continue;
+    (b->disposable ? repopulate : migrate).push_back({b->ptr(), b->size});
+    bytes += b->size;
+  }
+  absl::Status s = Execute(PlacementAction::kPrefetch, migrate, here, stream);
+  if (s.ok()) s = Execute(PlacementAction::kDiscardAndPrefetch, repopulate, here, stream);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("cma: wake failed: ", s.message()));
+  for (auto& [addr, b] : allocated_) {
+    b->placed = true;
+    b->location = here;
+  }
+  stats_.moves += static_cast<std::int64_t>(migrate.size() + repopulate.size());
+  return bytes;
+}
+
 absl::Status DeviceAllocator::SetHints(void* ptr, const AllocationHints& hints) {
   for (int d : hints.accessed_by) {
     if (d < 0 || d >= device_count_) {

@@ -258,6 +258,36 @@ TEST_F(ArenaTest, BudgetHoldsUnderChurnOnTwoStreams) {
   EXPECT_EQ(ooms, Stats().num_ooms);
 }
 
+TEST_F(ArenaTest, SleepMovesEverythingOutAndWakeBringsItBack) {
+  void* weights = Alloc(8 * kMiB, 0, s1_);
+  void* kv = Alloc(6 * kMiB, 0, s1_);
+  void* idle = Alloc(4 * kMiB, 0, s1_);
+  static_cast<char*>(weights)[123] = 7;
+  ASSERT_TRUE(alloc_->Free(idle).ok());
+  ASSERT_TRUE(alloc_->SetDisposable(kv, true).ok());
+  backend_->ClearRecords();
+  auto slept = alloc_->Sleep(0, s1_);
+  ASSERT_TRUE(slept.ok()) << slept.status();
+  EXPECT_EQ(*slept, 14 * kMiB);
+  // One batch each: the live data to the host, the disposable discarded, and
+  // the idle cache given back; nothing of this allocator left on the device.
+  auto prefetches = Take(Op::kPrefetch);
+  ASSERT_EQ(prefetches.size(), 1u);
+  EXPECT_EQ(prefetches[0].location, Location::Host());
+  EXPECT_EQ(prefetches[0].ptr, weights);
+  EXPECT_EQ(BackendPopulated(), 0);
+  EXPECT_EQ(Stats().num_sync_all_streams, 0);
+  auto woken = alloc_->Wake(0, s1_);
+  ASSERT_TRUE(woken.ok()) << woken.status();
+  EXPECT_EQ(*woken, 14 * kMiB);
+  EXPECT_EQ(static_cast<char*>(weights)[123], 7);  // same address, same data
+  EXPECT_EQ(BackendPopulated(), 14 * kMiB);
+  for (void* x : {weights, kv}) ASSERT_TRUE(alloc_->Free(x).ok());
+  // Bad input changes nothing.
+  EXPECT_EQ(alloc_->SetDisposable(kv, true).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(alloc_->Sleep(7, s1_).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(ArenaTest, RealTracesStayWithinTheirGoals) {
   // Goals from the arena issue, and the ratios PyTorch itself reached on
   // these traces (expandable segments: 1.021 and 1.227).

@@ -42,4 +42,5 @@ if [[ $part == torch || $part == all ]]; then
   timeout 200 python3 torch_replay.py --json "$out/torch_replay.json" 2>&1 | tee "$out/torch_replay.txt"
   timeout 300 python3 torch_train_bench.py --steps 60 --json "$out/torch_train.json" 2>&1 \
     | tee "$out/torch_train.txt"
+  timeout 200 python3 torch_sleep_bench.py --json "$out/torch_sleep.json" 2>&1 | tail -30
 fi

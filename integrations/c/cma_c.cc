@@ -196,6 +196,27 @@ int cma_advise(void* ptr, int read_mostly, int preferred, const int* accessed_by
   return s.ok() ? 0 : Fail(s);
 }
 
+int cma_set_disposable(void* ptr, int disposable) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::Status s = a->SetDisposable(ptr, disposable != 0);
+  return s.ok() ? 0 : Fail(s);
+}
+
+long long cma_sleep(int device, void* stream) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::StatusOr<std::size_t> n = a->Sleep(device, AsStream(stream));
+  return n.ok() ? static_cast<long long>(*n) : Fail(n.status());
+}
+
+long long cma_wake(int device, void* stream) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::StatusOr<std::size_t> n = a->Wake(device, AsStream(stream));
+  return n.ok() ? static_cast<long long>(*n) : Fail(n.status());
+}
+
 int cma_synchronize(void* stream) {
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return -1;

@@ -40,6 +40,14 @@ int cma_record_stream(void* ptr, void* stream);
 /* Zero-copy move of an allocation to `location`, ordered on `stream`.
  * The host must cma_synchronize(stream) before touching data moved to it. */
 int cma_move(void* ptr, int location, void* stream, int contents_dead);
+/* Sleep mode: cma_sleep moves every allocation of `device` to the host in
+ * one batch (those marked disposable are discarded instead) and gives the
+ * idle cache back, ordered on `stream`; same addresses, device memory
+ * reclaimable by others. cma_wake brings them back. Both return the bytes
+ * handled, or -1. Synchronise `stream` before relying on either. */
+int cma_set_disposable(void* ptr, int disposable);
+long long cma_sleep(int device, void* stream);
+long long cma_wake(int device, void* stream);
 /* Advice for one allocation; preferred: -2 none, -1 host, >= 0 device. */
 int cma_advise(void* ptr, int read_mostly, int preferred, const int* accessed_by,
                int n_accessed_by);

@@ -62,6 +62,9 @@ def lib():
                                               vp, vp, ctypes.c_double, cp]),
                 "cma_symmetric_destroy": (None, [vp]),
                 "cma_record_history": (i, [i, i]),
+                "cma_set_disposable": (i, [vp, i]),
+                "cma_sleep": (ctypes.c_longlong, [i, vp]),
+                "cma_wake": (ctypes.c_longlong, [i, vp]),
                 "cma_history_json": (vp, []),
                 "cma_symmetric_alloc": (vp, [vp, sz, i]),
                 "cma_symmetric_free": (i, [vp, vp]),
@@ -176,6 +179,27 @@ def stats(device=-1):
 
 def snapshot():
     return _json(lib().cma_snapshot_json())
+
+
+def set_disposable(ptr, disposable=True):
+    """Sleep may discard this allocation's contents (until it is freed)."""
+    _check(lib().cma_set_disposable(ptr, int(bool(disposable))))
+
+
+def sleep(device=0, stream=0):
+    """Every allocation of `device` to the host (disposable ones discarded);
+    returns the bytes. Synchronise `stream` before relying on it."""
+    n = lib().cma_sleep(device, stream or None)
+    if n < 0:
+        raise _error()
+    return n
+
+
+def wake(device=0, stream=0):
+    n = lib().cma_wake(device, stream or None)
+    if n < 0:
+        raise _error()
+    return n
 
 
 def record_history(enabled=True, max_entries=100_000):

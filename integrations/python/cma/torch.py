@@ -117,6 +117,35 @@ def prefetch(tensor, device=None, stream=None):
     _lib.move(ptr, "cpu" if device.type == "cpu" else device.index or 0, stream.cuda_stream)
 
 
+def mark_disposable(tensor, disposable=True):
+    """sleep() may throw this tensor's contents away (a KV cache); cleared
+    when its memory is freed."""
+    ptr, _ = _owned_storage(tensor)
+    _lib.set_disposable(ptr, disposable)
+
+
+def sleep(device=None, stream=None):
+    """Sleep mode: every cma tensor of the device moves to the host in one
+    batch call (disposable ones are discarded) and the idle cache is given
+    back; same tensors, same addresses. Another process can then cudaMalloc
+    that memory (cudaMemGetInfo does not show it free). Returns the bytes."""
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None \
+        else torch.device(device)
+    stream = stream or torch.cuda.current_stream(device)
+    n = _lib.sleep(device.index, stream.cuda_stream)
+    stream.synchronize()
+    return n
+
+
+def wake(device=None, stream=None):
+    """Brings every cma tensor of the device back (disposable ones populated
+    empty, not migrated). Work queued on `stream` afterwards sees them."""
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None \
+        else torch.device(device)
+    stream = stream or torch.cuda.current_stream(device)
+    return _lib.wake(device.index, stream.cuda_stream)
+
+
 def advise(tensor, read_mostly=False, preferred=None, accessed_by=()):
     """Advice for the tensor's allocation; withdrawn when it is freed."""
     ptr, _ = _owned_storage(tensor)

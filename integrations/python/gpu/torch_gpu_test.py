@@ -52,6 +52,19 @@ def test_out_of_memory_raises_torch_out_of_memory_error(route):
     assert r["after_ok"] and r["keep_ok"], r
 
 
+def test_pytorch_memory_tools_see_cma_and_render(tmp_path):
+    out = subprocess.run([sys.executable, os.path.join(HERE, "memory_tools_route.py"),
+                          str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    RESULTS["memory_tools"] = r
+    assert r["stats_keys_ok"] and r["summary_ok"], r
+    assert r["max_memory_allocated"] >= (53 << 20) + 1000, r
+    assert r["peak_after_reset"] < r["max_memory_allocated"], r
+    assert r["segments"] >= 2 and r["trace_entries"] >= 5, r
+    assert r["segment_plot_bytes"] > 1000 and r["trace_plot_bytes"] > 1000, r
+
+
 @pytest.fixture(scope="module")
 def pool():
     return cmat.pool()
