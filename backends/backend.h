@@ -161,6 +161,9 @@ class Backend {
   // is valid on every device); kInvalidArgument otherwise.
   virtual absl::Status ValidateStream(int device, Stream stream) = 0;
   virtual absl::Status SynchronizeStream(Stream stream) = 0;
+  // true while `stream` is being captured into a graph (CUDA graphs); the
+  // host backend and backends without graphs never capture.
+  virtual absl::StatusOr<bool> IsCapturing(Stream stream) { return false; }
   virtual absl::StatusOr<Event> CreateEvent(int device) = 0;
   virtual absl::Status DestroyEvent(Event event) = 0;
   virtual absl::Status RecordEvent(Event event, Stream stream) = 0;

@@ -312,6 +312,12 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<bool> IsCapturing(Stream stream) override {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    CMA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(AsStream(stream), &status));
+    return status != cudaStreamCaptureStatusNone;
+  }
+
   absl::StatusOr<Event> CreateEvent(int device) override {
     CMA_RETURN_IF_ERROR(CheckDevice(device));
     DeviceGuard g(device);

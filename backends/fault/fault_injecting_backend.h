@@ -77,6 +77,7 @@ class FaultInjectingBackend final : public Backend {
   absl::Status DestroyStream(Stream stream) override;
   absl::Status ValidateStream(int device, Stream stream) override;
   absl::Status SynchronizeStream(Stream stream) override;
+  absl::StatusOr<bool> IsCapturing(Stream stream) override { return inner_.IsCapturing(stream); }
   absl::StatusOr<Event> CreateEvent(int device) override;
   absl::Status DestroyEvent(Event event) override;
   absl::Status RecordEvent(Event event, Stream stream) override;

@@ -312,6 +312,20 @@ void cma_string_free(char* s) { std::free(s); }
 
 void* cma_torch_alloc(size_t size, int device, void* stream) {
   if (size == 0) return nullptr;  // PyTorch never dereferences empty storage
+  // Graph capture: cma's placement calls and cross-stream event queries are
+  // not capturable, and blocks freed during capture would be reused behind
+  // the graph's back. Refuse clearly (capture the graph under the pool
+  // route, whose pool PyTorch's own allocator manages).
+  if (CachingManagedAllocator* a = Get(); a != nullptr && stream != nullptr) {
+    absl::StatusOr<bool> capturing = a->backend().IsCapturing(AsStream(stream));
+    if (capturing.ok() && *capturing) {
+      Fail(absl::FailedPreconditionError(
+          "caching_managed_allocator cannot allocate during CUDA graph capture on the default "
+          "route (torch.cuda.graph, torch.compile mode='reduce-overhead'); capture with "
+          "cma.torch.pool() or without use_as_default()"));
+      return nullptr;
+    }
+  }
   return cma_malloc(size, device, stream);
 }
 

@@ -52,6 +52,20 @@ def test_out_of_memory_raises_torch_out_of_memory_error(route):
     assert r["after_ok"] and r["keep_ok"], r
 
 
+@pytest.mark.parametrize("route", ["default", "pool"])
+def test_cuda_graphs_match_eager_or_are_refused_clearly(route):
+    out = subprocess.run([sys.executable, os.path.join(HERE, "graph_route.py"), route],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    RESULTS.setdefault("graphs", {})[route] = r
+    for case in ("cuda_graph", "compile_reduce_overhead"):
+        assert r[case] == "match" or r[case].startswith("refused: "), r  # never a wrong result
+        if r[case].startswith("refused: ") and route == "default":
+            assert "caching_managed_allocator" in r[case] or "capture" in r[case].lower(), r
+    assert r["eager_after"], r
+
+
 def test_pytorch_memory_tools_see_cma_and_render(tmp_path):
     out = subprocess.run([sys.executable, os.path.join(HERE, "memory_tools_route.py"),
                           str(tmp_path)], capture_output=True, text=True, timeout=300)
