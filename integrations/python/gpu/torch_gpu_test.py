@@ -66,6 +66,21 @@ def test_cuda_graphs_match_eager_or_are_refused_clearly(route):
     assert r["eager_after"], r
 
 
+@pytest.mark.parametrize("route", ["default", "pool"])
+def test_two_gpus_in_one_process(route):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    out = subprocess.run([sys.executable, os.path.join(HERE, "two_gpu_route.py"), route],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    RESULTS.setdefault("two_gpus", {})[route] = r
+    assert r["device_of_cuda1"] == 1 and r["device_of_cuda0"] == 0, r
+    assert r["compute_on_1"] and all(r["stats_devices"]), r
+    if route == "default":
+        assert r["move_same_ptr"] and r["move_values"] and r["move_back"], r
+
+
 def test_pytorch_memory_tools_see_cma_and_render(tmp_path):
     out = subprocess.run([sys.executable, os.path.join(HERE, "memory_tools_route.py"),
                           str(tmp_path)], capture_output=True, text=True, timeout=300)
