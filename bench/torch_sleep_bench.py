@@ -44,13 +44,23 @@ def main():
     cmat.use_as_default()
     gen = torch.Generator(device="cuda").manual_seed(0)
     params = [torch.randn(8 << 20, device="cuda", generator=gen) for _ in range(100)]  # 3.2 GB
-    kv = [torch.empty(256 << 20, dtype=torch.uint8, device="cuda") for _ in range(8)]  # 2 GiB
-    for t in kv:
-        cmat.mark_disposable(t)
     sums = [float(t.sum()) for t in params]
     ptrs = [t.data_ptr() for t in params]
     pbytes = sum(t.numel() * t.element_size() for t in params)
-    out = {"param_bytes": pbytes, "kv_bytes": sum(t.numel() for t in kv)}
+    out = {"param_bytes": pbytes}
+    # The batch alone: parameters only, one prefetch call each way.
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    cmat.sleep()
+    out["params_only_sleep_GBps_to_host"] = pbytes / (time.perf_counter() - t0) / 1e9
+    t0 = time.perf_counter()
+    cmat.wake()
+    torch.cuda.synchronize()
+    out["params_only_wake_GBps_to_device"] = pbytes / (time.perf_counter() - t0) / 1e9
+    kv = [torch.empty(256 << 20, dtype=torch.uint8, device="cuda") for _ in range(8)]  # 2 GiB
+    for t in kv:
+        cmat.mark_disposable(t)
+    out["kv_bytes"] = sum(t.numel() for t in kv)
     torch.cuda.synchronize()
 
     t0 = time.perf_counter()

@@ -18,6 +18,13 @@ _SOURCE = r"""
 #include <c10/util/Exception.h>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <utility>
+
+// cudaStream_t as CUDA declares it, without CUDA's headers.
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+using MempoolId = std::pair<unsigned long long, unsigned long long>;  // c10::cuda::MempoolId_t
 
 namespace {
 using AllocFn = void* (*)(size_t, int, void*);
@@ -43,6 +50,26 @@ extern "C" void* cma_torch_alloc_checked(size_t size, int device, void* stream) 
   return p;
 }
 
+// CUDA graph capture: cma's placement calls are not capturable and its
+// cache would reuse blocks behind a graph's back, so the default route
+// refuses capture before it begins (PyTorch calls this hook first).
+void cma_torch_begin_allocate_to_pool(int device, MempoolId, std::function<bool(cudaStream_t)>) {
+  TORCH_CHECK(false, "caching_managed_allocator: CUDA graph capture (torch.cuda.graph, "
+              "torch.compile mode='reduce-overhead') is not supported on the default route "
+              "(device ", device, "); allocate the graph's memory under cma.torch.pool() or run "
+              "without use_as_default()");
+}
+void cma_torch_end_allocate_to_pool(int, MempoolId) {}
+void cma_torch_release_pool(int, MempoolId) {}
+
+int64_t graph_hook(int64_t which) {
+  switch (which) {
+    case 0: return reinterpret_cast<int64_t>(&cma_torch_begin_allocate_to_pool);
+    case 1: return reinterpret_cast<int64_t>(&cma_torch_end_allocate_to_pool);
+    default: return reinterpret_cast<int64_t>(&cma_torch_release_pool);
+  }
+}
+
 int64_t bind(int64_t alloc, int64_t error, int64_t code) {
   g_alloc = reinterpret_cast<AllocFn>(alloc);
   g_error = reinterpret_cast<ErrorFn>(error);
@@ -52,6 +79,7 @@ int64_t bind(int64_t alloc, int64_t error, int64_t code) {
 """
 
 _checked = None
+_hooks = []  # begin/end allocate-to-pool and release-pool, when the shim built
 
 
 def _address(lib, name):
@@ -67,13 +95,20 @@ def checked_alloc_fn(lib):
         try:
             from torch.utils import cpp_extension
             mod = cpp_extension.load_inline(
-                name="cma_torch_oom_shim", cpp_sources=_SOURCE, functions=["bind"],
+                name="cma_torch_shim", cpp_sources=_SOURCE, functions=["bind", "graph_hook"],
                 extra_cflags=["-O2"], verbose=False)
             _checked = mod.bind(_address(lib, "cma_torch_alloc"), _address(lib, "cma_last_error"),
                                 _address(lib, "cma_last_error_code"))
+            _hooks.extend(mod.graph_hook(i) for i in range(3))
         except Exception as e:  # noqa: BLE001 - any build failure falls back, loudly
             warnings.warn("cma.torch: could not build the out-of-memory shim (%s); an "
                           "out-of-memory will return a null tensor instead of raising "
                           "torch.OutOfMemoryError" % e)
             _checked = 0
     return _checked or None
+
+
+def graph_hooks(lib):
+    """Addresses of the CUDA graph pool hooks (refusing capture), or []."""
+    checked_alloc_fn(lib)
+    return list(_hooks)

@@ -15,6 +15,9 @@ import torch
 from cma import _lib
 from cma import torch_format
 
+# PyTorch's own table, kept before install() replaces the public name.
+_torch_memory_summary = torch.cuda.memory.memory_summary
+
 
 def _index(device):
     if device is None:
@@ -62,7 +65,7 @@ def memory_summary(device=None, abbreviated=False):
     saved = tm.memory_stats
     tm.memory_stats = memory_stats  # the table reads stats through this name
     try:
-        return tm.memory_summary(device=device, abbreviated=abbreviated)
+        return _torch_memory_summary(device=device, abbreviated=abbreviated)
     finally:
         tm.memory_stats = saved
 
