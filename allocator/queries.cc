@@ -1,0 +1,85 @@
+// DeviceAllocator's queries: record_stream, lookups, statistics and the
+// snapshot.
+#include "allocator/device_allocator.h"
+#include "backends/mutex_lock.h"
+
+namespace cma {
+
+absl::Status DeviceAllocator::RecordStream(void* ptr, Stream stream) {
+  MutexLock l(&mu_);
+  auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == allocated_.end()) return NotMine();
+  if (absl::Status s = CheckStream(stream); !s.ok()) return s;
+  Block* b = it->second;
+  if (stream == b->stream) return absl::OkStatus();
+  if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
+    b->stream_uses.push_back(stream);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<std::size_t, Stream>> DeviceAllocator::Lookup(void* ptr) {
+  MutexLock l(&mu_);
+  auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == allocated_.end()) return NotMine();
+  return std::make_pair(it->second->requested, it->second->stream);
+}
+
+DeviceStats DeviceAllocator::GetStats() {
+  MutexLock l(&mu_);
+  return stats_;
+}
+
+void DeviceAllocator::ResetPeakStats() {
+  MutexLock l(&mu_);
+  for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+                       &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+                       &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+    for (Stat& s : *a) s.peak = s.current;
+  }
+  peak_live_pages_ = populated_pages() - idle_pages_;
+}
+
+void DeviceAllocator::ResetAccumulatedStats() {
+  MutexLock l(&mu_);
+  for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+                       &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+                       &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+    for (Stat& s : *a) s.allocated = s.freed = 0;
+  }
+  stats_.num_alloc_retries = stats_.num_ooms = stats_.num_device_alloc = stats_.num_device_free = 0;
+  stats_.num_sync_all_streams = stats_.num_cross_stream_reuse = 0;
+  stats_.num_pages_populated = stats_.num_pages_discarded = stats_.discard_calls = 0;
+  stats_.num_discard_waits = 0;
+}
+
+void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
+  MutexLock l(&mu_);
+  for (auto& [base, seg] : segments_) {
+    SegmentSnapshot s;
+    s.device = device_;
+    s.address = seg->base;
+    s.total_size = seg->size;
+    s.segment_type = seg->pool == PoolKind::kSmall ? "small" : "large";
+    s.is_arena = seg->arena;
+    s.populated_bytes = seg->arena ? seg->pages.populated_count() * kPageSize : seg->size;
+    for (const Block* b = seg->first; b != nullptr; b = b->next) {
+      BlockSnapshot bs;
+      bs.address = b->addr;
+      bs.size = b->size;
+      bs.requested = b->requested;
+      bs.stream = b->stream;
+      bs.location = b->placed ? LocationName(b->location) : "unplaced";
+      bs.state = b->allocated ? "active_allocated"
+                              : (b->pending_events > 0 ? "active_pending_free" : "inactive");
+      if (b->allocated) {
+        s.allocated_size += b->size;
+        s.requested_size += b->requested;
+      }
+      s.blocks.push_back(bs);
+    }
+    out->push_back(std::move(s));
+  }
+}
+
+}  // namespace cma
