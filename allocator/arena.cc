@@ -27,22 +27,10 @@ absl::StatusOr<Block*> DeviceAllocator::NewArena(std::size_t rounded, PoolKind p
   }
   absl::StatusOr<void*> mem = backend_->ReserveManaged(device_, round);
   if (!mem.ok()) return mem.status();
-  auto* seg = new Segment;
-  seg->base = reinterpret_cast<std::uintptr_t>(*mem);
-  seg->size = round;
-  seg->pool = pool;
-  seg->arena = true;
-  seg->pages = PageMap(round / kPageSize);
-  Block* b = NewBlock();
-  b->addr = seg->base;
-  b->size = round;
-  b->stream = stream;
-  b->segment = seg;
-  seg->first = b;
-  segments_[seg->base] = seg;
-  UpdateStat(stats_.segment, pool, 1);
+  Block* b = AddSegment(*mem, round, pool, stream);
+  b->segment->arena = true;
+  b->segment->pages = PageMap(round / kPageSize);
   stats_.virtual_bytes += static_cast<std::int64_t>(round);
-  ++stats_.num_device_alloc;
   // Config advice once for the whole range; pages are placed as populated.
   ApplyAdvice(SegmentAdvice(*config_, device_, device_count_), b->ptr(), b->size);
   return b;

@@ -317,8 +317,15 @@ absl::StatusOr<Block*> DeviceAllocator::NewSegment(std::size_t rounded, PoolKind
   }
   absl::StatusOr<void*> mem = backend_->AllocateManaged(device_, size);
   if (!mem.ok()) return mem.status();
+  Block* b = AddSegment(*mem, size, pool, stream);
+  UpdateStat(stats_.reserved_bytes, pool, size);
+  PrepareSegment(b, stream);
+  return b;
+}
+
+Block* DeviceAllocator::AddSegment(void* mem, std::size_t size, PoolKind pool, Stream stream) {
   auto* seg = new Segment;
-  seg->base = reinterpret_cast<std::uintptr_t>(*mem);
+  seg->base = reinterpret_cast<std::uintptr_t>(mem);
   seg->size = size;
   seg->pool = pool;
   Block* b = NewBlock();
@@ -329,9 +336,7 @@ absl::StatusOr<Block*> DeviceAllocator::NewSegment(std::size_t rounded, PoolKind
   seg->first = b;
   segments_[seg->base] = seg;
   UpdateStat(stats_.segment, pool, 1);
-  UpdateStat(stats_.reserved_bytes, pool, size);
   ++stats_.num_device_alloc;
-  PrepareSegment(b, stream);
   return b;
 }
 

@@ -118,6 +118,10 @@ class DeviceAllocator {
                          bool populated_only = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> NewSegment(std::size_t rounded, PoolKind pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Registers backend memory as a segment holding one free block of
+  // `stream` (returned); counts the segment, not its bytes.
+  Block* AddSegment(void* mem, std::size_t size, PoolKind pool, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A block that has stopped being used (its events, if any, completed):
   // stats, page release, placement, back into its pool.
   void BecameFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -91,27 +91,22 @@ absl::Status LatencySuite(Backend& backend, int device, const std::string& confi
                             std::size_t{256} << 20}) {
     // Steady state: the block is cached after the first pair.
     absl::Status failure;
-    auto cached_pair = [&]() {
-      absl::StatusOr<void*> p = (*alloc)->Allocate(bytes, device);
-      if (!p.ok()) {
-        failure = p.status();
-        return false;
-      }
-      failure = (*alloc)->Free(*p);
-      return failure.ok();
+    auto pair_of = [&](CachingManagedAllocator& a) {
+      return [&a, &failure, bytes, device]() {
+        absl::StatusOr<void*> p = a.Allocate(bytes, device);
+        if (!p.ok()) {
+          failure = p.status();
+          return false;
+        }
+        failure = a.Free(*p);
+        return failure.ok();
+      };
     };
+    auto cached_pair = pair_of(**alloc);
     cached_pair();
     const double cached = MedianPairNs(reps, 2000, cached_pair);
     if (!failure.ok()) return failure;
-    auto classic_pair = [&]() {
-      absl::StatusOr<void*> p = (*classic)->Allocate(bytes, device);
-      if (!p.ok()) {
-        failure = p.status();
-        return false;
-      }
-      failure = (*classic)->Free(*p);
-      return failure.ok();
-    };
+    auto classic_pair = pair_of(**classic);
     classic_pair();
     const double classic_ns = MedianPairNs(reps, 2000, classic_pair);
     if (!failure.ok()) return failure;

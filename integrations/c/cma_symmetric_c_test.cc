@@ -10,6 +10,7 @@
 #include <string>
 
 #include "gmock/gmock.h"
+#include "integrations/c/capi_test_util.h"
 #include "gtest/gtest.h"
 #include "integrations/c/cma_c.h"
 #include "nlohmann/json.hpp"
@@ -18,18 +19,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-nlohmann::json Json(char* s) {
-  EXPECT_NE(s, nullptr) << cma_last_error();
-  nlohmann::json j = nlohmann::json::parse(s ? s : "null");
-  cma_string_free(s);
-  return j;
-}
-
-class SymmetricCApiTest : public ::testing::Test {
- protected:
-  void SetUp() override { ASSERT_EQ(cma_init("", "host"), 0) << cma_last_error(); }
-  void TearDown() override { cma_shutdown(); }
-};
+using cma_test::Json;
+using SymmetricCApiTest = cma_test::HostCApiTest;
 
 TEST_F(SymmetricCApiTest, TwoMembersInOneProcessShareBuffersAndTheCache) {
   const int ranks[] = {0, 1}, devices[] = {0, 1};

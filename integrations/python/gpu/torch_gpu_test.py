@@ -20,10 +20,17 @@ import cma.torch as cmat  # noqa: E402
 RESULTS = {}
 
 
-def train(route):
-    out = subprocess.run([sys.executable, os.path.join(HERE, "train_route.py"), route],
-                         capture_output=True, text=True, check=True, timeout=600)
+def run_script(script, *args, timeout=600):
+    """Runs a route script of this folder in a fresh process; its last line
+    of output is JSON."""
+    out = subprocess.run([sys.executable, os.path.join(HERE, script), *args],
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def train(route):
+    return run_script("train_route.py", route)
 
 
 def test_routes_train_identically():
@@ -39,10 +46,7 @@ def test_routes_train_identically():
 
 @pytest.mark.parametrize("route", ["default", "pool"])
 def test_out_of_memory_raises_torch_out_of_memory_error(route):
-    out = subprocess.run([sys.executable, os.path.join(HERE, "oom_route.py"), route],
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = run_script("oom_route.py", route)
     RESULTS.setdefault("oom", {})[route] = r
     assert r["raised"], r
     assert r["type"] == "torch.OutOfMemoryError", r
@@ -54,10 +58,7 @@ def test_out_of_memory_raises_torch_out_of_memory_error(route):
 
 @pytest.mark.parametrize("route", ["default", "pool"])
 def test_cuda_graphs_match_eager_or_are_refused_clearly(route):
-    out = subprocess.run([sys.executable, os.path.join(HERE, "graph_route.py"), route],
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = run_script("graph_route.py", route, timeout=600)
     RESULTS.setdefault("graphs", {})[route] = r
     for case in ("cuda_graph", "compile_reduce_overhead"):
         assert r[case] == "match" or r[case].startswith("refused: "), r  # never a wrong result
@@ -70,10 +71,7 @@ def test_cuda_graphs_match_eager_or_are_refused_clearly(route):
 def test_two_gpus_in_one_process(route):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
-    out = subprocess.run([sys.executable, os.path.join(HERE, "two_gpu_route.py"), route],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = run_script("two_gpu_route.py", route, timeout=300)
     RESULTS.setdefault("two_gpus", {})[route] = r
     assert r["device_of_cuda1"] == 1 and r["device_of_cuda0"] == 0, r
     assert r["compute_on_1"] and all(r["stats_devices"]), r
@@ -82,10 +80,7 @@ def test_two_gpus_in_one_process(route):
 
 
 def test_pytorch_memory_tools_see_cma_and_render(tmp_path):
-    out = subprocess.run([sys.executable, os.path.join(HERE, "memory_tools_route.py"),
-                          str(tmp_path)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = run_script("memory_tools_route.py", str(tmp_path), timeout=300)
     RESULTS["memory_tools"] = r
     assert r["stats_keys_ok"] and r["summary_ok"], r
     assert r["max_memory_allocated"] >= (53 << 20) + 1000, r
