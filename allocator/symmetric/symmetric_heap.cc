@@ -403,4 +403,15 @@ SymmetricStats SymmetricHeap::GetStats() {
   return stats_;
 }
 
+std::vector<SymmetricSnapshot> SymmetricHeap::Snapshot() {
+  MutexLock l(&mu_);
+  std::vector<SymmetricSnapshot> out;
+  auto add = [&out](const Entry& e, bool cached) {
+    out.push_back({e.a.id, e.a.bytes, e.a.stride, cached, e.a.peers});
+  };
+  for (const auto& [id, e] : live_) add(*e, false);
+  for (const auto& [stride, e] : cache_) add(*e, true);
+  return out;
+}
+
 }  // namespace cma

@@ -81,6 +81,15 @@ struct SymmetricStats {
   std::map<std::string, double> last_miss_seconds;
 };
 
+// One allocation as a snapshot sees it.
+struct SymmetricSnapshot {
+  std::uint64_t id = 0;
+  std::size_t bytes = 0;   // per member
+  std::size_t stride = 0;  // per member, as reserved
+  bool cached = false;     // freed, kept for reuse
+  std::vector<void*> peers;
+};
+
 class SymmetricHeap {
  public:
   // `backend` must outlive the heap.
@@ -96,6 +105,8 @@ class SymmetricHeap {
   absl::Status Free(const SymmetricAllocation* allocation);
   absl::Status EmptyCache();
   SymmetricStats GetStats();
+  // Live allocations, then cached ones.
+  std::vector<SymmetricSnapshot> Snapshot();
 
  private:
   SymmetricHeap(Backend& backend, SymmetricGroup group, std::unique_ptr<Exchange> exchange,

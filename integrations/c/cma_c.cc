@@ -277,6 +277,10 @@ char* cma_stats_json(int device) {
   return CopyString(j.dump());
 }
 
+char* cma_symmetric_snapshot_json(void) {
+  return CopyString(cma::capi::SymmetricSnapshotJson().dump());
+}
+
 char* cma_snapshot_json(void) {
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return nullptr;

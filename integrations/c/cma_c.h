@@ -118,6 +118,9 @@ size_t cma_symmetric_signal_size(const cma_symmetric_heap* heap);
 void* cma_symmetric_device_peers(const cma_symmetric_allocation* a);
 /* {"allocations", "cache_hits", "exchanges", "symmetric_bytes", ...} */
 char* cma_symmetric_stats_json(cma_symmetric_heap* heap);
+/* Every heap's allocations: [{"id", "bytes", "stride", "state" (allocated |
+ * cached), "local_devices", "peers"}, ...] */
+char* cma_symmetric_snapshot_json(void);
 
 #ifdef __cplusplus
 }

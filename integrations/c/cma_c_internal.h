@@ -24,6 +24,8 @@ char* CopyString(const std::string& s);
 // the heaps serving a member on it (their bytes shared evenly among their
 // local devices); for -1, all of them.
 void AddSymmetricStats(int device, nlohmann::json& stats);
+// Every symmetric heap's allocations, for the snapshot.
+nlohmann::json SymmetricSnapshotJson();
 
 // Allocation history (cma_history.cc): no-ops unless cma_record_history
 // enabled it.

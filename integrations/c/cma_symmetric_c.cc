@@ -84,6 +84,25 @@ void AddSymmetricStats(int device, nlohmann::json& stats) {
   stats["symmetric_exchanges"] = exchanges;
 }
 
+nlohmann::json SymmetricSnapshotJson() {
+  nlohmann::json out = nlohmann::json::array();
+  Registry& r = Heaps();
+  MutexLock l(&r.mu);
+  for (cma_symmetric_heap* h : r.heaps) {
+    for (const SymmetricSnapshot& a : h->heap->Snapshot()) {
+      nlohmann::json peers = nlohmann::json::array();
+      for (void* p : a.peers) peers.push_back(reinterpret_cast<std::uintptr_t>(p));
+      out.push_back({{"id", a.id},
+                     {"bytes", a.bytes},
+                     {"stride", a.stride},
+                     {"state", a.cached ? "cached" : "allocated"},
+                     {"local_devices", h->local_devices},
+                     {"peers", std::move(peers)}});
+    }
+  }
+  return out;
+}
+
 }  // namespace capi
 }  // namespace cma
 

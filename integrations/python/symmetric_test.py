@@ -63,8 +63,11 @@ def test_one_rank_allocate_free_and_cache(host):
     again = sym.allocate((256,), "float32", comm)
     assert heap.stats()["cache_hits"] == 1
     # One statistics view: symmetric bytes beside the managed allocator's.
-    s = cma.stats()
+    s = cma.memory_stats()
     assert s["symmetric_bytes.current"] > 0 and "reserved_bytes.all.current" in s
+    snap = cma.memory_snapshot()
+    assert [a["state"] for a in snap["symmetric"]] == ["allocated"]
+    assert snap["symmetric"][0]["bytes"] == 1024 and "managed" in snap
     sym.free(again)
     heap.close()
 

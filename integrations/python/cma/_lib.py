@@ -75,6 +75,7 @@ def lib():
                 "cma_symmetric_signal_size": (sz, [vp]),
                 "cma_symmetric_device_peers": (vp, [vp]),
                 "cma_symmetric_stats_json": (vp, [vp]),
+                "cma_symmetric_snapshot_json": (vp, []),
             }
             for name, (res, args) in sig.items():
                 f = getattr(l, name)
@@ -179,6 +180,17 @@ def stats(device=-1):
 
 def snapshot():
     return _json(lib().cma_snapshot_json())
+
+
+def memory_stats(device=-1):
+    """Managed and symmetric memory side by side (PyTorch's keys, plus
+    symmetric_bytes.current/peak, symmetric_allocations, ...); -1: all devices."""
+    return stats(device)
+
+
+def memory_snapshot():
+    """Managed segments and symmetric allocations: {"managed": [...], "symmetric": [...]}."""
+    return {"managed": snapshot(), "symmetric": _json(lib().cma_symmetric_snapshot_json())}
 
 
 def set_disposable(ptr, disposable=True):

@@ -155,6 +155,20 @@ def test_memory_stats_match_what_was_asked(pool):
     del keep
 
 
+def test_sleep_and_wake_keep_tensors_and_values(pool):
+    with torch.cuda.use_mem_pool(pool):
+        w = torch.randn(32 << 20, device="cuda")  # 128 MiB
+        kv = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    cmat.mark_disposable(kv)
+    ref, ptr = w.sum().item(), w.data_ptr()
+    slept = cmat.sleep()
+    assert slept >= (128 << 20) + (64 << 20)
+    assert cmat.wake() == slept
+    assert w.data_ptr() == ptr and w.sum().item() == ref
+    kv.fill_(1)  # disposable memory is usable again (its contents were dropped)
+    assert int(kv[-1].item()) == 1
+
+
 def test_cupy_route():
     cupy = pytest.importorskip("cupy")
     import cma.cupy as cmac
