@@ -94,8 +94,10 @@ def pool():
 def _owned_storage(tensor):
     ptr = tensor.untyped_storage().data_ptr()
     if _lib.device_of(ptr) is None:
-        raise ValueError("cma.torch: the tensor's memory was not allocated by cma "
-                         "(allocate it under cma.torch.use_as_default() or cma.torch.pool())")
+        raise ValueError("cma.torch: the tensor does not own a cma allocation (allocate it "
+                         "under cma.torch.use_as_default(); under cma.torch.pool() PyTorch's "
+                         "allocator packs tensors into cma segments, so only tensors that fill "
+                         "a segment of their own qualify)")
     return ptr, tensor.untyped_storage().nbytes()
 
 
