@@ -126,17 +126,22 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
       ProcessPendingFrees(/*synchronize=*/true);
       CoalesceUnmerged();
     }
-    Block* b = FindSameStream(rounded, pool, stream);
-    if (b != nullptr && arena_mode() && FreshPagesFor(b, rounded) != 0) {
+    std::size_t new_pages = 0;  // pages that `rounded` bytes of b would populate
+    Block* b = FindSameStream(rounded, pool, stream, &new_pages);
+    if (b != nullptr && new_pages != 0) {
       // New pages raise the device's high-water mark for good (the driver
       // keeps discarded memory with its pages until something else needs
       // it): an idle stream's populated block is the better choice.
       if (Block* c = FindCrossStream(rounded, pool, stream, retry, /*populated_only=*/true)) {
         InsertFree(b);
         b = c;
+        new_pages = 0;
       }
     }
-    if (b == nullptr) b = FindCrossStream(rounded, pool, stream, /*synchronize=*/retry);
+    if (b == nullptr) {
+      b = FindCrossStream(rounded, pool, stream, /*synchronize=*/retry);
+      new_pages = 1;  // not counted: MakeRoomForPages counts
+    }
     if (b == nullptr) {
       if (!arena_mode()) {
         const std::size_t release =
@@ -154,10 +159,13 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
         continue;
       }
       b = *fresh;
+      new_pages = 1;
     }
-    if (b->segment->arena) {
+    const std::size_t take = ShouldSplit(b->size, rounded, pool, *config_) ? rounded : b->size;
+    // The steady state: a reused block whose pages are all populated has
+    // nothing to make room for.
+    if (b->segment->arena && (new_pages != 0 || take != rounded)) {
       // Pages the block needs that hold nothing yet must fit the budget.
-      const std::size_t take = ShouldSplit(b->size, rounded, pool, *config_) ? rounded : b->size;
       if (absl::Status s = MakeRoomForPages(b, take, stream, /*everything=*/retry); !s.ok()) {
         ReturnBlock(b);  // unchanged: back into its pool
         // An arena made for this request holds nothing and no work: give
@@ -210,7 +218,8 @@ BlockPool::iterator DeviceAllocator::FindFit(std::size_t rounded, PoolKind pool,
   return it;
 }
 
-Block* DeviceAllocator::FindSameStream(std::size_t rounded, PoolKind pool, Stream stream) {
+Block* DeviceAllocator::FindSameStream(std::size_t rounded, PoolKind pool, Stream stream,
+                                       std::size_t* fresh_pages) {
   BlockPool& p = PoolOf(pool);
   auto it = FindFit(rounded, pool, stream);
   // A fit that needs no split is the best there is. Anything else is judged
@@ -222,7 +231,8 @@ Block* DeviceAllocator::FindSameStream(std::size_t rounded, PoolKind pool, Strea
     it = FindFit(rounded, pool, stream);
   }
   if (it == p.end()) return nullptr;
-  if (arena_mode() && FreshPagesFor(*it, rounded) != 0) {
+  std::size_t fresh = arena_mode() ? FreshPagesFor(*it, rounded) : 0;
+  if (fresh != 0) {
     // Memory already populated beats a tighter fit that needs new pages:
     // the driver does not give populated memory back by itself, so new
     // pages raise the device's high-water mark. Look a few sizes up.
@@ -230,10 +240,12 @@ Block* DeviceAllocator::FindSameStream(std::size_t rounded, PoolKind pool, Strea
     for (int i = 0; i < kPopulatedSearch && ++alt != p.end() && (*alt)->stream == stream; ++i) {
       if (FreshPagesFor(*alt, rounded) == 0) {
         it = alt;
+        fresh = 0;
         break;
       }
     }
   }
+  if (fresh_pages != nullptr) *fresh_pages = fresh;
   Block* b = *it;
   p.erase(it);
   if (b->is_split()) {

@@ -108,9 +108,11 @@ class DeviceAllocator {
 
   BlockPool::iterator FindFit(std::size_t rounded, PoolKind pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes the best-fitting free block of `stream` out of its pool.
-  Block* FindSameStream(std::size_t rounded, PoolKind pool, Stream stream)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the best-fitting free block of `stream` out of its pool (in an
+  // arena, preferring one whose pages are populated); `fresh_pages`, if
+  // given, receives how many pages its first `rounded` bytes would populate.
+  Block* FindSameStream(std::size_t rounded, PoolKind pool, Stream stream,
+                        std::size_t* fresh_pages = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A free block of another stream whose queued work has completed (or, with
   // `synchronize`, after waiting for it); with `populated_only`, only one
   // whose arena pages are all populated already.
