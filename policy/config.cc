@@ -5,6 +5,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
@@ -20,6 +21,10 @@ absl::Status Bad(absl::string_view key, absl::string_view value, absl::string_vi
   return absl::InvalidArgumentError(absl::StrCat("CMA_ALLOC_CONF: bad value '", value,
                                                  "' for key '", key, "'; accepted: ", accepted));
 }
+
+// Enough digits that the text parses back to the same double (StrCat's six
+// would turn 0.9999999999 into 1, which the parser then rejects).
+std::string Exact(double v) { return absl::StrFormat("%.17g", v); }
 
 absl::StatusOr<bool> ParseFlag(absl::string_view key, absl::string_view v) {
   if (v == "1" || v == "true") return true;
@@ -181,7 +186,8 @@ std::string AllocatorConfig::ToString() const {
     parts.push_back(absl::StrCat("roundup_power2_divisions:", roundup_power2_divisions));
   }
   if (garbage_collection_threshold > 0) {
-    parts.push_back(absl::StrCat("garbage_collection_threshold:", garbage_collection_threshold));
+    parts.push_back(
+        absl::StrCat("garbage_collection_threshold:", Exact(garbage_collection_threshold)));
   }
   if (prefetch != d.prefetch) {
     parts.push_back(absl::StrCat("prefetch:", prefetch == PrefetchPolicy::kNone ? "none" : "on_move"));
@@ -196,7 +202,7 @@ std::string AllocatorConfig::ToString() const {
   if (discard_on_free) parts.push_back("discard_on_free:1");
   if (managed_budget_bytes) parts.push_back(absl::StrCat("managed_budget:", managed_budget_bytes));
   else if (managed_budget_fraction != 1.0) {
-    parts.push_back(absl::StrCat("managed_budget:", managed_budget_fraction));
+    parts.push_back(absl::StrCat("managed_budget:", Exact(managed_budget_fraction)));
   }
   if (release_threshold != d.release_threshold) {
     parts.push_back(absl::StrCat("release_threshold:", release_threshold));
@@ -205,7 +211,7 @@ std::string AllocatorConfig::ToString() const {
   if (multicast) parts.push_back("multicast:1");
   if (segments != d.segments) parts.push_back("segments:classic");
   if (arena_size) parts.push_back(absl::StrCat("arena_size:", arena_size));
-  if (idle_page_slack >= 0) parts.push_back(absl::StrCat("idle_page_slack:", idle_page_slack));
+  if (idle_page_slack >= 0) parts.push_back(absl::StrCat("idle_page_slack:", Exact(idle_page_slack)));
   return absl::StrJoin(parts, ",");
 }
 

@@ -36,6 +36,19 @@ TEST(ConfigTest, ParsesEveryKey) {
   EXPECT_TRUE(c->multicast);
 }
 
+TEST(ConfigTest, FractionsRoundTripExactly) {
+  // Found by the config fuzzer: six digits turned this into 1, which the
+  // parser rejects.
+  auto c = ParseAllocatorConfig("garbage_collection_threshold:.99999999990003729,"
+                                "idle_page_slack:0.1,managed_budget:0.3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto again = ParseAllocatorConfig(c->ToString());
+  ASSERT_TRUE(again.ok()) << again.status() << " from " << c->ToString();
+  EXPECT_EQ(again->garbage_collection_threshold, c->garbage_collection_threshold);
+  EXPECT_EQ(again->idle_page_slack, 0.1);
+  EXPECT_EQ(again->managed_budget_fraction, 0.3);
+}
+
 TEST(ConfigTest, RoundTripsThroughToString) {
   const char* text = "max_split_size_mb:64,prefetch:on_move,accessed_by:all,managed_budget:1073741824";
   auto c = ParseAllocatorConfig(text);
