@@ -14,6 +14,27 @@
 #include "policy/release_policy.h"
 
 namespace cma {
+namespace {
+
+// Adds one page to a list of ranges, extending the last range when the page
+// touches either of its ends (pages come in ascending or descending order).
+void AddPage(std::vector<Range>& ranges, void* page) {
+  if (!ranges.empty()) {
+    Range& last = ranges.back();
+    if (static_cast<char*>(last.ptr) + last.bytes == page) {
+      last.bytes += kPageSize;
+      return;
+    }
+    if (static_cast<char*>(page) + kPageSize == last.ptr) {
+      last.ptr = page;
+      last.bytes += kPageSize;
+      return;
+    }
+  }
+  ranges.push_back({page, kPageSize});
+}
+
+}  // namespace
 
 absl::StatusOr<Block*> DeviceAllocator::NewArena(std::size_t rounded, PoolKind pool,
                                                  Stream stream) {
@@ -84,13 +105,7 @@ void DeviceAllocator::AcquirePages(Block* b) {
   auto populate = [&](std::size_t p) {
     pages.set_populated(p);
     ++fresh;
-    void* page = reinterpret_cast<void*>(seg->base + p * kPageSize);
-    if (!populate_.empty() &&
-        static_cast<char*>(populate_.back().ptr) + populate_.back().bytes == page) {
-      populate_.back().bytes += kPageSize;
-    } else {
-      populate_.push_back({page, kPageSize});
-    }
+    AddPage(populate_, reinterpret_cast<void*>(seg->base + p * kPageSize));
   };
   auto touch_edge = [&](std::size_t p) {
     if (pages.edge_users(p)++ != 0) return;  // a neighbour in use has it
@@ -178,15 +193,7 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
         continue;
       }
       chosen.push_back(&*it);
-      void* page = reinterpret_cast<void*>(it->seg->base + it->page * kPageSize);
-      std::vector<Range>& ranges = by_stream[it->stream];
-      // Walking downwards: extend the previous range at its front.
-      if (!ranges.empty() && static_cast<char*>(page) + kPageSize == ranges.back().ptr) {
-        ranges.back().ptr = page;
-        ranges.back().bytes += kPageSize;
-      } else {
-        ranges.push_back({page, kPageSize});
-      }
+      AddPage(by_stream[it->stream], reinterpret_cast<void*>(it->seg->base + it->page * kPageSize));
     }
   }
   absl::flat_hash_map<Stream, bool> discarded;
@@ -215,15 +222,19 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
   std::size_t done = 0;
   for (const Candidate* c : chosen) {
     if (!discarded[c->stream]) continue;
-    c->seg->pages.clear_populated(c->page);
-    UpdateStat(stats_.reserved_bytes, c->seg->pool, -static_cast<std::int64_t>(kPageSize));
+    ForgetIdlePage(c->seg, c->page);
     ++done;
   }
-  idle_pages_ -= done;
-  stats_.idle_populated_bytes -= static_cast<std::int64_t>(done * kPageSize);
-  stats_.num_pages_discarded += static_cast<std::int64_t>(done);
-  stats_.discarded_bytes += static_cast<std::int64_t>(done * kPageSize);
   return done;
+}
+
+void DeviceAllocator::ForgetIdlePage(Segment* seg, std::size_t page) {
+  seg->pages.clear_populated(page);
+  UpdateStat(stats_.reserved_bytes, seg->pool, -static_cast<std::int64_t>(kPageSize));
+  --idle_pages_;
+  stats_.idle_populated_bytes -= static_cast<std::int64_t>(kPageSize);
+  ++stats_.num_pages_discarded;
+  stats_.discarded_bytes += static_cast<std::int64_t>(kPageSize);
 }
 
 void DeviceAllocator::DiscardPagesInside(Block* b) {
@@ -233,34 +244,18 @@ void DeviceAllocator::DiscardPagesInside(Block* b) {
   const std::size_t first = (b->addr - seg->base + kPageSize - 1) / kPageSize;
   const std::size_t end = (b->addr + b->size - seg->base) / kPageSize;
   std::vector<Range> ranges;
-  std::size_t pages = 0;
+  std::vector<std::size_t> idle;
   for (std::size_t p = first; p < end; ++p) {
     if (seg->pages.edge_users(p) != 0 || !seg->pages.populated(p)) continue;
-    void* page = reinterpret_cast<void*>(seg->base + p * kPageSize);
-    if (!ranges.empty() && static_cast<char*>(ranges.back().ptr) + ranges.back().bytes == page) {
-      ranges.back().bytes += kPageSize;
-    } else {
-      ranges.push_back({page, kPageSize});
-    }
-    ++pages;
+    AddPage(ranges, reinterpret_cast<void*>(seg->base + p * kPageSize));
+    idle.push_back(p);
   }
-  if (pages == 0) return;
+  if (idle.empty()) return;
   if (!backend_->DiscardBatch(ranges, b->stream).ok()) {
     ++stats_.num_placement_errors;
     return;
   }
-  for (const Range& r : ranges) {
-    for (std::size_t p = seg->PageOf(reinterpret_cast<std::uintptr_t>(r.ptr)),
-                     n = r.bytes / kPageSize;
-         n > 0; ++p, --n) {
-      seg->pages.clear_populated(p);
-    }
-  }
-  UpdateStat(stats_.reserved_bytes, seg->pool, -static_cast<std::int64_t>(pages * kPageSize));
-  idle_pages_ -= pages;
-  stats_.idle_populated_bytes -= static_cast<std::int64_t>(pages * kPageSize);
-  stats_.num_pages_discarded += static_cast<std::int64_t>(pages);
-  stats_.discarded_bytes += static_cast<std::int64_t>(pages * kPageSize);
+  for (std::size_t p : idle) ForgetIdlePage(seg, p);
   ++stats_.discard_calls;
 }
 

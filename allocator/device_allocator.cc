@@ -128,6 +128,8 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
     }
     std::size_t new_pages = 0;  // pages that `rounded` bytes of b would populate
     Block* b = FindSameStream(rounded, pool, stream, &new_pages);
+    // Known to need no new page: then there is nothing to make room for.
+    bool populated = b != nullptr && new_pages == 0;
     if (b != nullptr && new_pages != 0) {
       // New pages raise the device's high-water mark for good (the driver
       // keeps discarded memory with its pages until something else needs
@@ -135,13 +137,10 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
       if (Block* c = FindCrossStream(rounded, pool, stream, retry, /*populated_only=*/true)) {
         InsertFree(b);
         b = c;
-        new_pages = 0;
+        populated = true;
       }
     }
-    if (b == nullptr) {
-      b = FindCrossStream(rounded, pool, stream, /*synchronize=*/retry);
-      new_pages = 1;  // not counted: MakeRoomForPages counts
-    }
+    if (b == nullptr) b = FindCrossStream(rounded, pool, stream, /*synchronize=*/retry);
     if (b == nullptr) {
       if (!arena_mode()) {
         const std::size_t release =
@@ -159,12 +158,10 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
         continue;
       }
       b = *fresh;
-      new_pages = 1;
     }
     const std::size_t take = ShouldSplit(b->size, rounded, pool, *config_) ? rounded : b->size;
-    // The steady state: a reused block whose pages are all populated has
-    // nothing to make room for.
-    if (b->segment->arena && (new_pages != 0 || take != rounded)) {
+    // The steady state (a reused block, all pages populated) skips this.
+    if (b->segment->arena && !(populated && take == rounded)) {
       // Pages the block needs that hold nothing yet must fit the budget.
       if (absl::Status s = MakeRoomForPages(b, take, stream, /*everything=*/retry); !s.ok()) {
         ReturnBlock(b);  // unchanged: back into its pool

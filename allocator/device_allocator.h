@@ -156,6 +156,8 @@ class DeviceAllocator {
   std::size_t DiscardIdlePages(std::size_t pages, std::uintptr_t keep_lo = 0,
                                std::uintptr_t keep_hi = 0, const Stream* populating = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Books a discarded idle page: unpopulated, and out of every count.
+  void ForgetIdlePage(Segment* seg, std::size_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // discard_on_free in an arena: the idle pages wholly inside `b`.
   void DiscardPagesInside(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::size_t populated_pages() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

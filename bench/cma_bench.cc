@@ -156,8 +156,6 @@ absl::Status ReplaySuite(Backend& backend, int device, const std::string& config
   // The allocator runs on a wrapper that injects nothing and counts every
   // backend call, so the steady state's calls per operation are measured.
   FaultInjectingBackend counting(backend);
-  // On the host backend the same instrument reads its emulated population.
-  const bool sample = true;
   Json rows = Json::array();
   std::cout << absl::StrFormat("%-28s %14s %14s %7s %7s %8s %10s %10s %11s\n", "trace",
                                "peak_requested", "peak_reserved", "ratio", "device", "arenas",
@@ -169,7 +167,8 @@ absl::Status ReplaySuite(Backend& backend, int device, const std::string& config
     if (!alloc.ok()) return alloc.status();
     const std::string name = path.substr(path.find_last_of('/') + 1);
     ReplayOptions options;
-    options.sample_device_memory = sample;
+    // On the host backend the same instrument reads its emulated population.
+    options.sample_device_memory = true;
     options.calls = [&counting]() { return counting.Calls(FaultKind::kAny); };
     absl::StatusOr<ReplayResult> r = Replay(**alloc, device, *ops, name, options);
     if (!r.ok()) return r.status();

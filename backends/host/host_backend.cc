@@ -146,7 +146,7 @@ absl::StatusOr<void*> HostBackend::ReserveManaged(int device, std::size_t bytes)
   return p;
 }
 
-absl::Status HostBackend::PopulatePages(ManagedAllocation& a, std::uintptr_t base,
+void HostBackend::PopulatePages(ManagedAllocation& a, std::uintptr_t base,
                                         const Range& r, PlacementRecord::Op op,
                                         Location location) {
   const auto lo = reinterpret_cast<std::uintptr_t>(r.ptr) - base;
@@ -157,7 +157,7 @@ absl::Status HostBackend::PopulatePages(ManagedAllocation& a, std::uintptr_t bas
       if (a.page_device[p] >= 0) used_[a.page_device[p]] -= kHostPage;
       a.page_device[p] = -1;
     }
-    return absl::OkStatus();
+    return;
   }
   // As on a GPU, placing pages past the capacity oversubscribes rather than
   // fails (the driver would evict others): GetMemInfo then reports none free.
@@ -168,7 +168,6 @@ absl::Status HostBackend::PopulatePages(ManagedAllocation& a, std::uintptr_t bas
     a.page_device[p] = d;
     used_[d] += kHostPage;
   }
-  return absl::OkStatus();
 }
 
 absl::Status HostBackend::FreeManaged(void* ptr) {
@@ -265,9 +264,7 @@ absl::Status HostBackend::Place(PlacementRecord::Op op, absl::Span<const Range> 
   for (const Range& r : ranges) {
     auto it = --managed_.upper_bound(reinterpret_cast<std::uintptr_t>(r.ptr));
     if (it->second.reserved) {
-      if (auto s = PopulatePages(it->second, it->first, r, op, location); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat(call, ": ", s.message()));
-      }
+      PopulatePages(it->second, it->first, r, op, location);
     }
     if (op != PlacementRecord::Op::kDiscard) {
       auto a = FindManaged(r.ptr, r.bytes);

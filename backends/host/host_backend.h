@@ -172,7 +172,7 @@ class HostBackend final : public Backend {
     std::vector<int> page_device;
   };
   // Populates or gives back the pages of a reserved allocation.
-  absl::Status PopulatePages(ManagedAllocation& a, std::uintptr_t base, const Range& r,
+  void PopulatePages(ManagedAllocation& a, std::uintptr_t base, const Range& r,
                              PlacementRecord::Op op, Location location)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct PhysicalMemory {
