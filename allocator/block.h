@@ -36,6 +36,10 @@ struct Block {
   // set per allocation, cleared when it is freed.
   bool disposable = false;
   int pending_events = 0;  // > 0 while freed but still used by other streams
+  // Free blocks: when the block was last used, as DeviceAllocator's count of
+  // frees; 0 when it has not been used since a moment its stream was known
+  // idle, so that any stream may take it without asking the GPU.
+  std::uint64_t free_seq = 0;
   // Freed but not yet merged with its free neighbours: merging is deferred
   // until a lookup misses, so a steady alloc/free cycle neither splits nor
   // merges.

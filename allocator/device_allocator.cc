@@ -130,17 +130,20 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
     Block* b = FindSameStream(rounded, pool, stream, &new_pages);
     // Known to need no new page: then there is nothing to make room for.
     bool populated = b != nullptr && new_pages == 0;
-    if (b != nullptr && new_pages != 0) {
+    if (arena_mode()) {
       // New pages raise the device's high-water mark for good (the driver
       // keeps discarded memory with its pages until something else needs
-      // it): an idle stream's populated block is the better choice.
-      if (Block* c = FindCrossStream(rounded, pool, stream, retry, /*populated_only=*/true)) {
-        InsertFree(b);
-        b = c;
-        populated = true;
+      // it). Other streams' free blocks, merged with this stream's, may hold
+      // the request in populated pages.
+      if (!populated && AdoptIdleStreams(pool, stream, /*synchronize=*/retry)) {
+        if (b != nullptr) ReturnBlock(b);
+        CoalesceUnmerged();
+        b = FindSameStream(rounded, pool, stream, &new_pages);
+        populated = b != nullptr && new_pages == 0;
       }
+    } else if (b == nullptr) {
+      b = FindCrossStream(rounded, pool, stream, /*synchronize=*/retry);
     }
-    if (b == nullptr) b = FindCrossStream(rounded, pool, stream, /*synchronize=*/retry);
     if (b == nullptr) {
       if (!arena_mode()) {
         const std::size_t release =
@@ -203,117 +206,6 @@ absl::Status DeviceAllocator::DiagnoseBadFree(void* ptr) {
   return absl::InternalError("cma: segment does not cover its own range");
 }
 
-BlockPool::iterator DeviceAllocator::FindFit(std::size_t rounded, PoolKind pool, Stream stream) {
-  BlockPool& p = PoolOf(pool);
-  Block key;
-  key.stream = stream;
-  key.size = rounded;
-  auto it = p.lower_bound(&key);
-  if (it == p.end() || (*it)->stream != stream || !CanServe((*it)->size, rounded, *config_)) {
-    return p.end();
-  }
-  return it;
-}
-
-Block* DeviceAllocator::FindSameStream(std::size_t rounded, PoolKind pool, Stream stream,
-                                       std::size_t* fresh_pages) {
-  BlockPool& p = PoolOf(pool);
-  auto it = FindFit(rounded, pool, stream);
-  // A fit that needs no split is the best there is. Anything else is judged
-  // only after deferred merges, or a large block would be split where merged
-  // fragments fit better.
-  if (!unmerged_.empty() &&
-      (it == p.end() || ShouldSplit((*it)->size, rounded, pool, *config_))) {
-    CoalesceUnmerged();
-    it = FindFit(rounded, pool, stream);
-  }
-  if (it == p.end()) return nullptr;
-  std::size_t fresh = arena_mode() ? FreshPagesFor(*it, rounded) : 0;
-  if (fresh != 0) {
-    // Memory already populated beats a tighter fit that needs new pages:
-    // the driver does not give populated memory back by itself, so new
-    // pages raise the device's high-water mark. Look a few sizes up.
-    auto alt = it;
-    for (int i = 0; i < kPopulatedSearch && ++alt != p.end() && (*alt)->stream == stream; ++i) {
-      if (FreshPagesFor(*alt, rounded) == 0) {
-        it = alt;
-        fresh = 0;
-        break;
-      }
-    }
-  }
-  if (fresh_pages != nullptr) *fresh_pages = fresh;
-  Block* b = *it;
-  p.erase(it);
-  if (b->is_split()) {
-    UpdateStat(stats_.inactive_split, pool, -1);
-    UpdateStat(stats_.inactive_split_bytes, pool, -static_cast<std::int64_t>(b->size));
-  }
-  return b;
-}
-
-Block* DeviceAllocator::FindCrossStream(std::size_t rounded, PoolKind pool, Stream stream,
-                                        bool synchronize, bool populated_only) {
-  BlockPool& p = PoolOf(pool);
-  std::vector<Block*> candidates;  // the best fit of each other stream
-  for (auto it = p.begin(); it != p.end();) {
-    const Stream s = (*it)->stream;
-    if ((*it)->segment == nullptr) break;  // the sentinel sorts last
-    Block key;
-    key.stream = s;
-    if (s != stream) {
-      key.size = rounded;
-      auto c = p.lower_bound(&key);
-      if (c != p.end() && (*c)->stream == s && CanServe((*c)->size, rounded, *config_)) {
-        // In an arena, a few sizes up for one that needs no new page.
-        Block* pick = *c;
-        if (arena_mode() && FreshPagesFor(pick, rounded) != 0) {
-          pick = populated_only ? nullptr : pick;
-          auto alt = c;
-          for (int i = 0; i < kPopulatedSearch && ++alt != p.end() && (*alt)->stream == s; ++i) {
-            if (FreshPagesFor(*alt, rounded) == 0) {
-              pick = *alt;
-              break;
-            }
-          }
-        }
-        if (pick != nullptr) candidates.push_back(pick);
-      }
-    }
-    key.size = ~std::size_t{0};
-    key.addr = ~std::uintptr_t{0};
-    it = p.upper_bound(&key);
-  }
-  // Populated memory first (see FindSameStream), then the tightest fit.
-  std::sort(candidates.begin(), candidates.end(), [&](const Block* a, const Block* b) {
-    const bool fa = arena_mode() && FreshPagesFor(a, rounded) != 0;
-    const bool fb = arena_mode() && FreshPagesFor(b, rounded) != 0;
-    return std::tie(fa, a->size) < std::tie(fb, b->size);
-  });
-  for (Block* c : candidates) {
-    // Everything in the pool was freed before now, so once an event recorded
-    // now on its stream completes, no queued work can still touch it.
-    absl::StatusOr<Event> ev = TakeEvent();
-    if (!ev.ok()) return nullptr;
-    bool idle = false;
-    if (backend_->RecordEvent(*ev, c->stream).ok()) {
-      if (synchronize) {
-        idle = backend_->SynchronizeEvent(*ev).ok();
-      } else {
-        absl::StatusOr<bool> q = backend_->QueryEvent(*ev);
-        idle = q.ok() && *q;
-      }
-    }
-    spare_events_.push_back(*ev);
-    if (idle) {
-      EraseFree(c);
-      ++stats_.num_cross_stream_reuse;
-      return c;
-    }
-  }
-  return nullptr;
-}
-
 absl::StatusOr<Block*> DeviceAllocator::NewSegment(std::size_t rounded, PoolKind pool,
                                                    Stream stream) {
   if (arena_mode()) return NewArena(rounded, pool, stream);
@@ -361,6 +253,7 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
     rest->stream = stream;
     rest->segment = b->segment;
     rest->placed = b->placed;  // placement of b's range changes only after this
+    rest->free_seq = b->free_seq;
     rest->location = b->location;
     rest->prev = b;
     rest->next = b->next;
@@ -458,6 +351,7 @@ void DeviceAllocator::BecameFree(Block* b) {
   UpdateStat(stats_.active_bytes, b->segment->pool, -static_cast<std::int64_t>(b->size));
   if (b->segment->arena) ReleasePages(b);
   OnFreed(b);
+  b->free_seq = ++free_seq_;
   ReturnBlock(b);
 }
 
@@ -465,6 +359,7 @@ void DeviceAllocator::AbsorbNext(Block* b) {
   Block* next = b->next;
   EraseFree(next);
   if (!(b->placed && next->placed && b->location == next->location)) b->placed = false;
+  b->free_seq = std::max(b->free_seq, next->free_seq);
   b->size += next->size;
   b->next = next->next;
   if (next->next != nullptr) next->next->prev = b;

@@ -113,11 +113,20 @@ class DeviceAllocator {
   // given, receives how many pages its first `rounded` bytes would populate.
   Block* FindSameStream(std::size_t rounded, PoolKind pool, Stream stream,
                         std::size_t* fresh_pages = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A free block of another stream whose queued work has completed (or, with
-  // `synchronize`, after waiting for it); with `populated_only`, only one
-  // whose arena pages are all populated already.
-  Block* FindCrossStream(std::size_t rounded, PoolKind pool, Stream stream, bool synchronize,
-                         bool populated_only = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ---- lookups of free blocks in other streams (lookup.cc) ----
+  // Whether the work queued on `s` so far has completed (with
+  // `synchronize`, after waiting for it).
+  bool StreamIsIdle(Stream s, bool synchronize) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Classic segments: the best-fitting free block of another, idle stream,
+  // taken out of its pool.
+  Block* FindCrossStream(std::size_t rounded, PoolKind pool, Stream stream, bool synchronize)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Arenas: every free block of every other idle stream in `pool` becomes
+  // a free block of `stream`, queued for merging with its neighbours. A
+  // stream whose free blocks were all freed before it was last seen idle
+  // is not asked again. Returns whether any block was adopted.
+  bool AdoptIdleStreams(PoolKind pool, Stream stream, bool synchronize)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> NewSegment(std::size_t rounded, PoolKind pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Registers backend memory as a segment holding one free block of
@@ -233,6 +242,11 @@ class DeviceAllocator {
   std::vector<Range> populate_ ABSL_GUARDED_BY(mu_);  // arena pages the last hand-out populated
   std::size_t idle_pages_ ABSL_GUARDED_BY(mu_) = 0;   // arena pages populated with no users
   std::size_t peak_live_pages_ ABSL_GUARDED_BY(mu_) = 0;  // most arena pages ever in use
+  // Frees so far (Block::free_seq), and per stream the count at the last
+  // moment its queued work was seen complete: its free blocks numbered up to
+  // that are idle.
+  std::uint64_t free_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<Stream, std::uint64_t> idle_through_ ABSL_GUARDED_BY(mu_);
   Stream last_stream_ ABSL_GUARDED_BY(mu_) = kDefaultStream;  // last validated
   DeviceStats stats_ ABSL_GUARDED_BY(mu_);
 };

@@ -161,6 +161,9 @@ class Backend {
   // is valid on every device); kInvalidArgument otherwise.
   virtual absl::Status ValidateStream(int device, Stream stream) = 0;
   virtual absl::Status SynchronizeStream(Stream stream) = 0;
+  // true when all work queued on `stream` so far has completed: one call,
+  // where recording and querying an event would take two.
+  virtual absl::StatusOr<bool> QueryStream(Stream stream) = 0;
   // true while `stream` is being captured into a graph (CUDA graphs); the
   // host backend and backends without graphs never capture.
   virtual absl::StatusOr<bool> IsCapturing(Stream stream) { return false; }

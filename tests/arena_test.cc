@@ -125,6 +125,58 @@ TEST_F(ArenaTest, DiscardIsOrderedOnTheStreamStillUsingThePage) {
   ASSERT_TRUE(alloc_->Free(b).ok());
 }
 
+TEST_F(ArenaTest, IdleStreamsFreeBlocksMergeIntoOneHole) {
+  void* a = Alloc(6 * kMiB, 0, s1_);  // pages 0-2
+  void* b = Alloc(6 * kMiB, 0, s2_);  // pages 3-5: s2 adopts s1's idle tail
+  ASSERT_EQ(static_cast<char*>(b) - static_cast<char*>(a), static_cast<long>(6 * kMiB));
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(alloc_->Free(b).ok());
+  const DeviceStats before = Stats();
+  const std::int64_t queries = backend_->CallCount("QueryStream");
+  // Neither stream's hole holds 12 MiB; together they do, once s2 is idle.
+  void* c = Alloc(12 * kMiB, 0, s1_);
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(Stats().num_pages_populated, before.num_pages_populated);
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].peak, before.reserved_bytes[kAllPools].peak);
+  EXPECT_EQ(backend_->CallCount("QueryStream"), queries + 1);
+  ExpectInvariants();
+  ASSERT_TRUE(alloc_->Free(c).ok());
+}
+
+TEST_F(ArenaTest, BusyStreamsFreeBlocksStayTheirs) {
+  void* a = Alloc(6 * kMiB, 0, s1_);
+  void* b = Alloc(6 * kMiB, 0, s2_);
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(backend_->EnqueueWork(s2_).ok());  // a kernel still reads b
+  ASSERT_TRUE(alloc_->Free(b).ok());
+  void* c = Alloc(12 * kMiB, 0, s1_);
+  // Not over b: new pages instead, and nobody waited for the kernel.
+  const auto lo = reinterpret_cast<std::uintptr_t>(c);
+  const auto b_addr = reinterpret_cast<std::uintptr_t>(b);
+  EXPECT_TRUE(lo + 12 * kMiB <= b_addr || lo >= b_addr + 6 * kMiB);
+  EXPECT_EQ(backend_->PendingWork(s2_), 1);
+  EXPECT_EQ(Stats().num_sync_all_streams, 0);
+  ExpectInvariants();
+  ASSERT_TRUE(backend_->CompleteWork(s2_).ok());
+  ASSERT_TRUE(alloc_->Free(c).ok());
+}
+
+TEST_F(ArenaTest, BlocksUnusedSinceTheirStreamWasIdleNeedNoQuery) {
+  void* a = Alloc(4 * kMiB, 0, s1_);
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  const std::int64_t queries = backend_->CallCount("QueryStream");
+  void* b = Alloc(2 * kMiB, 0, s2_);  // asks whether s1 is idle, adopts it all
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(backend_->CallCount("QueryStream"), queries + 1);
+  // The rest of a's pages went to s2 unused: s1 takes them back unasked.
+  void* c = Alloc(2 * kMiB, 0, s1_);
+  EXPECT_EQ(static_cast<char*>(c), static_cast<char*>(a) + 2 * kMiB);
+  EXPECT_EQ(backend_->CallCount("QueryStream"), queries + 1);
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 4 * kMiB);
+  ExpectInvariants();
+  for (void* x : {b, c}) ASSERT_TRUE(alloc_->Free(x).ok());
+}
+
 TEST_F(ArenaTest, EmptyCacheReturnsIdlePagesAndArenas) {
   void* a = Alloc(kMiB, 0, s1_);
   void* x = Alloc(3 * kMiB / 2, 0, s1_);
@@ -297,7 +349,7 @@ TEST_F(ArenaTest, RealTracesStayWithinTheirGoals) {
     double goal;
   };
   for (const Case& c : {Case{"bench/traces/resnet50_train.csv.gz", "", 1.03},
-                        Case{"bench/traces/kvcache_two_streams.csv.gz", "", 1.15},
+                        Case{"bench/traces/kvcache_two_streams.csv.gz", "", 1.10},
                         Case{"bench/traces/resnet50_train.csv.gz", "idle_page_slack:0.02", 1.03},
                         Case{"bench/traces/kvcache_two_streams.csv.gz", "idle_page_slack:0.02",
                              1.10}}) {

@@ -312,6 +312,13 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<bool> QueryStream(Stream stream) override {
+    const cudaError_t err = cudaStreamQuery(AsStream(stream));
+    if (err == cudaSuccess) return true;
+    if (err == cudaErrorNotReady) return false;
+    return CudaStatus(err, "cudaStreamQuery");
+  }
+
   absl::StatusOr<bool> IsCapturing(Stream stream) override {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     CMA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(AsStream(stream), &status));

@@ -134,6 +134,19 @@ absl::Status FaultInjectingBackend::RecordEvent(Event event, Stream stream) {
   }
   return s;
 }
+absl::StatusOr<bool> FaultInjectingBackend::QueryStream(Stream stream) {
+  CMA_FAULT(kEventQuery, "QueryStream");
+  {
+    MutexLock l(&mu_);
+    // Slow completion, as for events: the first queries after new work see
+    // the device still busy.
+    if (plan_.slow_event_queries > 0 && slow_streams_[stream]++ % (plan_.slow_event_queries + 1) !=
+                                            static_cast<unsigned>(plan_.slow_event_queries)) {
+      return false;
+    }
+  }
+  return inner_.QueryStream(stream);
+}
 absl::StatusOr<bool> FaultInjectingBackend::QueryEvent(Event event) {
   CMA_FAULT(kEventQuery, "QueryEvent");
   {

@@ -28,7 +28,7 @@ enum class FaultKind {
   kAllocation,  // AllocateManaged, ReserveManaged, VmmCreate
   kFree,        // FreeManaged, VmmRelease
   kEventRecord,
-  kEventQuery,  // QueryEvent, SynchronizeEvent
+  kEventQuery,  // QueryEvent, QueryStream, SynchronizeEvent
   kEventCreate,
   kStreamSync,
   kPrefetch,    // Prefetch, PrefetchBatch, DiscardAndPrefetchBatch
@@ -46,7 +46,8 @@ struct FaultPlan {
   std::int64_t fail_nth = 0;       // 0: off; else the Nth call of `kind` fails (once)
   double probability = 0.0;        // every call of `kind` fails with this probability
   std::uint64_t seed = 1;
-  int slow_event_queries = 0;      // each recorded event is "not ready" this many times
+  int slow_event_queries = 0;      // each recorded event is "not ready" this many times,
+                                   // and so are that many of every N+1 stream queries
 };
 
 class FaultInjectingBackend final : public Backend {
@@ -77,6 +78,7 @@ class FaultInjectingBackend final : public Backend {
   absl::Status DestroyStream(Stream stream) override;
   absl::Status ValidateStream(int device, Stream stream) override;
   absl::Status SynchronizeStream(Stream stream) override;
+  absl::StatusOr<bool> QueryStream(Stream stream) override;
   absl::StatusOr<bool> IsCapturing(Stream stream) override { return inner_.IsCapturing(stream); }
   absl::StatusOr<Event> CreateEvent(int device) override;
   absl::Status DestroyEvent(Event event) override;
@@ -114,6 +116,7 @@ class FaultInjectingBackend final : public Backend {
   std::int64_t calls_[static_cast<int>(FaultKind::kCount)] ABSL_GUARDED_BY(mu_) = {};
   std::int64_t injected_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<Event, int> slow_ ABSL_GUARDED_BY(mu_);  // queries left "not ready"
+  absl::flat_hash_map<Stream, unsigned> slow_streams_ ABSL_GUARDED_BY(mu_);  // queries so far
 };
 
 }  // namespace cma

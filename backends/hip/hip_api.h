@@ -19,7 +19,7 @@ namespace cma {
   X(hipGetErrorString) X(hipGetDeviceProperties) X(hipDeviceGetAttribute)               \
   X(hipMemGetInfo) X(hipFree) X(hipMemAdvise) X(hipMemPrefetchAsync) \
   X(hipMemRangeGetAttribute) X(hipStreamCreateWithFlags) X(hipStreamDestroy)            \
-  X(hipStreamSynchronize) X(hipStreamGetFlags) X(hipEventCreateWithFlags)               \
+  X(hipStreamSynchronize) X(hipStreamQuery) X(hipStreamGetFlags) X(hipEventCreateWithFlags)               \
   X(hipEventDestroy) X(hipEventRecord) X(hipEventQuery) X(hipEventSynchronize)          \
   X(hipStreamWaitEvent) X(hipMemGetAllocationGranularity) X(hipMemCreate)               \
   X(hipMemRelease) X(hipMemAddressReserve) X(hipMemAddressFree) X(hipMemMap)            \

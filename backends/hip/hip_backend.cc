@@ -201,6 +201,13 @@ class HipBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<bool> QueryStream(Stream stream) override {
+    const hipError_t e = hip_->hipStreamQuery(AsStream(stream));
+    if (e == hipSuccess) return true;
+    if (e == hipErrorNotReady) return false;
+    return HipStatus(*hip_, e, "hipStreamQuery");
+  }
+
   absl::StatusOr<Event> CreateEvent(int device) override {
     CMA_RETURN_IF_ERROR(CheckDevice(device));
     absl::StatusOr<int> prev = Switch(device);

@@ -366,6 +366,14 @@ absl::Status HostBackend::SynchronizeStream(Stream stream) {
   return CompleteLocked(stream);
 }
 
+absl::StatusOr<bool> HostBackend::QueryStream(Stream stream) {
+  MutexLock l(&mu_);
+  Count("QueryStream");
+  auto st = FindStream(stream);
+  if (!st.ok()) return st.status();
+  return (*st)->completed >= (*st)->submitted;
+}
+
 absl::Status HostBackend::EnqueueWork(Stream stream) {
   MutexLock l(&mu_);
   auto st = FindStream(stream);

@@ -105,6 +105,7 @@ class HostBackend final : public Backend {
   absl::Status DestroyStream(Stream stream) override;
   absl::Status ValidateStream(int device, Stream stream) override;
   absl::Status SynchronizeStream(Stream stream) override;
+  absl::StatusOr<bool> QueryStream(Stream stream) override;
   absl::StatusOr<Event> CreateEvent(int device) override;
   absl::Status DestroyEvent(Event event) override;
   absl::Status RecordEvent(Event event, Stream stream) override;

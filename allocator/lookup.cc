@@ -1,0 +1,147 @@
+// DeviceAllocator's lookups: which free block serves a request.
+//
+// Free blocks belong to the stream that last used them: on that stream they
+// can be reused at once, on any other only once the work queued there before
+// the free has completed. Classic segments borrow one block of an idle
+// stream (FindCrossStream). Arenas adopt every free block of an idle stream
+// instead (AdoptIdleStreams): the adopted blocks merge with their new
+// stream's neighbours, so the two streams' holes in the populated pages
+// become one hole, and a request that fitted neither fits that.
+#include <algorithm>
+#include <vector>
+
+#include "allocator/device_allocator.h"
+#include "policy/size_policy.h"
+
+namespace cma {
+
+BlockPool::iterator DeviceAllocator::FindFit(std::size_t rounded, PoolKind pool, Stream stream) {
+  BlockPool& p = PoolOf(pool);
+  Block key;
+  key.stream = stream;
+  key.size = rounded;
+  auto it = p.lower_bound(&key);
+  if (it == p.end() || (*it)->stream != stream || !CanServe((*it)->size, rounded, *config_)) {
+    return p.end();
+  }
+  return it;
+}
+
+Block* DeviceAllocator::FindSameStream(std::size_t rounded, PoolKind pool, Stream stream,
+                                       std::size_t* fresh_pages) {
+  BlockPool& p = PoolOf(pool);
+  auto it = FindFit(rounded, pool, stream);
+  // A fit that needs no split is the best there is. Anything else is judged
+  // only after deferred merges, or a large block would be split where merged
+  // fragments fit better.
+  if (!unmerged_.empty() &&
+      (it == p.end() || ShouldSplit((*it)->size, rounded, pool, *config_))) {
+    CoalesceUnmerged();
+    it = FindFit(rounded, pool, stream);
+  }
+  if (it == p.end()) return nullptr;
+  std::size_t fresh = arena_mode() ? FreshPagesFor(*it, rounded) : 0;
+  if (fresh != 0) {
+    // Memory already populated beats a tighter fit that needs new pages:
+    // the driver does not give populated memory back by itself, so new
+    // pages raise the device's high-water mark. Look a few sizes up.
+    auto alt = it;
+    for (int i = 0; i < kPopulatedSearch && ++alt != p.end() && (*alt)->stream == stream; ++i) {
+      if (FreshPagesFor(*alt, rounded) == 0) {
+        it = alt;
+        fresh = 0;
+        break;
+      }
+    }
+  }
+  if (fresh_pages != nullptr) *fresh_pages = fresh;
+  Block* b = *it;
+  p.erase(it);
+  if (b->is_split()) {
+    UpdateStat(stats_.inactive_split, pool, -1);
+    UpdateStat(stats_.inactive_split_bytes, pool, -static_cast<std::int64_t>(b->size));
+  }
+  return b;
+}
+
+bool DeviceAllocator::StreamIsIdle(Stream s, bool synchronize) {
+  // Everything in the pools was freed before now, so once the work queued on
+  // `s` by now has completed, nothing can still touch s's free blocks.
+  if (synchronize) return backend_->SynchronizeStream(s).ok();
+  absl::StatusOr<bool> idle = backend_->QueryStream(s);
+  return idle.ok() && *idle;
+}
+
+Block* DeviceAllocator::FindCrossStream(std::size_t rounded, PoolKind pool, Stream stream,
+                                        bool synchronize) {
+  BlockPool& p = PoolOf(pool);
+  std::vector<Block*> candidates;  // the best fit of each other stream
+  for (auto it = p.begin(); it != p.end();) {
+    const Stream s = (*it)->stream;
+    if ((*it)->segment == nullptr) break;  // the sentinel sorts last
+    Block key;
+    key.stream = s;
+    if (s != stream) {
+      key.size = rounded;
+      auto c = p.lower_bound(&key);
+      if (c != p.end() && (*c)->stream == s && CanServe((*c)->size, rounded, *config_)) {
+        candidates.push_back(*c);
+      }
+    }
+    key.size = ~std::size_t{0};
+    key.addr = ~std::uintptr_t{0};
+    it = p.upper_bound(&key);
+  }
+  std::sort(candidates.begin(), candidates.end(),
+            [](const Block* a, const Block* b) { return a->size < b->size; });
+  for (Block* c : candidates) {
+    if (StreamIsIdle(c->stream, synchronize)) {
+      EraseFree(c);
+      ++stats_.num_cross_stream_reuse;
+      return c;
+    }
+  }
+  return nullptr;
+}
+
+bool DeviceAllocator::AdoptIdleStreams(PoolKind pool, Stream stream, bool synchronize) {
+  BlockPool& p = PoolOf(pool);
+  // The pool is ordered by stream first: each other stream's free blocks are
+  // one run. Collect what may be adopted, then re-key it.
+  std::vector<Block*> adopted;
+  for (auto it = p.begin(); it != p.end() && (*it)->segment != nullptr;) {
+    const Stream s = (*it)->stream;
+    Block key;
+    key.stream = s;
+    key.size = ~std::size_t{0};
+    key.addr = ~std::uintptr_t{0};
+    const auto end = p.upper_bound(&key);
+    if (s == stream) {
+      it = end;
+      continue;
+    }
+    auto known = idle_through_.find(s);
+    const std::uint64_t idle_through = known == idle_through_.end() ? 0 : known->second;
+    const bool all_known = std::all_of(it, end, [&](const Block* b) {
+      return b->free_seq <= idle_through;
+    });
+    // Known idle since its blocks' last use: no need to ask again.
+    bool idle = all_known;
+    if (!idle && StreamIsIdle(s, synchronize)) {
+      idle_through_[s] = free_seq_;
+      idle = true;
+    }
+    if (idle) adopted.insert(adopted.end(), it, end);
+    it = end;
+  }
+  for (Block* b : adopted) {
+    EraseFree(b);
+    b->stream = stream;
+    b->free_seq = 0;  // unused since its old stream finished: idle for all
+    ReturnBlock(b);   // merged with its new stream's neighbours by the caller
+  }
+  stats_.num_cross_stream_reuse += static_cast<std::int64_t>(adopted.size());
+  return !adopted.empty();
+}
+
+}  // namespace cma
