@@ -91,7 +91,12 @@ void DeviceAllocator::InsertFree(Block* b) {
 }
 
 void DeviceAllocator::EraseFree(Block* b) {
-  PoolOf(b->segment->pool).erase(b);
+  Block*& recent = RecentOf(b->segment->pool);
+  if (recent == b) {
+    recent = nullptr;
+  } else {
+    PoolOf(b->segment->pool).erase(b);
+  }
   if (b->is_split()) {
     UpdateStat(stats_.inactive_split, b->segment->pool, -1);
     UpdateStat(stats_.inactive_split_bytes, b->segment->pool, -static_cast<std::int64_t>(b->size));
@@ -116,6 +121,19 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
 
   const std::size_t rounded = RoundRequest(bytes, *config_);
   const PoolKind pool = PoolFor(rounded);
+  // The steady state: the block the last free of this pool gave back, of
+  // exactly this size (the best fit there is), pages still populated.
+  if (Block*& recent = RecentOf(pool); recent != nullptr) {
+    Block* b = recent;
+    if (b->stream == stream && b->size == rounded &&
+        (!b->segment->arena || FreshPagesFor(b, rounded) == 0)) {
+      EraseFree(b);
+      void* p = HandOut(b, rounded, bytes, pool, stream);
+      PlaceForAllocation(b, stream, hints);
+      return p;
+    }
+    FlushRecent(recent);  // the lookups below see every free block
+  }
   absl::Status cause;
   // The second pass is the out-of-memory retry: wait for pending frees,
   // reuse what they return, give the idle cache back, then try once more.
@@ -333,7 +351,7 @@ absl::Status DeviceAllocator::Free(void* ptr) {
     for (Event e : events) pending_.push_back({b, e});
     return absl::OkStatus();
   }
-  BecameFree(b);
+  BecameFree(b, /*keep_recent=*/true);
   const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
   const std::size_t excess = ReleaseAfterFree(
       *config_, reserved,
@@ -346,13 +364,37 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   return absl::OkStatus();
 }
 
-void DeviceAllocator::BecameFree(Block* b) {
+void DeviceAllocator::BecameFree(Block* b, bool keep_recent) {
   UpdateStat(stats_.active, b->segment->pool, -1);
   UpdateStat(stats_.active_bytes, b->segment->pool, -static_cast<std::int64_t>(b->size));
   if (b->segment->arena) ReleasePages(b);
   OnFreed(b);
   b->free_seq = ++free_seq_;
-  ReturnBlock(b);
+  if (!keep_recent) {
+    ReturnBlock(b);
+    return;
+  }
+  Block*& recent = RecentOf(b->segment->pool);
+  if (recent != nullptr) FlushRecent(recent);
+  recent = b;
+  if (b->is_split()) {
+    UpdateStat(stats_.inactive_split, b->segment->pool, 1);
+    UpdateStat(stats_.inactive_split_bytes, b->segment->pool, b->size);
+  }
+}
+
+void DeviceAllocator::FlushRecent(Block*& recent) {
+  Block* b = recent;
+  recent = nullptr;
+  PoolOf(b->segment->pool).insert(b);  // already counted as free
+  b->unmerged = true;
+  unmerged_.push_back(b);
+}
+
+void DeviceAllocator::FlushRecent() {
+  for (Block*& recent : recent_) {
+    if (recent != nullptr) FlushRecent(recent);
+  }
 }
 
 void DeviceAllocator::AbsorbNext(Block* b) {
@@ -375,6 +417,7 @@ void DeviceAllocator::ReturnBlock(Block* b) {
 }
 
 void DeviceAllocator::CoalesceUnmerged() {
+  FlushRecent();
   for (Block* b : unmerged_) {
     // Stale entries: handed out again, merged away, or seen already.
     if (!b->unmerged) continue;

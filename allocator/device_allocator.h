@@ -96,6 +96,12 @@ class DeviceAllocator {
   // double free or interior pointer.
   absl::Status DiagnoseBadFree(void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   BlockPool& PoolOf(PoolKind k) { return k == PoolKind::kSmall ? small_pool_ : large_pool_; }
+  Block*& RecentOf(PoolKind k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return recent_[k == PoolKind::kSmall ? 0 : 1];
+  }
+  // Moves a recently freed block into its pool's btree, queued for merging.
+  void FlushRecent(Block*& recent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FlushRecent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void UpdateStat(StatArray& s, PoolKind pool, std::int64_t delta) {
     s[kAllPools].Update(delta);
     s[pool == PoolKind::kSmall ? kSmallPool : kLargePool].Update(delta);
@@ -135,7 +141,8 @@ class DeviceAllocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A block that has stopped being used (its events, if any, completed):
   // stats, page release, placement, back into its pool.
-  void BecameFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With `keep_recent`, the block waits in recent_ rather than in its pool.
+  void BecameFree(Block* b, bool keep_recent = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- arena mode (arena.cc) ----
   bool arena_mode() const { return config_->segments == SegmentMode::kArena; }
@@ -228,6 +235,11 @@ class DeviceAllocator {
   absl::Mutex mu_;
   BlockPool small_pool_ ABSL_GUARDED_BY(mu_);
   BlockPool large_pool_ ABSL_GUARDED_BY(mu_);
+  // Per pool, the block the last Free returned, kept out of the btree: an
+  // alloc/free cycle of one size then neither erases nor inserts. It counts
+  // as free and in its pool; every lookup other than the exact-size one,
+  // and every merge, first moves it into the btree (FlushRecent).
+  Block* recent_[2] ABSL_GUARDED_BY(mu_) = {nullptr, nullptr};
   absl::flat_hash_map<std::uintptr_t, Block*> allocated_ ABSL_GUARDED_BY(mu_);
   absl::btree_map<std::uintptr_t, Segment*> segments_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<Stream> known_streams_ ABSL_GUARDED_BY(mu_);

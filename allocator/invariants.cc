@@ -99,7 +99,8 @@ absl::Status DeviceAllocator::CheckInvariants() {
       if (b->size == 0) return Broken(absl::StrFormat("empty block at %#x", b->addr));
       if (b->next != nullptr && b->next->prev != b) return Broken(absl::StrFormat("broken links after %#x", b->addr));
       expect += b->size;
-      const bool in_pool = PoolOf(seg->pool).contains(const_cast<Block*>(b));
+      const bool recent = b == recent_[seg->pool == PoolKind::kSmall ? 0 : 1];
+      const bool in_pool = recent || PoolOf(seg->pool).contains(const_cast<Block*>(b));
       if (b->allocated) {
         ++allocated_blocks;
         auto it = allocated_.find(b->addr);
@@ -121,8 +122,9 @@ absl::Status DeviceAllocator::CheckInvariants() {
         }
         ++free_blocks[static_cast<int>(seg->pool)];
         if (b->is_split()) inactive_split.Add(seg->pool, b->size);
+        const auto awaits_merge = [&](const Block* x) { return x->unmerged || x == recent_[0] || x == recent_[1]; };
         if (b->next != nullptr && b->next->is_free() && b->next->stream == b->stream &&
-            !b->unmerged && !b->next->unmerged) {
+            !awaits_merge(b) && !awaits_merge(b->next)) {
           return Broken(absl::StrFormat("free neighbours %#x (+%d) and %#x (+%d) of one stream not merged", b->addr, b->size, b->next->addr, b->next->size));
         }
       }
@@ -130,7 +132,8 @@ absl::Status DeviceAllocator::CheckInvariants() {
     if (expect != seg->base + seg->size) return Broken(absl::StrFormat("blocks of segment %#x do not add up to its size", base));
   }
   // Each pool also holds one sentinel.
-  if (small_pool_.size() != free_blocks[0] + 1 || large_pool_.size() != free_blocks[1] + 1) {
+  if (small_pool_.size() + (recent_[0] != nullptr) != free_blocks[0] + 1 ||
+      large_pool_.size() + (recent_[1] != nullptr) != free_blocks[1] + 1) {
     return Broken(absl::StrFormat("pools hold %d/%d blocks, segments have %d/%d free", small_pool_.size(), large_pool_.size(), free_blocks[0], free_blocks[1]));
   }
   if (allocated_.size() != allocated_blocks) return Broken("allocation map holds blocks that no segment has");

@@ -177,6 +177,29 @@ TEST_F(ArenaTest, BlocksUnusedSinceTheirStreamWasIdleNeedNoQuery) {
   for (void* x : {b, c}) ASSERT_TRUE(alloc_->Free(x).ok());
 }
 
+TEST_F(ArenaTest, LastFreedBlockKeepsEveryRuleOfThePool) {
+  // The block a free just returned waits outside the pool's btree for the
+  // next allocation of its size: it is still free, stream-bound and cached.
+  void* a = Alloc(4 * kMiB, 0, s1_);
+  ASSERT_TRUE(backend_->EnqueueWork(s1_).ok());  // a kernel still reads a
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  void* b = Alloc(4 * kMiB, 0, s2_);
+  EXPECT_NE(b, a);  // s1 is busy
+  EXPECT_THAT(alloc_->Free(a).message(), HasSubstr("double free"));
+  ExpectInvariants();
+  ASSERT_TRUE(backend_->CompleteWork(s1_).ok());
+  void* c = Alloc(4 * kMiB, 0, s1_);
+  EXPECT_EQ(c, a);
+  ASSERT_TRUE(alloc_->Free(c).ok());
+  void* d = Alloc(2 * kMiB, 0, s1_);  // another size: from the pool, merged
+  EXPECT_EQ(d, a);
+  ExpectInvariants();
+  for (void* x : {b, d}) ASSERT_TRUE(alloc_->Free(x).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 0);
+  EXPECT_EQ(backend_->LiveResources().managed_allocations, 0);
+}
+
 TEST_F(ArenaTest, EmptyCacheReturnsIdlePagesAndArenas) {
   void* a = Alloc(kMiB, 0, s1_);
   void* x = Alloc(3 * kMiB / 2, 0, s1_);
