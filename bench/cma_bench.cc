@@ -26,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "allocator/caching_managed_allocator.h"
 #include "backends/fault/fault_injecting_backend.h"
+#include "backends/host/host_backend.h"
 #include "backends/registry.h"
 #include "bench/baselines.h"
 #include "nlohmann/json.hpp"
@@ -42,6 +43,9 @@ ABSL_FLAG(std::string, config, "",
           "CMA_ALLOC_CONF text for the allocator under test (default: the CMA_ALLOC_CONF "
           "environment variable)");
 ABSL_FLAG(int, device, 0, "device to measure");
+ABSL_FLAG(int, host_memory_gib, 16,
+          "memory of each emulated device of the host backend, in GiB (replays of traces "
+          "whose peak exceeds it run out of memory)");
 ABSL_FLAG(int, reps, 15, "repetitions per latency point (the median is reported)");
 
 namespace cma {
@@ -146,7 +150,8 @@ std::vector<std::string> DefaultTraces() {
   std::string root;
   if (const char* w = std::getenv("BUILD_WORKSPACE_DIRECTORY")) root = absl::StrCat(w, "/");
   return {root + "bench/traces/resnet50_train.csv.gz",
-          root + "bench/traces/kvcache_two_streams.csv.gz"};
+          root + "bench/traces/kvcache_two_streams.csv.gz",
+          root + "bench/traces/bert_train.csv.gz"};
 }
 
 absl::Status ReplaySuite(Backend& backend, int device, const std::string& config, Json& out) {
@@ -201,6 +206,16 @@ absl::Status ReplaySuite(Backend& backend, int device, const std::string& config
 int Main() {
   const std::string backend_name = absl::GetFlag(FLAGS_backend);
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(backend_name);
+  if (backend_name == "host") {
+    const int gib = absl::GetFlag(FLAGS_host_memory_gib);
+    if (gib <= 0) {
+      std::cerr << "cma_bench: --host_memory_gib must be positive, not " << gib << "\n";
+      return 2;
+    }
+    HostBackendOptions options;
+    options.device_capacity = static_cast<std::size_t>(gib) << 30;
+    backend = std::unique_ptr<Backend>(new HostBackend(options));
+  }
   if (!backend.ok()) {
     std::cerr << "cma_bench: " << backend.status() << "\n";
     return 2;

@@ -28,17 +28,47 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROUTES = ("native", "expandable", "cma", "cma_pool")
 
 
+def train(steps, after_step):
+    """The training loop every route runs: returns (losses, step times in ms);
+    after_step() runs after each step, outside the timing."""
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    cfg = transformers.BertConfig(hidden_size=768, num_hidden_layers=12,
+                                  num_attention_heads=12, intermediate_size=3072,
+                                  max_position_embeddings=512, attn_implementation="eager")
+    model = transformers.BertForMaskedLM(cfg).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(1)
+    losses, times = [], []
+    for step in range(steps):
+        batch = int(torch.randint(4, 17, (1,), generator=g))
+        seq = 64 * int(torch.randint(1, 9, (1,), generator=g))
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        ids = ids.cuda(non_blocking=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+        losses.append(loss.item())
+        after_step()
+    return losses, times
+
+
 def run_route(route, steps):
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
     if route == "cma":
         import cma.torch as cmat
         cmat.use_as_default()
-    import transformers
-    torch.manual_seed(0)
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     free_start = torch.cuda.mem_get_info()[0]
     lowest = [free_start]
 
@@ -46,39 +76,13 @@ def run_route(route, steps):
         torch.cuda.synchronize()
         lowest[0] = min(lowest[0], torch.cuda.mem_get_info()[0])
 
-    def train():
-        cfg = transformers.BertConfig(hidden_size=768, num_hidden_layers=12,
-                                      num_attention_heads=12, intermediate_size=3072,
-                                      max_position_embeddings=512, attn_implementation="eager")
-        model = transformers.BertForMaskedLM(cfg).cuda()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        g = torch.Generator().manual_seed(1)
-        losses, times = [], []
-        for step in range(steps):
-            batch = int(torch.randint(4, 17, (1,), generator=g))
-            seq = 64 * int(torch.randint(1, 9, (1,), generator=g))
-            ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            ids = ids.cuda(non_blocking=True)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(input_ids=ids, labels=ids).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            torch.cuda.synchronize()
-            times.append((time.perf_counter() - t0) * 1e3)
-            losses.append(loss.item())
-            sample()
-        return losses, times
-
     if route == "cma_pool":
         import cma.torch as cmat
         pool = cmat.pool()
         with torch.cuda.use_mem_pool(pool):
-            losses, times = train()
+            losses, times = train(steps, sample)
     else:
-        losses, times = train()
+        losses, times = train(steps, sample)
     out = {"route": route, "losses": losses, "steps": steps,
            "step_ms_median": statistics.median(times[10:]),
            "peak_device_used": free_start - lowest[0]}
