@@ -32,6 +32,10 @@ struct Block {
   Block* prev = nullptr;  // neighbours inside the segment
   Block* next = nullptr;
   bool allocated = false;
+  // Allocated blocks: the size class of the request (policy/size_policy.h
+  // PoolFor), under which the allocation statistics count it; in an arena
+  // it can differ from the segment's pool.
+  PoolKind size_class = PoolKind::kSmall;
   // The contents may be thrown away while the owner sleeps (a KV cache):
   // set per allocation, cleared when it is freed.
   bool disposable = false;

@@ -120,7 +120,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   if (!pending_.empty()) ProcessPendingFrees(/*synchronize=*/false);
 
   const std::size_t rounded = RoundRequest(bytes, *config_);
-  const PoolKind pool = PoolFor(rounded);
+  const PoolKind pool = BlockPoolFor(rounded, *config_);
   // The steady state: the block the last free of this pool gave back, of
   // exactly this size (the best fit there is), pages still populated.
   if (Block*& recent = RecentOf(pool); recent != nullptr) {
@@ -153,7 +153,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
       // keeps discarded memory with its pages until something else needs
       // it). Other streams' free blocks, merged with this stream's, may hold
       // the request in populated pages.
-      if (!populated && AdoptIdleStreams(pool, stream, /*synchronize=*/retry)) {
+      if (!populated && AdoptIdleStreams(rounded, pool, stream, /*synchronize=*/retry)) {
         if (b != nullptr) ReturnBlock(b);
         CoalesceUnmerged();
         b = FindSameStream(rounded, pool, stream, &new_pages);
@@ -287,11 +287,12 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
   b->stream_uses.clear();
   if (b->segment->arena) AcquirePages(b);
   allocated_[b->addr] = b;
-  UpdateStat(stats_.allocation, pool, 1);
-  UpdateStat(stats_.allocated_bytes, pool, b->size);
-  UpdateStat(stats_.requested_bytes, pool, requested);
-  UpdateStat(stats_.active, pool, 1);
-  UpdateStat(stats_.active_bytes, pool, b->size);
+  const PoolKind size_class = b->size_class = PoolFor(rounded);
+  UpdateStat(stats_.allocation, size_class, 1);
+  UpdateStat(stats_.allocated_bytes, size_class, b->size);
+  UpdateStat(stats_.requested_bytes, size_class, requested);
+  UpdateStat(stats_.active, size_class, 1);
+  UpdateStat(stats_.active_bytes, size_class, b->size);
   return b->ptr();
 }
 
@@ -303,7 +304,7 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   auto it = allocated_.find(addr);
   if (ABSL_PREDICT_FALSE(it == allocated_.end())) return DiagnoseBadFree(ptr);
   Block* b = it->second;
-  const PoolKind pool = b->segment->pool;
+  const PoolKind size_class = b->size_class;
 
   // Work queued on other streams may still use the block: record an event on
   // each and keep the block out of the pools until they complete. If an event
@@ -340,9 +341,9 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   allocated_.erase(it);
   if (b->hints) ApplyAdvice(WithdrawHintAdvice(*b->hints), b->ptr(), b->size);
   b->hints.reset();
-  UpdateStat(stats_.allocation, pool, -1);
-  UpdateStat(stats_.allocated_bytes, pool, -static_cast<std::int64_t>(b->size));
-  UpdateStat(stats_.requested_bytes, pool, -static_cast<std::int64_t>(b->requested));
+  UpdateStat(stats_.allocation, size_class, -1);
+  UpdateStat(stats_.allocated_bytes, size_class, -static_cast<std::int64_t>(b->size));
+  UpdateStat(stats_.requested_bytes, size_class, -static_cast<std::int64_t>(b->requested));
   b->allocated = false;
   b->requested = 0;
   b->stream_uses.clear();
@@ -365,8 +366,8 @@ absl::Status DeviceAllocator::Free(void* ptr) {
 }
 
 void DeviceAllocator::BecameFree(Block* b, bool keep_recent) {
-  UpdateStat(stats_.active, b->segment->pool, -1);
-  UpdateStat(stats_.active_bytes, b->segment->pool, -static_cast<std::int64_t>(b->size));
+  UpdateStat(stats_.active, b->size_class, -1);
+  UpdateStat(stats_.active_bytes, b->size_class, -static_cast<std::int64_t>(b->size));
   if (b->segment->arena) ReleasePages(b);
   OnFreed(b);
   b->free_seq = ++free_seq_;

@@ -127,11 +127,12 @@ class DeviceAllocator {
   // taken out of its pool.
   Block* FindCrossStream(std::size_t rounded, PoolKind pool, Stream stream, bool synchronize)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Arenas: every free block of every other idle stream in `pool` becomes
-  // a free block of `stream`, queued for merging with its neighbours. A
-  // stream whose free blocks were all freed before it was last seen idle
-  // is not asked again. Returns whether any block was adopted.
-  bool AdoptIdleStreams(PoolKind pool, Stream stream, bool synchronize)
+  // Arenas: the free blocks of other, idle streams in `pool` that could
+  // serve a request of `rounded` bytes (big enough, or next to a free block)
+  // become free blocks of `stream`, queued for merging with their
+  // neighbours. A stream whose free blocks were all freed before it was
+  // last seen idle is not asked again. Returns whether any was adopted.
+  bool AdoptIdleStreams(std::size_t rounded, PoolKind pool, Stream stream, bool synchronize)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> NewSegment(std::size_t rounded, PoolKind pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -107,14 +107,14 @@ absl::Status DeviceAllocator::CheckInvariants() {
         if (it == allocated_.end() || it->second != b) return Broken(absl::StrFormat("allocated block %#x missing from the map", b->addr));
         if (in_pool) return Broken(absl::StrFormat("allocated block %#x is in a free pool", b->addr));
         if (b->pending_events != 0) return Broken("allocated block has pending events");
-        allocated.Add(seg->pool, b->size);
-        requested.Add(seg->pool, b->requested);
-        active.Add(seg->pool, b->size);
+        allocated.Add(b->size_class, b->size);
+        requested.Add(b->size_class, b->requested);
+        active.Add(b->size_class, b->size);
       } else if (b->pending_events > 0) {
         if (in_pool) return Broken(absl::StrFormat("block %#x awaiting events is in a pool", b->addr));
         const int n = pending_count[b];
         if (n != b->pending_events) return Broken(absl::StrFormat("block %#x pending count %d, list has %d", b->addr, b->pending_events, n));
-        active.Add(seg->pool, b->size);
+        active.Add(b->size_class, b->size);
       } else {
         if (!in_pool) return Broken(absl::StrFormat("free block %#x is not in its pool", b->addr));
         if (b->unmerged && std::find(unmerged_.begin(), unmerged_.end(), b) == unmerged_.end()) {

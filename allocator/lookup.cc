@@ -104,7 +104,8 @@ Block* DeviceAllocator::FindCrossStream(std::size_t rounded, PoolKind pool, Stre
   return nullptr;
 }
 
-bool DeviceAllocator::AdoptIdleStreams(PoolKind pool, Stream stream, bool synchronize) {
+bool DeviceAllocator::AdoptIdleStreams(std::size_t rounded, PoolKind pool, Stream stream,
+                                       bool synchronize) {
   BlockPool& p = PoolOf(pool);
   // The pool is ordered by stream first: each other stream's free blocks are
   // one run. Collect what may be adopted, then re-key it.
@@ -131,7 +132,21 @@ bool DeviceAllocator::AdoptIdleStreams(PoolKind pool, Stream stream, bool synchr
       idle_through_[s] = free_seq_;
       idle = true;
     }
-    if (idle) adopted.insert(adopted.end(), it, end);
+    if (!idle) {
+      it = end;
+      continue;
+    }
+    // Only blocks that can serve the request, alone or merged with a free
+    // neighbour: re-keying the others would cost btree work for nothing.
+    for (; it != end; ++it) {
+      const Block* b = *it;
+      const auto joins = [&](const Block* n) {
+        return n != nullptr && (n->is_free() || n->stream == stream);
+      };
+      if (b->size >= rounded || joins(b->prev) || joins(b->next)) {
+        adopted.push_back(*it);
+      }
+    }
     it = end;
   }
   for (Block* b : adopted) {

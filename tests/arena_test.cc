@@ -57,15 +57,22 @@ TEST_F(ArenaTest, ReservedCountsPopulatedPagesNotAddressSpace) {
   ASSERT_EQ(prefetches.size(), 1u);
   EXPECT_EQ(prefetches[0].bytes, 4 * kMiB);  // the fresh pages, whole
   EXPECT_EQ(prefetches[0].stream, s1_);
-  void* b = Alloc(512 * 1024, 0, s1_);  // small pool: its own arena, one page
-  EXPECT_EQ(Stats().reserved_bytes[kSmallPool].current, 2 * kMiB);
-  void* c = Alloc(kMiB / 2, 0, s1_);  // same page as b's block
-  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 6 * kMiB);
-  EXPECT_EQ(BackendPopulated(), 6 * kMiB);
+  // Small requests are carved from the same arena: these two fill the rest
+  // of a's second page instead of populating a page of their own.
+  void* b = Alloc(512 * 1024, 0, s1_);
+  void* c = Alloc(kMiB / 2, 0, s1_);
+  EXPECT_EQ(static_cast<char*>(b), static_cast<char*>(a) + 3 * kMiB);
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 4 * kMiB);
+  EXPECT_EQ(BackendPopulated(), 4 * kMiB);
+  // The allocation statistics still tell the size classes apart.
+  EXPECT_EQ(Stats().allocated_bytes[kSmallPool].current, static_cast<std::int64_t>(kMiB));
+  EXPECT_EQ(Stats().allocated_bytes[kLargePool].current, static_cast<std::int64_t>(3 * kMiB));
+  EXPECT_EQ(Stats().segment[kAllPools].current, 1);
   for (void* x : {a, b, c}) ASSERT_TRUE(alloc_->Free(x).ok());
   // Freeing gives nothing back by itself: the pages are cached, idle.
-  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 6 * kMiB);
-  EXPECT_EQ(Stats().idle_populated_bytes, 6 * kMiB);
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 4 * kMiB);
+  EXPECT_EQ(Stats().idle_populated_bytes, 4 * kMiB);
+  EXPECT_EQ(Stats().allocated_bytes[kSmallPool].current, 0);
 }
 
 TEST_F(ArenaTest, SteadyStateMakesNoBackendCall) {
@@ -81,7 +88,7 @@ TEST_F(ArenaTest, SteadyStateMakesNoBackendCall) {
   }
   EXPECT_TRUE(backend_->Records().empty());
   EXPECT_EQ(backend_->CallCount("RecordEvent"), events);
-  EXPECT_EQ(backend_->CallCount("ReserveManaged"), 2);
+  EXPECT_EQ(backend_->CallCount("ReserveManaged"), 1);  // one arena for every size
   EXPECT_EQ(Stats().num_pages_discarded, 0);
 }
 
@@ -365,7 +372,8 @@ TEST_F(ArenaTest, SleepMovesEverythingOutAndWakeBringsItBack) {
 
 TEST_F(ArenaTest, RealTracesStayWithinTheirGoals) {
   // Goals from the arena issue, and the ratios PyTorch itself reached on
-  // these traces (expandable segments: 1.021 and 1.227).
+  // these traces (expandable segments: 1.021, 1.227 and, on the BERT loop's
+  // trace, 1.115).
   struct Case {
     const char* trace;
     const char* config;
@@ -375,11 +383,12 @@ TEST_F(ArenaTest, RealTracesStayWithinTheirGoals) {
                         Case{"bench/traces/kvcache_two_streams.csv.gz", "", 1.10},
                         Case{"bench/traces/resnet50_train.csv.gz", "idle_page_slack:0.02", 1.03},
                         Case{"bench/traces/kvcache_two_streams.csv.gz", "idle_page_slack:0.02",
-                             1.10}}) {
+                             1.10},
+                        Case{"bench/traces/bert_train.csv.gz", "", 1.105}}) {
     SCOPED_TRACE(absl::StrCat(c.trace, " ", c.config));
     auto ops = ReadTrace(c.trace);
     ASSERT_TRUE(ops.ok()) << ops.status();
-    Make({}, c.config);
+    Make({.device_capacity = std::size_t{16} << 30}, c.config);
     auto r = Replay(*alloc_, 0, *ops, c.trace);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->ooms, 0);
