@@ -103,8 +103,8 @@ def run_route(route, traces):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--traces", default=",".join(
-        os.path.join(HERE, "traces", t) for t in ("resnet50_train.csv.gz",
-                                                   "kvcache_two_streams.csv.gz")))
+        os.path.join(HERE, "traces", t)
+        for t in ("resnet50_train.csv.gz", "kvcache_two_streams.csv.gz", "bert_train.csv.gz")))
     ap.add_argument("--json", default="")
     ap.add_argument("--route", default="")  # internal: run one route here
     a = ap.parse_args()

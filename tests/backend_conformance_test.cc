@@ -111,6 +111,25 @@ TEST_P(ConformanceTest, RecordStreamThenFreeThenReuse) {
   ASSERT_TRUE(backend_->DestroyStream(s2).ok());
 }
 
+TEST_P(ConformanceTest, IdleStreamsFreeBlocksServeAnotherStream) {
+  // The arena asks QueryStream whether s1 is idle before adopting its free
+  // blocks for s2; a finished stream answers yes on every backend.
+  Stream s1 = *backend_->CreateStream(0), s2 = *backend_->CreateStream(0);
+  void* p = *alloc_->Allocate(6 << 20, 0, s1);
+  ASSERT_TRUE(alloc_->Free(p).ok());
+  ASSERT_TRUE(backend_->SynchronizeStream(s1).ok());
+  auto idle = backend_->QueryStream(s1);
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  EXPECT_TRUE(*idle);
+  void* q = *alloc_->Allocate(6 << 20, 0, s2);
+  EXPECT_EQ(q, p);
+  EXPECT_GE(alloc_->GetStats().num_cross_stream_reuse, 1);
+  ASSERT_TRUE(alloc_->Free(q).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  ASSERT_TRUE(backend_->DestroyStream(s1).ok());
+  ASSERT_TRUE(backend_->DestroyStream(s2).ok());
+}
+
 TEST_P(ConformanceTest, ReplaysResnetTrace) {
   Make("release_before_peak:1");
   auto ops = ReadTrace("bench/traces/resnet50_train.csv.gz");

@@ -102,13 +102,15 @@ def test_history_and_snapshot_in_pytorchs_format():
     assert set(snap) == {"segments", "device_traces", "allocator_settings"}
     assert len(snap["device_traces"]) == 2 and len(snap["device_traces"][0]) == 4
     segs = snap["segments"]
-    # Arenas are clipped to what memory held: b's page in the small arena;
-    # the large arena has nothing in use and is left out.
-    assert len(segs) == 1 and segs[0]["segment_type"] == "small"
-    assert segs[0]["total_size"] == 2 << 20 and segs[0]["is_expandable"]
+    # The arena (one for every size) is clipped to the memory it holds: the
+    # two pages a populated, the second shared with b; the rest of its
+    # address range is left out.
+    assert len(segs) == 1 and segs[0]["segment_type"] == "large"
+    assert segs[0]["total_size"] == 4 << 20 and segs[0]["is_expandable"]
     blocks = segs[0]["blocks"]
     assert sum(x["size"] for x in blocks) == segs[0]["total_size"]
-    assert blocks[0]["state"] == "active_allocated" and blocks[0]["requested_size"] == 1000
+    assert [x["state"] for x in blocks] == ["inactive", "active_allocated", "inactive"]
+    assert blocks[1]["requested_size"] == 1000 and blocks[1]["address"] == a + (3 << 20)
     for key in ("device", "address", "allocated_size", "active_size", "requested_size", "stream",
                 "segment_pool_id", "frames"):
         assert key in segs[0]
