@@ -14,7 +14,7 @@ median step time after warm-up, and peak device memory as (free at start -
 lowest free) from cudaMemGetInfo after every step, the same instrument for
 every route; plus the allocator's own peak reserved.
 
-    python3 torch_train_bench.py --steps 60 --json out.json
+    python3 torch_train_bench.py --steps 40 --rounds 3 --json out.json
 """
 import argparse
 import json
@@ -26,6 +26,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROUTES = ("native", "expandable", "cma", "cma_pool")
+CMA_KEYS = ("reserved_bytes.all.peak", "requested_bytes.all.peak", "num_device_alloc",
+            "num_pages_populated", "num_pages_discarded", "num_sync_all_streams",
+            "prefetch_calls", "prefetched_bytes_to_device", "advise_calls",
+            "num_cross_stream_reuse")
 
 
 def train(steps, after_step):
@@ -83,7 +87,7 @@ def run_route(route, steps):
             losses, times = train(steps, sample)
     else:
         losses, times = train(steps, sample)
-    out = {"route": route, "losses": losses, "steps": steps,
+    out = {"route": route, "losses": losses, "steps": steps, "step_ms": times,
            "step_ms_median": statistics.median(times[10:]),
            "peak_device_used": free_start - lowest[0]}
     if route != "cma":  # the pluggable allocator has no PyTorch stats
@@ -92,9 +96,7 @@ def run_route(route, steps):
     if route.startswith("cma"):
         import cma.torch as cmat
         st = cmat.memory_stats()
-        out["cma"] = {k: st[k] for k in ("reserved_bytes.all.peak", "requested_bytes.all.peak",
-                                         "num_device_alloc", "num_pages_populated",
-                                         "num_pages_discarded", "num_sync_all_streams")}
+        out["cma"] = {k: st[k] for k in CMA_KEYS}
     print(json.dumps(out))
 
 
@@ -103,32 +105,48 @@ def main():
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--json", default="")
     ap.add_argument("--route", default="")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--routes", default=",".join(ROUTES),
+                    help="comma-separated routes to compare (the first is the baseline)")
     a = ap.parse_args()
     if a.route:
         run_route(a.route, a.steps)
         return
+    routes = a.routes.split(",")
+    # Step times drift between processes on a shared machine by more than the
+    # differences between routes: the routes run interleaved, round after
+    # round, and each route's figure is the median over its rounds.
+    rounds = {route: [] for route in routes}
+    for _ in range(a.rounds):
+        for route in routes:
+            env = dict(os.environ)
+            env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+            if route == "expandable":
+                env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+            if route.startswith("cma"):
+                env.setdefault("CMA_ALLOC_CONF", "managed_budget:16G")
+            out = subprocess.run([sys.executable, __file__, "--steps", str(a.steps), "--route",
+                                  route], env=env, capture_output=True, text=True, timeout=900)
+            if out.returncode != 0:
+                print(out.stderr[-3000:], file=sys.stderr)
+                sys.exit(1)
+            rounds[route].append(json.loads(out.stdout.strip().splitlines()[-1]))
     runs = {}
-    for route in ROUTES:
-        env = dict(os.environ)
-        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-        if route == "expandable":
-            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-        if route.startswith("cma"):
-            env.setdefault("CMA_ALLOC_CONF", "managed_budget:16G")
-        out = subprocess.run([sys.executable, __file__, "--steps", str(a.steps), "--route", route],
-                             env=env, capture_output=True, text=True, timeout=900)
-        if out.returncode != 0:
-            print(out.stderr[-3000:], file=sys.stderr)
-            sys.exit(1)
-        runs[route] = json.loads(out.stdout.strip().splitlines()[-1])
-    base = runs["native"]
-    identical = all(r["losses"] == base["losses"] for r in runs.values())
-    print("losses identical across routes:", identical)
-    print("%-11s %12s %14s %12s" % ("route", "step_ms", "peak_device", "vs_native"))
+    for route, rs in rounds.items():
+        runs[route] = dict(rs[0])
+        runs[route]["round_step_ms_median"] = [r["step_ms_median"] for r in rs]
+        runs[route]["step_ms_median"] = statistics.median(r["step_ms_median"] for r in rs)
+        runs[route]["peak_device_used"] = max(r["peak_device_used"] for r in rs)
+    base = runs[routes[0]]
+    identical = all(r["losses"] == base["losses"] for rs in rounds.values() for r in rs)
+    print("losses identical across routes and rounds:", identical)
+    print("%-11s %12s %14s %12s   %s" % ("route", "step_ms", "peak_device", "vs_" + routes[0],
+                                         "per-round step_ms"))
     for r in runs.values():
-        print("%-11s %12.2f %11.2f GiB %12.3f" % (r["route"], r["step_ms_median"],
-                                                 r["peak_device_used"] / 2**30,
-                                                 r["step_ms_median"] / base["step_ms_median"]))
+        print("%-11s %12.2f %11.2f GiB %12.3f   %s" % (
+            r["route"], r["step_ms_median"], r["peak_device_used"] / 2**30,
+            r["step_ms_median"] / base["step_ms_median"],
+            " ".join("%.1f" % t for t in r["round_step_ms_median"])))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"identical_losses": identical, "runs": runs}, f, indent=1)

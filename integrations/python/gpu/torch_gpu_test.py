@@ -85,7 +85,8 @@ def test_pytorch_memory_tools_see_cma_and_render(tmp_path):
     assert r["stats_keys_ok"] and r["summary_ok"], r
     assert r["max_memory_allocated"] >= (53 << 20) + 1000, r
     assert r["peak_after_reset"] < r["max_memory_allocated"], r
-    assert r["segments"] >= 2 and r["trace_entries"] >= 5, r
+    # One arena carves every size: one segment, clipped to the pages it holds.
+    assert r["segments"] >= 1 and r["trace_entries"] >= 5, r
     assert r["segment_plot_bytes"] > 1000 and r["trace_plot_bytes"] > 1000, r
 
 
