@@ -13,7 +13,7 @@ cp bazel-bin/bench/cma_bench bazel-bin/tests/backend_conformance_test \
    bazel-bin/tests/gpu/cuda_gpu_test bazel-bin/tests/gpu/cuda_symmetric_test "$dest/"
 cp bench/traces/*.csv.gz "$dest/bench/traces/"
 cp bench/torch_move_bench.py bench/torch_replay.py bench/torch_train_bench.py bench/torch_sleep_bench.py \
-   bench/torch_footprint_probe.py bench/torch_record_trace.py bench/torch_train_profile.py bench/cuda/*_experiment.cu bench/gpu/run_all.sh "$dest/"
+   bench/torch_footprint_probe.py bench/torch_record_trace.py bench/cuda/*_experiment.cu bench/gpu/run_all.sh "$dest/"
 mkdir -p "$dest/traces" && cp bench/traces/*.csv.gz "$dest/traces/"
 cp integrations/python/cma/*.py "$dest/py/cma/"
 cp integrations/python/gpu/*.py "$dest/py/gpu/"
