@@ -122,13 +122,13 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   const std::size_t rounded = RoundRequest(bytes, *config_);
   const PoolKind pool = BlockPoolFor(rounded, *config_);
   // The steady state: the block the last free of this pool gave back, of
-  // exactly this size (the best fit there is), pages still populated.
+  // exactly this size (the best fit there is). Its pages are all populated:
+  // it was in use, and discards move it into the pool first.
   if (Block*& recent = RecentOf(pool); recent != nullptr) {
     Block* b = recent;
-    if (b->stream == stream && b->size == rounded &&
-        (!b->segment->arena || FreshPagesFor(b, rounded) == 0)) {
+    if (b->stream == stream && b->size == rounded) {
       EraseFree(b);
-      void* p = HandOut(b, rounded, bytes, pool, stream);
+      void* p = HandOut(b, rounded, bytes, pool, stream, /*all_populated=*/true);
       PlaceForAllocation(b, stream, hints);
       return p;
     }
@@ -260,7 +260,7 @@ Block* DeviceAllocator::AddSegment(void* mem, std::size_t size, PoolKind pool, S
 }
 
 void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t requested,
-                               PoolKind pool, Stream stream) {
+                               PoolKind pool, Stream stream, bool all_populated) {
   b->stream = stream;
   b->allocated = true;
   b->unmerged = false;
@@ -285,7 +285,7 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
   b->requested = requested;
   b->disposable = false;
   b->stream_uses.clear();
-  if (b->segment->arena) AcquirePages(b);
+  if (b->segment->arena) AcquirePages(b, all_populated);
   allocated_[b->addr] = b;
   const PoolKind size_class = b->size_class = PoolFor(rounded);
   UpdateStat(stats_.allocation, size_class, 1);
@@ -371,7 +371,8 @@ void DeviceAllocator::BecameFree(Block* b, bool keep_recent) {
   if (b->segment->arena) ReleasePages(b);
   OnFreed(b);
   b->free_seq = ++free_seq_;
-  if (!keep_recent) {
+  // discard_on_free has just discarded its pages: not the steady-state case.
+  if (!keep_recent || config_->discard_on_free) {
     ReturnBlock(b);
     return;
   }

@@ -163,7 +163,7 @@ class DeviceAllocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a block handed out / given back in its pages' users; pages
   // populated by the hand-out are left in populate_ for placement.
-  void AcquirePages(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AcquirePages(Block* b, bool all_populated) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleasePages(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Discards up to `pages` idle pages outside [keep_lo, keep_hi), each on
   // the one stream whose free blocks cover it (a page whose free blocks
@@ -180,8 +180,9 @@ class DeviceAllocator {
   std::size_t populated_pages() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current) / kPageSize;
   }
+  // `all_populated`: every page of b is known to be populated already.
   void* HandOut(Block* b, std::size_t rounded, std::size_t requested, PoolKind pool,
-                Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                Stream stream, bool all_populated = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts a block whose uses have all completed back into its pool; merging
   // with free neighbours waits for CoalesceUnmerged.
   void ReturnBlock(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

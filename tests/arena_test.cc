@@ -292,6 +292,32 @@ TEST_F(ArenaTest, DiscardOnFreeGivesWhollyFreePagesBack) {
   EXPECT_EQ(d[0].bytes, 4 * kMiB);  // pages 0 and 1 only: page 2 holds b too
   EXPECT_EQ(d[0].stream, s1_);
   EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 4 * kMiB);  // pages 2 and 3
+  // The same size again takes a's block back and populates what was
+  // discarded (the last-freed shortcut must not assume its pages).
+  backend_->ClearRecords();
+  void* again = Alloc(5 * kMiB, 0, s1_);
+  EXPECT_EQ(again, a);
+  auto p = Take(Op::kPrefetch);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].bytes, 4 * kMiB);
+  EXPECT_EQ(BackendPopulated(), 8 * kMiB);
+  ExpectInvariants();
+  for (void* x : {again, b}) ASSERT_TRUE(alloc_->Free(x).ok());
+}
+
+TEST_F(ArenaTest, LastFreedBlockIsRepopulatedAfterADiscard) {
+  void* a = Alloc(8 * kMiB, 0, s1_);
+  ASSERT_TRUE(alloc_->Free(a).ok());  // waits, populated, for the same size
+  ASSERT_TRUE(alloc_->SetMemoryFraction(1.0 / 1024, 0).ok());  // discards every idle page
+  EXPECT_EQ(BackendPopulated(), 0);
+  ASSERT_TRUE(alloc_->SetMemoryFraction(1.0, 0).ok());
+  backend_->ClearRecords();
+  void* b = Alloc(8 * kMiB, 0, s1_);
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(Take(Op::kPrefetch).size(), 1u);
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 8 * kMiB);
+  EXPECT_EQ(BackendPopulated(), 8 * kMiB);
+  ExpectInvariants();
   ASSERT_TRUE(alloc_->Free(b).ok());
 }
 
