@@ -82,12 +82,16 @@ void DeviceAllocator::DeleteBlock(Block* b) {
   spare_blocks_.push_back(b);
 }
 
+void DeviceAllocator::CountInactiveSplit(const Block* b, int sign) {
+  if (!b->is_split()) return;
+  UpdateStat(stats_.inactive_split, b->segment->pool, sign);
+  UpdateStat(stats_.inactive_split_bytes, b->segment->pool,
+             sign * static_cast<std::int64_t>(b->size));
+}
+
 void DeviceAllocator::InsertFree(Block* b) {
   PoolOf(b->segment->pool).insert(b);
-  if (b->is_split()) {
-    UpdateStat(stats_.inactive_split, b->segment->pool, 1);
-    UpdateStat(stats_.inactive_split_bytes, b->segment->pool, b->size);
-  }
+  CountInactiveSplit(b, +1);
 }
 
 void DeviceAllocator::EraseFree(Block* b) {
@@ -97,10 +101,7 @@ void DeviceAllocator::EraseFree(Block* b) {
   } else {
     PoolOf(b->segment->pool).erase(b);
   }
-  if (b->is_split()) {
-    UpdateStat(stats_.inactive_split, b->segment->pool, -1);
-    UpdateStat(stats_.inactive_split_bytes, b->segment->pool, -static_cast<std::int64_t>(b->size));
-  }
+  CountInactiveSplit(b, -1);
 }
 
 // ---------------------------------------------------------------- allocate
@@ -379,10 +380,7 @@ void DeviceAllocator::BecameFree(Block* b, bool keep_recent) {
   Block*& recent = RecentOf(b->segment->pool);
   if (recent != nullptr) FlushRecent(recent);
   recent = b;
-  if (b->is_split()) {
-    UpdateStat(stats_.inactive_split, b->segment->pool, 1);
-    UpdateStat(stats_.inactive_split_bytes, b->segment->pool, b->size);
-  }
+  CountInactiveSplit(b, +1);  // counted as in its pool
 }
 
 void DeviceAllocator::FlushRecent(Block*& recent) {

@@ -111,6 +111,9 @@ class DeviceAllocator {
   void DeleteBlock(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void InsertFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a split block entering (+1) or leaving (-1) its pool in the
+  // inactive_split statistics.
+  void CountInactiveSplit(const Block* b, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   BlockPool::iterator FindFit(std::size_t rounded, PoolKind pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -123,6 +126,8 @@ class DeviceAllocator {
   // Whether the work queued on `s` so far has completed (with
   // `synchronize`, after waiting for it).
   bool StreamIsIdle(Stream s, bool synchronize) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The end of stream `s`'s run of free blocks in pool `p`.
+  static BlockPool::iterator StreamRunEnd(BlockPool& p, Stream s);
   // Classic segments: the best-fitting free block of another, idle stream,
   // taken out of its pool.
   Block* FindCrossStream(std::size_t rounded, PoolKind pool, Stream stream, bool synchronize)

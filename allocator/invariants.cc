@@ -99,7 +99,7 @@ absl::Status DeviceAllocator::CheckInvariants() {
       if (b->size == 0) return Broken(absl::StrFormat("empty block at %#x", b->addr));
       if (b->next != nullptr && b->next->prev != b) return Broken(absl::StrFormat("broken links after %#x", b->addr));
       expect += b->size;
-      const bool recent = b == recent_[seg->pool == PoolKind::kSmall ? 0 : 1];
+      const bool recent = b == RecentOf(seg->pool);
       const bool in_pool = recent || PoolOf(seg->pool).contains(const_cast<Block*>(b));
       if (b->allocated) {
         ++allocated_blocks;

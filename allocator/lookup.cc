@@ -57,11 +57,18 @@ Block* DeviceAllocator::FindSameStream(std::size_t rounded, PoolKind pool, Strea
   if (fresh_pages != nullptr) *fresh_pages = fresh;
   Block* b = *it;
   p.erase(it);
-  if (b->is_split()) {
-    UpdateStat(stats_.inactive_split, pool, -1);
-    UpdateStat(stats_.inactive_split_bytes, pool, -static_cast<std::int64_t>(b->size));
-  }
+  CountInactiveSplit(b, -1);
   return b;
+}
+
+BlockPool::iterator DeviceAllocator::StreamRunEnd(BlockPool& p, Stream s) {
+  // The pool is ordered by stream first: each stream's free blocks are one
+  // run, which ends before the first key above all of its sizes.
+  Block key;
+  key.stream = s;
+  key.size = ~std::size_t{0};
+  key.addr = ~std::uintptr_t{0};
+  return p.upper_bound(&key);
 }
 
 bool DeviceAllocator::StreamIsIdle(Stream s, bool synchronize) {
@@ -76,21 +83,19 @@ Block* DeviceAllocator::FindCrossStream(std::size_t rounded, PoolKind pool, Stre
                                         bool synchronize) {
   BlockPool& p = PoolOf(pool);
   std::vector<Block*> candidates;  // the best fit of each other stream
-  for (auto it = p.begin(); it != p.end();) {
+  // The sentinel sorts last.
+  for (auto it = p.begin(); it != p.end() && (*it)->segment != nullptr;) {
     const Stream s = (*it)->stream;
-    if ((*it)->segment == nullptr) break;  // the sentinel sorts last
-    Block key;
-    key.stream = s;
     if (s != stream) {
+      Block key;
+      key.stream = s;
       key.size = rounded;
       auto c = p.lower_bound(&key);
       if (c != p.end() && (*c)->stream == s && CanServe((*c)->size, rounded, *config_)) {
         candidates.push_back(*c);
       }
     }
-    key.size = ~std::size_t{0};
-    key.addr = ~std::uintptr_t{0};
-    it = p.upper_bound(&key);
+    it = StreamRunEnd(p, s);
   }
   std::sort(candidates.begin(), candidates.end(),
             [](const Block* a, const Block* b) { return a->size < b->size; });
@@ -107,16 +112,16 @@ Block* DeviceAllocator::FindCrossStream(std::size_t rounded, PoolKind pool, Stre
 bool DeviceAllocator::AdoptIdleStreams(std::size_t rounded, PoolKind pool, Stream stream,
                                        bool synchronize) {
   BlockPool& p = PoolOf(pool);
-  // The pool is ordered by stream first: each other stream's free blocks are
-  // one run. Collect what may be adopted, then re-key it.
+  // A block next to a free block or to one of `stream`'s merges into a
+  // larger hole once it is `stream`'s.
+  const auto joins = [stream](const Block* n) {
+    return n != nullptr && (n->is_free() || n->stream == stream);
+  };
+  // Collect what may be adopted, one stream's run at a time, then re-key it.
   std::vector<Block*> adopted;
   for (auto it = p.begin(); it != p.end() && (*it)->segment != nullptr;) {
     const Stream s = (*it)->stream;
-    Block key;
-    key.stream = s;
-    key.size = ~std::size_t{0};
-    key.addr = ~std::uintptr_t{0};
-    const auto end = p.upper_bound(&key);
+    const auto end = StreamRunEnd(p, s);
     if (s == stream) {
       it = end;
       continue;
@@ -140,12 +145,7 @@ bool DeviceAllocator::AdoptIdleStreams(std::size_t rounded, PoolKind pool, Strea
     // neighbour: re-keying the others would cost btree work for nothing.
     for (; it != end; ++it) {
       const Block* b = *it;
-      const auto joins = [&](const Block* n) {
-        return n != nullptr && (n->is_free() || n->stream == stream);
-      };
-      if (b->size >= rounded || joins(b->prev) || joins(b->next)) {
-        adopted.push_back(*it);
-      }
+      if (b->size >= rounded || joins(b->prev) || joins(b->next)) adopted.push_back(*it);
     }
     it = end;
   }

@@ -205,15 +205,17 @@ absl::Status ReplaySuite(Backend& backend, int device, const std::string& config
 
 int Main() {
   const std::string backend_name = absl::GetFlag(FLAGS_backend);
+  const int host_gib = absl::GetFlag(FLAGS_host_memory_gib);
+  if (host_gib <= 0) {
+    std::cerr << "cma_bench: --host_memory_gib must be positive, not " << host_gib << "\n";
+    return 2;
+  }
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(backend_name);
-  if (backend_name == "host") {
-    const int gib = absl::GetFlag(FLAGS_host_memory_gib);
-    if (gib <= 0) {
-      std::cerr << "cma_bench: --host_memory_gib must be positive, not " << gib << "\n";
-      return 2;
-    }
+  // The host backend (asked for, or what "best" fell back to) with the
+  // emulated memory asked for.
+  if (backend.ok() && std::string((*backend)->name()) == "host") {
     HostBackendOptions options;
-    options.device_capacity = static_cast<std::size_t>(gib) << 30;
+    options.device_capacity = static_cast<std::size_t>(host_gib) << 30;
     backend = std::unique_ptr<Backend>(new HostBackend(options));
   }
   if (!backend.ok()) {
