@@ -16,22 +16,25 @@
 namespace cma {
 namespace {
 
-// Adds one page to a list of ranges, extending the last range when the page
-// touches either of its ends (pages come in ascending or descending order).
-void AddPage(std::vector<Range>& ranges, void* page) {
+// Adds page `page` of `seg` to a list of ranges, extending the last range
+// when the page touches either of its ends inside the same segment (pages
+// come in ascending or descending order). Two arenas may be back to back in
+// the address space, but no backend call takes a range across both.
+void AddPage(std::vector<Range>& ranges, const Segment* seg, std::size_t page) {
+  void* const addr = reinterpret_cast<void*>(seg->base + page * kPageSize);
   if (!ranges.empty()) {
     Range& last = ranges.back();
-    if (static_cast<char*>(last.ptr) + last.bytes == page) {
+    if (page > 0 && static_cast<char*>(last.ptr) + last.bytes == addr) {
       last.bytes += kPageSize;
       return;
     }
-    if (static_cast<char*>(page) + kPageSize == last.ptr) {
-      last.ptr = page;
+    if (page + 1 < seg->pages.size() && static_cast<char*>(addr) + kPageSize == last.ptr) {
+      last.ptr = addr;
       last.bytes += kPageSize;
       return;
     }
   }
-  ranges.push_back({page, kPageSize});
+  ranges.push_back({addr, kPageSize});
 }
 
 }  // namespace
@@ -105,7 +108,7 @@ void DeviceAllocator::AcquirePages(Block* b, bool all_populated) {
   auto populate = [&](std::size_t p) {
     pages.set_populated(p);
     ++fresh;
-    AddPage(populate_, reinterpret_cast<void*>(seg->base + p * kPageSize));
+    AddPage(populate_, seg, p);
   };
   auto touch_edge = [&](std::size_t p) {
     if (pages.edge_users(p)++ != 0) return;  // a neighbour in use has it
@@ -162,11 +165,12 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
     std::size_t page;
     Stream stream;
     bool mixed;
+    Block* first;  // the first free block on the page
   };
   std::vector<Candidate> candidates;
   for (auto& [base, seg] : segments_) {
     if (!seg->arena || seg->pages.populated_count() == 0) continue;
-    for (const Block* b = seg->first; b != nullptr; b = b->next) {
+    for (Block* b = seg->first; b != nullptr; b = b->next) {
       // A free block's page is in use only as the edge page of a neighbour.
       if (!b->is_free()) continue;
       const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + b->size - 1);
@@ -180,7 +184,7 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
           if (candidates.back().stream != b->stream) candidates.back().mixed = true;
           continue;
         }
-        candidates.push_back({seg, p, b->stream, false});
+        candidates.push_back({seg, p, b->stream, false, b});
       }
     }
   }
@@ -196,7 +200,7 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
         continue;
       }
       chosen.push_back(&*it);
-      AddPage(by_stream[it->stream], reinterpret_cast<void*>(it->seg->base + it->page * kPageSize));
+      AddPage(by_stream[it->stream], it->seg, it->page);
     }
   }
   absl::flat_hash_map<Stream, bool> discarded;
@@ -222,10 +226,19 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
       }
     }
   }
+  // The discard is queued behind the work on its stream: a block on a
+  // discarded page counts as used again from now, so that no stream takes
+  // it (AdoptIdleStreams) on the strength of an idle mark older than the
+  // discard; it asks the GPU, or waits, first.
+  const std::uint64_t seq = ++free_seq_;
   std::size_t done = 0;
   for (const Candidate* c : chosen) {
     if (!discarded[c->stream]) continue;
     ForgetIdlePage(c->seg, c->page);
+    const std::uintptr_t page_end = c->seg->base + (c->page + 1) * kPageSize;
+    for (Block* b = c->first; b != nullptr && b->addr < page_end; b = b->next) {
+      if (b->is_free()) b->free_seq = seq;
+    }
     ++done;
   }
   return done;
@@ -250,7 +263,7 @@ void DeviceAllocator::DiscardPagesInside(Block* b) {
   std::vector<std::size_t> idle;
   for (std::size_t p = first; p < end; ++p) {
     if (seg->pages.edge_users(p) != 0 || !seg->pages.populated(p)) continue;
-    AddPage(ranges, reinterpret_cast<void*>(seg->base + p * kPageSize));
+    AddPage(ranges, seg, p);
     idle.push_back(p);
   }
   if (idle.empty()) return;

@@ -188,6 +188,13 @@ absl::Status CachingManagedAllocator::EmptyCache() {
   return absl::OkStatus();
 }
 
+absl::Status CachingManagedAllocator::ForgetStream(Stream stream) {
+  for (auto& d : devices_) {
+    if (absl::Status s = d->ForgetStream(stream); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DeviceStats> CachingManagedAllocator::GetStats(int device) {
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();

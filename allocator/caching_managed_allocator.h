@@ -55,6 +55,13 @@ class CachingManagedAllocator {
   absl::Status RecordStream(void* ptr, Stream stream);
   // Returns every fully-free cached segment of every device to the backend.
   absl::Status EmptyCache();
+  // Call before destroying `stream`: waits for the work queued on it, then
+  // makes its cached blocks any stream's and drops it from every allocation
+  // that named it (RecordStream), so the allocator never names it to the
+  // backend again and EmptyCache can release its memory. Allocations made on
+  // it stay valid; their later frees are ordered on the default stream.
+  // kInvalidArgument for the default stream; a failed wait changes nothing.
+  absl::Status ForgetStream(Stream stream);
 
   // Zero-copy move (PyTorch RFC-0023's tensor.to() without a copy): the
   // allocation keeps its address and its data migrates to `target`, ordered

@@ -119,6 +119,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   MutexLock l(&mu_);
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
   if (!pending_.empty()) ProcessPendingFrees(/*synchronize=*/false);
+  BoundUnmerged();
 
   const std::size_t rounded = RoundRequest(bytes, *config_);
   const PoolKind pool = BlockPoolFor(rounded, *config_);
@@ -163,6 +164,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
     } else if (b == nullptr) {
       b = FindCrossStream(rounded, pool, stream, /*synchronize=*/retry);
     }
+    Segment* made = nullptr;  // a segment made for this request, if any
     if (b == nullptr) {
       if (!arena_mode()) {
         const std::size_t release =
@@ -180,6 +182,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
         continue;
       }
       b = *fresh;
+      made = b->segment;
     }
     const std::size_t take = ShouldSplit(b->size, rounded, pool, *config_) ? rounded : b->size;
     // The steady state (a reused block, all pages populated) skips this.
@@ -187,12 +190,12 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
       // Pages the block needs that hold nothing yet must fit the budget.
       if (absl::Status s = MakeRoomForPages(b, take, stream, /*everything=*/retry); !s.ok()) {
         ReturnBlock(b);  // unchanged: back into its pool
-        // An arena made for this request holds nothing and no work: give
-        // its address range back rather than keep an empty rival to the
-        // populated arenas that the retry should reuse.
-        if (b->prev == nullptr && b->next == nullptr && b->segment->pages.populated_count() == 0) {
-          ReleaseSegment(b->segment);
-        }
+        // The arena made for this request holds nothing and no stream has
+        // used it: give its address range back rather than keep an empty
+        // rival to the populated arenas that the retry should reuse. Any
+        // other arena may still be touched by queued work (a discard): only
+        // ReleaseIdleSegments, which synchronises, frees those.
+        if (made != nullptr) ReleaseSegment(made);
         cause = s;
         continue;
       }
@@ -363,6 +366,7 @@ absl::Status DeviceAllocator::Free(void* ptr) {
     CoalesceUnmerged();
     ReleaseCachedSegments(excess);
   }
+  BoundUnmerged();
   return absl::OkStatus();
 }
 
@@ -400,7 +404,7 @@ void DeviceAllocator::FlushRecent() {
 void DeviceAllocator::AbsorbNext(Block* b) {
   Block* next = b->next;
   EraseFree(next);
-  if (!(b->placed && next->placed && b->location == next->location)) b->placed = false;
+  MergePlacement(b, *next);
   b->free_seq = std::max(b->free_seq, next->free_seq);
   b->size += next->size;
   b->next = next->next;
@@ -408,12 +412,33 @@ void DeviceAllocator::AbsorbNext(Block* b) {
   DeleteBlock(next);
 }
 
+void DeviceAllocator::MergePlacement(Block* b, const Block& next) const {
+  if (b->placed && next.placed && b->location == next.location) return;
+  // Part of the merged block was put away from the device (a Move to the
+  // host): remember that, so that its next hand-out brings it back. Its
+  // contents are dead then, so a discard-and-prefetch costs no migration.
+  const Location home = Location::Device(device_);
+  for (const Block* part : {static_cast<const Block*>(b), &next}) {
+    if (part->placed && part->location != home) {
+      b->placed = true;
+      b->location = part->location;
+      return;
+    }
+  }
+  b->placed = false;  // where first touch puts it
+}
+
 void DeviceAllocator::ReturnBlock(Block* b) {
   b->unmerged = true;
   unmerged_.push_back(b);
   InsertFree(b);
-  // Bounds the list (and the work of one coalescing pass).
-  if (unmerged_.size() >= 4096) CoalesceUnmerged();
+  // No merging here: callers may hold free blocks outside the pools (a
+  // lookup's pick, an adoption list) that a merge would delete. Allocate and
+  // Free bound the list where nothing is held (BoundUnmerged).
+}
+
+void DeviceAllocator::BoundUnmerged() {
+  if (ABSL_PREDICT_FALSE(unmerged_.size() >= kMaxUnmerged)) CoalesceUnmerged();
 }
 
 void DeviceAllocator::CoalesceUnmerged() {

@@ -55,6 +55,8 @@ class DeviceAllocator {
   absl::Status RecordStream(void* ptr, Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
   // Returns every fully-free segment to the backend.
   absl::Status EmptyCache() ABSL_LOCKS_EXCLUDED(mu_);
+  // See CachingManagedAllocator::ForgetStream.
+  absl::Status ForgetStream(Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
   // Zero-copy move of allocated blocks to `target`, ordered on `stream`
   // (placement.cc). One batch call for all of `ptrs`. kNotFound if a pointer
   // is not allocated here; nothing is moved then.
@@ -192,8 +194,16 @@ class DeviceAllocator {
   // with free neighbours waits for CoalesceUnmerged.
   void ReturnBlock(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Merges every block returned since the last call with its free
-  // neighbours of the same stream.
+  // neighbours of the same stream. Deletes blocks: no caller may hold a
+  // free block outside the pools across it.
   void CoalesceUnmerged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CoalesceUnmerged once kMaxUnmerged blocks wait, which bounds the work of
+  // one pass; called only where no free block is held.
+  void BoundUnmerged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static constexpr std::size_t kMaxUnmerged = 4096;
+  // The placement of b after absorbing `next`: where both were, or away from
+  // the device if either part was moved away.
+  void MergePlacement(Block* b, const Block& next) const;
   static bool Mergeable(const Block* neighbour, const Block* b) {
     return neighbour != nullptr && neighbour->is_free() && neighbour->stream == b->stream;
   }

@@ -1,11 +1,34 @@
 // DeviceAllocator's placement: carrying out policy/placement_policy.h's
 // decisions through the Backend, and the zero-copy move.
-#include "backends/mutex_lock.h"
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/device_allocator.h"
+#include "backends/mutex_lock.h"
 
 namespace cma {
+namespace {
+
+// Splits `r` into the kPageSize pages that lie wholly inside it (appended to
+// `whole`) and the partial pages at its ends (appended to `partial`). A
+// discard takes whole pages only: a partial page may hold a neighbour's data.
+void SplitAtPages(const Range& r, std::vector<Range>* whole, std::vector<Range>* partial) {
+  const auto lo = reinterpret_cast<std::uintptr_t>(r.ptr);
+  const std::uintptr_t hi = lo + r.bytes;
+  const std::uintptr_t first = (lo + kPageSize - 1) / kPageSize * kPageSize;
+  const std::uintptr_t last = hi / kPageSize * kPageSize;
+  if (first >= last) {  // no whole page
+    partial->push_back(r);
+    return;
+  }
+  if (lo < first) partial->push_back({r.ptr, first - lo});
+  whole->push_back({reinterpret_cast<void*>(first), last - first});
+  if (last < hi) partial->push_back({reinterpret_cast<void*>(last), hi - last});
+}
+
+}  // namespace
 
 absl::Status DeviceAllocator::Execute(PlacementAction action, absl::Span<const Range> ranges,
                                       Location target, Stream stream) {
@@ -74,8 +97,11 @@ void DeviceAllocator::PlaceArenaBlock(Block* b, Stream stream, Location target) 
   // block moved elsewhere (a Move to the host, say) is brought back, its
   // dead contents discarded rather than migrated.
   if (b->placed && b->location != target && config_->prefetch == PrefetchPolicy::kOnAlloc) {
-    const Range r{b->ptr(), b->size};
-    (void)Execute(PlacementAction::kDiscardAndPrefetch, {&r, 1}, target, stream);
+    // Its edge pages may be shared with blocks in use: migrated, not discarded.
+    std::vector<Range> whole, partial;
+    SplitAtPages({b->ptr(), b->size}, &whole, &partial);
+    (void)Execute(PlacementAction::kDiscardAndPrefetch, whole, target, stream);
+    (void)Execute(PlacementAction::kPrefetch, partial, target, stream);
   }
   b->placed = config_->prefetch == PrefetchPolicy::kOnAlloc;
   b->location = target;
@@ -167,12 +193,44 @@ absl::Status DeviceAllocator::SetDisposable(void* ptr, bool disposable) {
 absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream) {
   MutexLock l(&mu_);
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
+  // The contract: Sleep is ordered after the work already queued on every
+  // stream that uses an allocation (its own and those named by
+  // RecordStream), so no kernel still running there sees its data move or
+  // vanish. `stream` waits for each of them on the GPU; no host sync.
+  absl::flat_hash_set<Stream> users;
+  for (auto& [addr, b] : allocated_) {
+    if (b->stream != stream) users.insert(b->stream);
+    for (Stream u : b->stream_uses) {
+      if (u != stream) users.insert(u);
+    }
+  }
+  for (Stream u : users) {
+    absl::StatusOr<Event> ev = TakeEvent();
+    absl::Status w = ev.status();
+    if (ev.ok()) {
+      w = backend_->RecordEvent(*ev, u);
+      if (w.ok()) w = backend_->StreamWaitEvent(stream, *ev);
+      spare_events_.push_back(*ev);
+    }
+    // Unordered, the discard below could run before a kernel's last use.
+    if (!w.ok()) w = backend_->SynchronizeStream(u);
+    if (!w.ok()) {
+      return absl::Status(w.code(), absl::StrCat("cma: sleep could not order after a stream "
+                                                 "that uses an allocation: ", w.message()));
+    }
+  }
   std::vector<Range> keep, drop;
   std::vector<Block*> kept;
   std::size_t bytes = 0;
   for (auto& [addr, b] : allocated_) {
-    (b->disposable ? drop : keep).push_back({b->ptr(), b->size});
-    if (!b->disposable) kept.push_back(b);
+    // A disposable block's partial edge pages may hold a neighbour's data:
+    // they move to the host with the kept blocks; only whole pages go.
+    if (b->disposable) {
+      SplitAtPages({b->ptr(), b->size}, &drop, &keep);
+    } else {
+      keep.push_back({b->ptr(), b->size});
+      kept.push_back(b);
+    }
     bytes += b->size;
   }
   // One batch call each: a whole model's tensors in two driver calls.
@@ -205,17 +263,23 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
   std::size_t bytes = 0;
   for (auto& [addr, b] : allocated_) {
     if (b->placed && b->location == here) continue;
-    (b->disposable ? repopulate : migrate).push_back({b->ptr(), b->size});
+    if (b->disposable) {
+      SplitAtPages({b->ptr(), b->size}, &repopulate, &migrate);
+    } else {
+      migrate.push_back({b->ptr(), b->size});
+    }
     bytes += b->size;
   }
   absl::Status s = Execute(PlacementAction::kPrefetch, migrate, here, stream);
   if (s.ok()) s = Execute(PlacementAction::kDiscardAndPrefetch, repopulate, here, stream);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("cma: wake failed: ", s.message()));
+  std::size_t woken = 0;
   for (auto& [addr, b] : allocated_) {
+    woken += !(b->placed && b->location == here);
     b->placed = true;
     b->location = here;
   }
-  stats_.moves += static_cast<std::int64_t>(migrate.size() + repopulate.size());
+  stats_.moves += static_cast<std::int64_t>(woken);
   return bytes;
 }
 

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "allocator/device_allocator.h"
 #include "backends/mutex_lock.h"
 
@@ -83,6 +84,53 @@ absl::Status DeviceAllocator::EmptyCache() {
   // Arenas hold no memory once their idle pages are discarded, but a user
   // who empties the cache expects the address ranges back too.
   if (arena_mode()) ReleaseIdleSegments(0);
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocator::ForgetStream(Stream stream) {
+  if (stream == kDefaultStream) {
+    return absl::InvalidArgumentError("cma: the default stream cannot be forgotten");
+  }
+  MutexLock l(&mu_);
+  // Whether anything here names the stream (only such devices wait for it).
+  bool named = known_streams_.contains(stream);
+  for (auto& [addr, b] : allocated_) {
+    named = named || b->stream == stream ||
+            std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) != b->stream_uses.end();
+  }
+  if (!named) return absl::OkStatus();
+  // Everything queued there completes first; after that nothing the stream
+  // ran can touch memory, so its blocks are any stream's to reuse.
+  if (absl::Status s = backend_->SynchronizeStream(stream); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("cma: cannot forget a stream whose work cannot "
+                                               "be waited for: ", s.message()));
+  }
+  ProcessPendingFrees(/*synchronize=*/false);
+  FlushRecent();
+  std::vector<Block*> orphans;
+  for (BlockPool* pool : {&small_pool_, &large_pool_}) {
+    for (auto it = pool->begin(), end = StreamRunEnd(*pool, stream); it != end; ++it) {
+      if ((*it)->stream == stream) orphans.push_back(*it);
+    }
+  }
+  for (Block* b : orphans) {
+    EraseFree(b);
+    b->stream = kDefaultStream;
+    b->free_seq = 0;  // its work is done: idle for every stream
+    ReturnBlock(b);
+  }
+  for (auto& [addr, b] : allocated_) {
+    if (b->stream == stream) b->stream = kDefaultStream;
+    b->stream_uses.erase(std::remove(b->stream_uses.begin(), b->stream_uses.end(), stream),
+                         b->stream_uses.end());
+  }
+  for (const PendingFree& pf : pending_) {
+    if (pf.block->stream == stream) pf.block->stream = kDefaultStream;
+  }
+  known_streams_.erase(stream);
+  idle_through_.erase(stream);
+  if (last_stream_ == stream) last_stream_ = kDefaultStream;
+  CoalesceUnmerged();
   return absl::OkStatus();
 }
 

@@ -37,6 +37,11 @@ std::size_t IdlePagesToDiscard(const AllocatorConfig& config, std::size_t popula
                                                                 static_cast<double>(peak)));
     limit = std::min(peak + slack, budget_pages);
   }
+  if (config.garbage_collection_threshold > 0) {
+    // Growth past the mark first gives idle pages back, down to the mark.
+    limit = std::min(limit, static_cast<std::size_t>(config.garbage_collection_threshold *
+                                                     static_cast<double>(budget_pages)));
+  }
   const std::size_t after = populated_pages + new_pages;
   return after > limit ? std::min(idle_pages, after - limit) : 0;
 }

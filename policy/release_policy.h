@@ -33,8 +33,9 @@ std::size_t ReleaseAfterFree(const AllocatorConfig& config, std::size_t reserved
 // slack, populated pages may exceed the peak of pages in use by that
 // fraction of it (at least kMinSlackPages), so a repeating workload settles
 // with no discard; beyond it, idle pages make way for new ones, which keeps
-// the populated high-water mark at the peak in use. Never more than
-// `idle_pages`.
+// the populated high-water mark at the peak in use. With
+// garbage_collection_threshold t, populating past t x budget first discards
+// idle pages down to that mark. Never more than `idle_pages`.
 inline constexpr std::size_t kMinSlackPages = 4;
 std::size_t IdlePagesToDiscard(const AllocatorConfig& config, std::size_t populated_pages,
                                std::size_t idle_pages, std::size_t new_pages,

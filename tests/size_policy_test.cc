@@ -87,6 +87,15 @@ TEST(ReleasePolicyTest, ArenaKeepsPopulatedPagesNearThePeakInUse) {
   EXPECT_EQ(IdlePagesToDiscard(off, 1000, 10, 50, 950, 950, 1020), 10u);
 }
 
+TEST(ReleasePolicyTest, GarbageCollectionThresholdDiscardsDownToItsMark) {
+  AllocatorConfig gc;
+  gc.garbage_collection_threshold = 0.5;
+  // 12 populated (all idle), 12 new, budget 32: the mark is 16, so 8 go.
+  EXPECT_EQ(IdlePagesToDiscard(gc, 12, 12, 12, 12, 12, 32), 8u);
+  EXPECT_EQ(IdlePagesToDiscard(gc, 4, 4, 12, 12, 12, 32), 0u);   // 16: at the mark
+  EXPECT_EQ(IdlePagesToDiscard(gc, 12, 3, 12, 12, 12, 32), 3u);  // capped by the idle pages
+}
+
 TEST(SizePolicyTest, CanServeNeedsEnoughBytes) {
   AllocatorConfig c;
   EXPECT_FALSE(CanServe(1024, 1536, c));

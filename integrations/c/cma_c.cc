@@ -231,6 +231,13 @@ int cma_empty_cache(void) {
   return s.ok() ? 0 : Fail(s);
 }
 
+int cma_forget_stream(void* stream) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::Status s = a->ForgetStream(AsStream(stream));
+  return s.ok() ? 0 : Fail(s);
+}
+
 int cma_reset_peak_stats(int device) {
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return -1;

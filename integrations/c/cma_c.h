@@ -53,6 +53,10 @@ int cma_advise(void* ptr, int read_mostly, int preferred, const int* accessed_by
                int n_accessed_by);
 int cma_synchronize(void* stream);
 int cma_empty_cache(void);
+/* Call before destroying `stream`: waits for its work, then its cached
+ * blocks serve any stream and cma never uses the stream again (so
+ * cma_empty_cache can release them). */
+int cma_forget_stream(void* stream);
 /* Peaks back to current values, for one device or all (-1). */
 int cma_reset_peak_stats(int device);
 /* The allocation's owning device, or -1 (with cma_last_error) if none. */

@@ -7,12 +7,12 @@
 
 Framework routes: cma.torch (PyTorch) and cma.cupy (CuPy).
 """
-from cma._lib import (CmaError, advise, backend_name, device_of, empty_cache, free, host_view,
+from cma._lib import (CmaError, advise, backend_name, device_of, empty_cache, forget_stream, free, host_view,
                       history, init, library_path, malloc, memory_snapshot, memory_stats, move, record_history, record_stream,
                       reset_peak_stats, set_disposable, sleep, wake,
                       set_memory_fraction, shutdown, snapshot, stats, synchronize)
 
-__all__ = ["CmaError", "advise", "backend_name", "device_of", "empty_cache", "free", "host_view",
+__all__ = ["CmaError", "advise", "backend_name", "device_of", "empty_cache", "forget_stream", "free", "host_view",
            "history", "init", "library_path", "malloc", "memory_snapshot", "memory_stats", "move", "record_history", "record_stream",
            "reset_peak_stats", "set_disposable", "sleep", "wake",
            "set_memory_fraction",

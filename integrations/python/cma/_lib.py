@@ -52,6 +52,7 @@ def lib():
                 "cma_advise": (i, [vp, i, i, ctypes.POINTER(i), i]),
                 "cma_synchronize": (i, [vp]),
                 "cma_empty_cache": (i, []),
+                "cma_forget_stream": (i, [vp]),
                 "cma_reset_peak_stats": (i, [i]),
                 "cma_device_of": (i, [vp]),
                 "cma_set_memory_fraction": (i, [ctypes.c_double, i]),
@@ -157,6 +158,12 @@ def advise(ptr, read_mostly=False, preferred=None, accessed_by=()):
 
 def empty_cache():
     _check(lib().cma_empty_cache())
+
+
+def forget_stream(stream):
+    """Call before destroying `stream` (a raw stream handle): waits for its
+    work, then its cached blocks serve any stream and cma never uses it again."""
+    _check(lib().cma_forget_stream(stream or None))
 
 
 def reset_peak_stats(device=-1):
