@@ -164,7 +164,9 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
       case PlacementAction::kNone: break;
       case PlacementAction::kPrefetch: prefetch.push_back({b->ptr(), b->size}); break;
       case PlacementAction::kDiscardAndPrefetch:
-        discard_prefetch.push_back({b->ptr(), b->size});
+        // Dead contents are discarded by whole pages; partial edge pages
+        // may hold a neighbour's live data and migrate instead.
+        SplitAtPages({b->ptr(), b->size}, &discard_prefetch, &prefetch);
         break;
     }
   }

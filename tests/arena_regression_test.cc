@@ -137,18 +137,17 @@ TEST_F(ArenaRegressionTest, AMergedBlockMovedToTheHostComesBackOnReuse) {
 TEST_F(ArenaRegressionTest, AFailedPopulationFreesOnlyTheArenaItMade) {
   Remake("arena_size:8M", 30 * kMiB);
   void* f = Alloc(8 * kMiB, 0, s1_);  // arena A, exactly
+  Alloc(20 * kMiB, 0, s2_);
   ASSERT_TRUE(alloc_->Free(f).ok());
-  Alloc(16 * kMiB, 0, s2_);  // s1 seen idle; f too small to adopt
-  Alloc(8 * kMiB, 0, s2_);
   Work(s1_);
   Fraction(1.0 / 1024);  // A's pages discarded on s1, behind its work
-  Fraction(1.0);
+  Fraction(0.4);         // 12 MiB: A cannot be populated again
   const int arenas = backend_->LiveResources().managed_allocations;
-  auto p = alloc_->Allocate(8 * kMiB, 0, s3_);  // 12 + 4 pages > 15
+  auto p = alloc_->Allocate(8 * kMiB, 0, s1_);
   EXPECT_FALSE(p.ok());
   const bool a_freed = backend_->LiveResources().managed_allocations < arenas;
   EXPECT_FALSE(a_freed && backend_->PendingWork(s1_) > 0)
-      << "arena A freed while s1 still had work queued on it";
+      << "arena A freed while s1 still had its discard queued";
   ExpectInvariants();
 }
 
