@@ -253,7 +253,7 @@ void DeviceAllocator::ForgetIdlePage(Segment* seg, std::size_t page) {
   stats_.discarded_bytes += static_cast<std::int64_t>(kPageSize);
 }
 
-void DeviceAllocator::DiscardPagesInside(Block* b) {
+void DeviceAllocator::DiscardPagesInside(Block* b, bool already_discarded) {
   // Only pages that lie wholly inside the block: its own stream is then the
   // only one whose work can still touch them.
   Segment* seg = b->segment;
@@ -267,12 +267,32 @@ void DeviceAllocator::DiscardPagesInside(Block* b) {
     idle.push_back(p);
   }
   if (idle.empty()) return;
+  if (already_discarded) {
+    for (std::size_t p : idle) {
+      ForgetIdlePage(seg, p);
+      stats_.discarded_bytes -= static_cast<std::int64_t>(kPageSize);  // Sleep counted them
+    }
+    return;
+  }
   if (!backend_->DiscardBatch(ranges, b->stream).ok()) {
     ++stats_.num_placement_errors;
     return;
   }
   for (std::size_t p : idle) ForgetIdlePage(seg, p);
   ++stats_.discard_calls;
+}
+
+absl::Status DeviceAllocator::OrderAfter(Stream waiter, Stream on) {
+  if (waiter == on) return absl::OkStatus();
+  absl::StatusOr<Event> ev = TakeEvent();
+  absl::Status s = ev.status();
+  if (ev.ok()) {
+    s = backend_->RecordEvent(*ev, on);
+    if (s.ok()) s = backend_->StreamWaitEvent(waiter, *ev);
+    spare_events_.push_back(*ev);
+  }
+  if (!s.ok()) s = backend_->SynchronizeStream(on);
+  return s;
 }
 
 }  // namespace cma

@@ -39,6 +39,10 @@ struct Block {
   // The contents may be thrown away while the owner sleeps (a KV cache):
   // set per allocation, cleared when it is freed.
   bool disposable = false;
+  // Allocated arena blocks: Sleep discarded the whole pages inside (a
+  // disposable block); they hold nothing until Wake or a Move to a device
+  // repopulates them, or the free forgets them.
+  bool pages_discarded = false;
   int pending_events = 0;  // > 0 while freed but still used by other streams
   // Free blocks: when the block was last used, as DeviceAllocator's count of
   // frees; 0 when it has not been used since a moment its stream was known

@@ -288,6 +288,7 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
   }
   b->requested = requested;
   b->disposable = false;
+  b->pages_discarded = false;
   b->stream_uses.clear();
   if (b->segment->arena) AcquirePages(b, all_populated);
   allocated_[b->addr] = b;
@@ -374,6 +375,14 @@ void DeviceAllocator::BecameFree(Block* b, bool keep_recent) {
   UpdateStat(stats_.active, b->size_class, -1);
   UpdateStat(stats_.active_bytes, b->size_class, -static_cast<std::int64_t>(b->size));
   if (b->segment->arena) ReleasePages(b);
+  if (ABSL_PREDICT_FALSE(b->pages_discarded)) {
+    // A Sleep discarded its pages on sleep_stream_: whoever populates them
+    // next is ordered after that (the block's stream waits for it), and
+    // the page map learns they hold nothing.
+    b->pages_discarded = false;
+    (void)OrderAfter(b->stream, sleep_stream_);
+    if (b->segment->arena) DiscardPagesInside(b, /*already_discarded=*/true);
+  }
   OnFreed(b);
   b->free_seq = ++free_seq_;
   // discard_on_free has just discarded its pages: not the steady-state case.

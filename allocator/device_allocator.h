@@ -182,8 +182,14 @@ class DeviceAllocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Books a discarded idle page: unpopulated, and out of every count.
   void ForgetIdlePage(Segment* seg, std::size_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // discard_on_free in an arena: the idle pages wholly inside `b`.
-  void DiscardPagesInside(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The idle pages wholly inside `b` leave the page map: discarded on b's
+  // stream (discard_on_free), or only forgotten when a Sleep has discarded
+  // them already (`already_discarded`).
+  void DiscardPagesInside(Block* b, bool already_discarded = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Orders the work queued later on `waiter` after the work queued on `on`
+  // so far: an event wait on the GPU, or a host sync if events fail.
+  absl::Status OrderAfter(Stream waiter, Stream on) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::size_t populated_pages() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current) / kPageSize;
   }
@@ -277,6 +283,9 @@ class DeviceAllocator {
   std::uint64_t free_seq_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<Stream, std::uint64_t> idle_through_ ABSL_GUARDED_BY(mu_);
   Stream last_stream_ ABSL_GUARDED_BY(mu_) = kDefaultStream;  // last validated
+  // The stream the last Sleep's discards were queued on: Wake, and the free
+  // of a block whose pages it discarded, are ordered after it.
+  Stream sleep_stream_ ABSL_GUARDED_BY(mu_) = kDefaultStream;
   DeviceStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -157,6 +157,15 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
       return s;
     }
   }
+  // Pages a Sleep discarded are populated again only after that discard.
+  for (Block* b : blocks) {
+    if (!b->pages_discarded || target.is_host()) continue;
+    if (absl::Status w = OrderAfter(stream, sleep_stream_); !w.ok()) {
+      return absl::Status(w.code(), absl::StrCat("cma: move could not order after the sleep: ",
+                                                 w.message()));
+    }
+    break;
+  }
   // One batch per action, so a whole model's tensors move in one or two calls.
   std::vector<Range> prefetch, discard_prefetch;
   for (Block* b : blocks) {
@@ -179,6 +188,8 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
   for (Block* b : blocks) {
     b->placed = true;
     b->location = target;
+    // Prefetched to a device, discarded pages are populated again.
+    if (!target.is_host()) b->pages_discarded = false;
   }
   stats_.moves += static_cast<std::int64_t>(blocks.size());
   return absl::OkStatus();
@@ -207,16 +218,8 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream) {
     }
   }
   for (Stream u : users) {
-    absl::StatusOr<Event> ev = TakeEvent();
-    absl::Status w = ev.status();
-    if (ev.ok()) {
-      w = backend_->RecordEvent(*ev, u);
-      if (w.ok()) w = backend_->StreamWaitEvent(stream, *ev);
-      spare_events_.push_back(*ev);
-    }
     // Unordered, the discard below could run before a kernel's last use.
-    if (!w.ok()) w = backend_->SynchronizeStream(u);
-    if (!w.ok()) {
+    if (absl::Status w = OrderAfter(stream, u); !w.ok()) {
       return absl::Status(w.code(), absl::StrCat("cma: sleep could not order after a stream "
                                                  "that uses an allocation: ", w.message()));
     }
@@ -245,9 +248,13 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream) {
   }
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("cma: sleep failed: ", s.message()));
   for (auto& [addr, b] : allocated_) {
-    b->placed = !b->disposable;
+    // A disposable block counts as away too: whoever reuses it after its
+    // free brings its pages back to the device.
+    b->placed = true;
     b->location = Location::Host();
+    b->pages_discarded = b->disposable && b->segment->arena;
   }
+  sleep_stream_ = stream;
   stats_.moves += static_cast<std::int64_t>(kept.size());
   // The cache sleeps too: idle memory goes back (arena pages by discard,
   // stream-ordered), so the device holds nothing of this allocator's.
@@ -260,6 +267,11 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream) {
 absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
   MutexLock l(&mu_);
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
+  // Ordered after the Sleep, whichever stream each was given.
+  if (absl::Status w = OrderAfter(stream, sleep_stream_); !w.ok()) {
+    return absl::Status(w.code(), absl::StrCat("cma: wake could not order after the sleep: ",
+                                               w.message()));
+  }
   const Location here = Location::Device(device_);
   std::vector<Range> migrate, repopulate;
   std::size_t bytes = 0;
@@ -280,6 +292,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
     woken += !(b->placed && b->location == here);
     b->placed = true;
     b->location = here;
+    b->pages_discarded = false;
   }
   stats_.moves += static_cast<std::int64_t>(woken);
   return bytes;

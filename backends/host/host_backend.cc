@@ -153,9 +153,12 @@ void HostBackend::PopulatePages(ManagedAllocation& a, std::uintptr_t base,
   const std::size_t hi = lo + r.bytes;
   if (op == PlacementRecord::Op::kDiscard || location.is_host()) {
     // Only wholly covered pages leave the device.
+    const int to = op == PlacementRecord::Op::kDiscard ? kPageUnpopulated : kPageOnHost;
     for (std::size_t p = (lo + kHostPage - 1) / kHostPage; p < hi / kHostPage; ++p) {
       if (a.page_device[p] >= 0) used_[a.page_device[p]] -= kHostPage;
-      a.page_device[p] = -1;
+      // A page that was never populated stays so: moving nothing is free.
+      if (to == kPageOnHost && a.page_device[p] == kPageUnpopulated) continue;
+      a.page_device[p] = to;
     }
     return;
   }
@@ -214,7 +217,12 @@ absl::Status HostBackend::CheckRanges(absl::Span<const Range> ranges, const char
   return absl::OkStatus();
 }
 
-void HostBackend::Record(PlacementRecord record) { records_.push_back(record); }
+void HostBackend::Record(PlacementRecord record) {
+  auto st = streams_.find(record.stream);
+  record.ticket = st == streams_.end() ? 0 : st->second.submitted;
+  record.seq = ++record_seq_;
+  records_.push_back(record);
+}
 
 absl::Status HostBackend::Advise(void* ptr, std::size_t bytes, Advice advice, Location location) {
   MutexLock l(&mu_);
@@ -263,6 +271,15 @@ absl::Status HostBackend::Place(PlacementRecord::Op op, absl::Span<const Range> 
   if (auto st = FindStream(stream); !st.ok()) return st.status();
   for (const Range& r : ranges) {
     auto it = --managed_.upper_bound(reinterpret_cast<std::uintptr_t>(r.ptr));
+    if (op != PlacementRecord::Op::kPrefetch) {
+      // The contents of discarded pages are gone: zero-filled when next read.
+      const std::uintptr_t lo = reinterpret_cast<std::uintptr_t>(r.ptr) - it->first;
+      const std::uintptr_t first = (lo + kHostPage - 1) / kHostPage * kHostPage;
+      const std::uintptr_t last = (lo + r.bytes) / kHostPage * kHostPage;
+      if (first < last) {
+        madvise(reinterpret_cast<void*>(it->first + first), last - first, MADV_DONTNEED);
+      }
+    }
     if (it->second.reserved) {
       PopulatePages(it->second, it->first, r, op, location);
     }
@@ -274,6 +291,30 @@ absl::Status HostBackend::Place(PlacementRecord::Op op, absl::Span<const Range> 
     Record({op, r.ptr, r.bytes, Advice::kSetReadMostly, location, stream, batched});
   }
   return absl::OkStatus();
+}
+
+int HostBackend::PageLocation(const void* ptr) const {
+  MutexLock l(&mu_);
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = managed_.upper_bound(p);
+  if (it == managed_.begin()) return kPageUnpopulated;
+  --it;
+  if (p >= it->first + it->second.bytes || !it->second.reserved) return kPageUnpopulated;
+  return it->second.page_device[(p - it->first) / kHostPage];
+}
+
+std::size_t HostBackend::PopulatedBytes(int device) const {
+  MutexLock l(&mu_);
+  std::size_t bytes = 0;
+  for (const auto& [base, a] : managed_) {
+    if (a.device != device) continue;
+    if (!a.reserved) {
+      bytes += a.bytes;
+      continue;
+    }
+    for (int d : a.page_device) bytes += d == kPageUnpopulated ? 0 : kHostPage;
+  }
+  return bytes;
 }
 
 absl::Status HostBackend::Prefetch(void* ptr, std::size_t bytes, Location location,
@@ -319,9 +360,22 @@ std::vector<PlacementRecord> HostBackend::Records() const {
   return records_;
 }
 
+std::vector<StreamWaitRecord> HostBackend::Waits() const {
+  MutexLock l(&mu_);
+  return waits_;
+}
+
 void HostBackend::ClearRecords() {
   MutexLock l(&mu_);
   records_.clear();
+  waits_.clear();
+}
+
+std::pair<std::int64_t, std::int64_t> HostBackend::StreamPosition(Stream stream) {
+  MutexLock l(&mu_);
+  auto st = FindStream(stream);
+  if (!st.ok()) return {0, 0};
+  return {(*st)->submitted, (*st)->completed};
 }
 
 // ---------------------------------------------------------------- streams/events
@@ -466,9 +520,13 @@ absl::Status HostBackend::StreamWaitEvent(Stream stream, Event event) {
   MutexLock l(&mu_);
   Count("StreamWaitEvent");
   if (auto st = FindStream(stream); !st.ok()) return st.status();
-  if (!events_.contains(event)) {
+  auto ev = events_.find(event);
+  if (ev == events_.end()) {
     return absl::InvalidArgumentError(
         absl::StrFormat("StreamWaitEvent: unknown event 0x%x", event));
+  }
+  if (ev->second.recorded) {
+    waits_.push_back({stream, ev->second.stream, ev->second.ticket, ++record_seq_});
   }
   return absl::OkStatus();
 }

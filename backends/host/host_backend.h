@@ -49,7 +49,24 @@ struct PlacementRecord {
   Location location;   // target (advise/prefetch); unused for kDiscard
   Stream stream;
   bool batched;        // came through a *Batch call
+  // The stream's position when the call was made: the call runs once the
+  // stream has completed this much work (a discard queued behind a kernel).
+  std::int64_t ticket = 0;
+  std::uint64_t seq = 0;  // order among records and waits
 };
+
+// One StreamWaitEvent call: `stream`'s later work waits until `on` has
+// completed `ticket` units (the event's captured position).
+struct StreamWaitRecord {
+  Stream stream;
+  Stream on;
+  std::int64_t ticket;
+  std::uint64_t seq;  // order among records and waits
+};
+
+// Where one 2 MiB page of reserved managed memory is (PageLocation).
+inline constexpr int kPageUnpopulated = -1;
+inline constexpr int kPageOnHost = -2;
 
 // Live resources, for leak checks at teardown.
 struct HostResourceCounts {
@@ -142,8 +159,20 @@ class HostBackend final : public Backend {
   absl::Status CompleteWork(Stream stream);
   // Number of enqueued-but-incomplete work units on `stream`.
   std::int64_t PendingWork(Stream stream);
+  // Placement calls and stream waits since the last ClearRecords. A discard
+  // really throws the contents of the wholly covered pages away (they read
+  // as zeros afterwards), as a GPU's does.
   std::vector<PlacementRecord> Records() const;
+  std::vector<StreamWaitRecord> Waits() const;
   void ClearRecords();
+  // Work units enqueued on / completed by `stream` so far.
+  std::pair<std::int64_t, std::int64_t> StreamPosition(Stream stream);
+  // A device number, kPageOnHost or kPageUnpopulated for the 2 MiB page
+  // holding `ptr` of a ReserveManaged range; kPageUnpopulated elsewhere.
+  int PageLocation(const void* ptr) const;
+  // Bytes `device`'s managed memory holds populated on the device or moved
+  // to the host: what a caching allocator's reserved bytes should count.
+  std::size_t PopulatedBytes(int device) const;
   HostResourceCounts LiveResources() const;
   // Calls of one method name so far ("AllocateManaged", "RecordEvent", ...).
   std::int64_t CallCount(const std::string& method) const;
@@ -167,8 +196,8 @@ class HostBackend final : public Backend {
     int device;
     std::size_t bytes;
     RangeAttributes attributes;
-    // ReserveManaged only: per 2 MiB page, the device it is populated on
-    // (-1: not on any device).
+    // ReserveManaged only: per 2 MiB page, the device it is populated on,
+    // kPageOnHost or kPageUnpopulated.
     bool reserved = false;
     std::vector<int> page_device;
   };
@@ -216,6 +245,8 @@ class HostBackend final : public Backend {
   std::map<std::uintptr_t, Mapping> mappings_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<MulticastHandle, std::vector<int>> multicast_ ABSL_GUARDED_BY(mu_);
   std::vector<PlacementRecord> records_ ABSL_GUARDED_BY(mu_);
+  std::vector<StreamWaitRecord> waits_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t record_seq_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, std::int64_t> calls_ ABSL_GUARDED_BY(mu_);
   std::uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 };

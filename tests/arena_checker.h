@@ -1,0 +1,168 @@
+// ArenaChecker: a randomized differential test of CachingManagedAllocator on
+// the host backend, with a shadow model of every stream's outstanding work.
+//
+// A step language (alloc, free, work/complete on a stream, record_stream,
+// empty_cache, memory fraction, move, mark disposable, sleep, wake, forget
+// and destroy a stream) is driven by a StepSource: a seeded generator in the
+// test suite, the fuzzer's bytes in fuzz/. After every step the checker
+// asserts:
+//  * the allocator's own CheckInvariants;
+//  * reserved bytes equal the bytes the backend itself holds populated
+//    (while awake, with prefetch on allocation);
+//  * no block is handed out over a live allocation, or while another stream
+//    may still use it (its last use there has not completed);
+//  * no page is discarded under a live allocation (except what Sleep and a
+//    contents-dead Move may discard) or before another stream's last use of
+//    it completed, and no page is populated by one stream before another
+//    stream's discard of it has run or been waited for;
+//  * a live block's pages are on the device it was allocated for;
+//  * the tag written into each allocation is intact when it is freed (the
+//    host backend zero-fills discarded pages, as a GPU loses them).
+//
+// Thread safety: one checker per thread; it owns its backend and allocator.
+// Errors: Step and Finish return kFailedPrecondition naming the violated
+// rule and the step; log() has the recent steps to reproduce it.
+#ifndef CMA_TESTS_ARENA_CHECKER_H_
+#define CMA_TESTS_ARENA_CHECKER_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "allocator/caching_managed_allocator.h"
+#include "backends/host/host_backend.h"
+
+namespace cma {
+
+// Where the checker's choices come from.
+class StepSource {
+ public:
+  virtual ~StepSource() = default;
+  // A number in [0, bound); bound > 0.
+  virtual std::uint32_t Next(std::uint32_t bound) = 0;
+};
+
+class SeededSource final : public StepSource {
+ public:
+  explicit SeededSource(std::uint64_t seed) : rng_(seed) {}
+  std::uint32_t Next(std::uint32_t bound) override {
+    return static_cast<std::uint32_t>(rng_() % bound);
+  }
+
+ private:
+  std::mt19937_64 rng_;
+};
+
+// Reads the choices from a byte string (libFuzzer's input); zeros past its end.
+class ByteSource final : public StepSource {
+ public:
+  ByteSource(const std::uint8_t* data, std::size_t size) : p_(data), n_(size) {}
+  std::uint32_t Next(std::uint32_t bound) override;
+  bool exhausted() const { return n_ == 0; }
+
+ private:
+  const std::uint8_t* p_;
+  std::size_t n_;
+};
+
+class ArenaChecker {
+ public:
+  // `config` is CMA_ALLOC_CONF text; the emulated device has `capacity` bytes.
+  static absl::StatusOr<std::unique_ptr<ArenaChecker>> Create(absl::string_view config,
+                                                              std::size_t capacity);
+  ~ArenaChecker();
+
+  // One random step and every check after it.
+  absl::Status Step(StepSource& in);
+  // Frees everything (checking each tag), completes all work, empties the
+  // cache, and checks that nothing stays populated or leaks.
+  absl::Status Finish();
+  // The most recent steps, one per line.
+  std::string log() const;
+  int steps() const { return steps_; }
+
+ private:
+  struct Live {
+    std::size_t size;
+    Stream stream;
+    std::vector<Stream> uses;  // RecordStream
+    std::uint64_t tag;
+    bool disposable = false;
+    bool dead = false;  // contents legitimately thrown away
+    bool away = false;  // moved off its device or asleep
+  };
+  struct Use {  // a freed block's last use by one stream
+    std::uintptr_t lo, hi;
+    Stream stream;
+    std::int64_t ticket;
+  };
+  struct PendingDiscard {
+    std::uintptr_t lo, hi;
+    Stream stream;
+    std::int64_t ticket;
+  };
+
+  ArenaChecker() = default;
+  absl::Status Violation(absl::string_view what) const;
+  void Note(std::string line);
+
+  absl::Status DoAlloc(StepSource& in);
+  absl::Status DoFree(std::uintptr_t p);
+  absl::Status DoMove(StepSource& in);
+  absl::Status DoSleep(Stream s);
+  absl::Status DoForget(StepSource& in);
+  absl::Status AfterStep();
+
+  // Whether work on `s` is ordered after `on` reaching `ticket`: the same
+  // stream, completed already, or a GPU-side wait for it.
+  bool Ordered(Stream s, Stream on, std::int64_t ticket);
+  bool Completed(Stream on, std::int64_t ticket);
+  std::int64_t Submitted(Stream s);
+  // Checks the backend calls made since the last step, in order.
+  absl::Status CheckCalls();
+  absl::Status CheckDiscard(std::uintptr_t lo, std::uintptr_t hi, Stream x, std::int64_t ticket,
+                            bool then_populate);
+  absl::Status CheckPopulation(std::uintptr_t lo, std::uintptr_t hi, Stream s);
+  void Prune();
+  // With prefetch on allocation in an arena, the whole pages of a live
+  // allocation (or of every one) that is not away are on device 0.
+  absl::Status CheckResident(std::uintptr_t p, std::size_t size) const;
+  absl::Status CheckResident() const;
+  void WriteTag(std::uintptr_t p, const Live& l);
+  bool TagIntact(std::uintptr_t p, const Live& l) const;
+  Stream PickStream(StepSource& in) const;
+  std::uintptr_t PickLive(StepSource& in) const;
+
+  std::unique_ptr<HostBackend> backend_;
+  std::unique_ptr<CachingManagedAllocator> alloc_;
+  bool check_placement_ = false;  // arena mode with prefetch on allocation
+  std::size_t capacity_ = 0;
+  std::vector<Stream> streams_;
+  std::map<std::uintptr_t, Live> live_;
+  std::vector<Use> retired_;
+  std::vector<PendingDiscard> discards_;
+  absl::flat_hash_map<std::pair<Stream, Stream>, std::int64_t> waited_;
+  // A step that may discard live allocations: which (Sleep and Wake: the
+  // disposable ones, Sleep only after their streams' work; a contents-dead
+  // Move: the moved one).
+  enum class Discarding { kNone, kSleep, kWake };
+  Discarding discarding_ = Discarding::kNone;
+  std::uintptr_t dead_move_ = 0;
+  bool asleep_ = false;
+  std::uint64_t next_tag_ = 1;
+  int steps_ = 0;
+  std::deque<std::string> log_;
+};
+
+}  // namespace cma
+
+#endif  // CMA_TESTS_ARENA_CHECKER_H_

@@ -1,0 +1,57 @@
+// The randomized differential checker (tests/arena_checker.h) with fixed
+// seeds over the allocator's configurations. CMA_CHECKER_STEPS overrides the
+// steps per run (default 2500); a failure prints the recent steps.
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/arena_checker.h"
+
+namespace cma {
+namespace {
+
+int StepsPerRun() {
+  const char* env = std::getenv("CMA_CHECKER_STEPS");
+  return env != nullptr ? std::atoi(env) : 2500;
+}
+
+struct Case {
+  const char* name;
+  const char* config;
+};
+
+class ArenaCheckerTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ArenaCheckerTest, FindsNothingOverFixedSeeds) {
+  const Case& c = GetParam();
+  for (std::uint64_t seed : {1, 2, 3}) {
+    auto checker = ArenaChecker::Create(c.config, std::size_t{256} << 20);
+    ASSERT_TRUE(checker.ok()) << checker.status();
+    SeededSource in(seed * 7919 + std::hash<std::string>()(c.name));
+    const int steps = StepsPerRun();
+    for (int i = 0; i < steps; ++i) {
+      absl::Status s = (*checker)->Step(in);
+      ASSERT_TRUE(s.ok()) << "config '" << c.config << "' seed " << seed << "\n" << s.message();
+    }
+    absl::Status s = (*checker)->Finish();
+    ASSERT_TRUE(s.ok()) << "config '" << c.config << "' seed " << seed << "\n" << s.message();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, ArenaCheckerTest,
+    ::testing::Values(Case{"default", ""}, Case{"slack", "idle_page_slack:0.1"},
+                      Case{"strict", "idle_page_slack:0"},
+                      Case{"discard_on_free", "discard_on_free:1"},
+                      Case{"release_threshold", "release_threshold:16M"},
+                      Case{"small_arenas", "arena_size:16M"},
+                      Case{"gc", "garbage_collection_threshold:0.5,arena_size:32M"},
+                      Case{"power2", "roundup_power2_divisions:4"},
+                      Case{"no_prefetch", "prefetch:none"},
+                      Case{"classic", "segments:classic"},
+                      Case{"classic_discard", "segments:classic,discard_on_free:1"}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace cma
