@@ -376,11 +376,11 @@ void DeviceAllocator::BecameFree(Block* b, bool keep_recent) {
   UpdateStat(stats_.active_bytes, b->size_class, -static_cast<std::int64_t>(b->size));
   if (b->segment->arena) ReleasePages(b);
   if (ABSL_PREDICT_FALSE(b->pages_discarded)) {
-    // A Sleep discarded its pages on sleep_stream_: whoever populates them
+    // A Sleep discarded its pages on sleep_wake_stream_: whoever populates them
     // next is ordered after that (the block's stream waits for it), and
     // the page map learns they hold nothing.
     b->pages_discarded = false;
-    (void)OrderAfter(b->stream, sleep_stream_);
+    (void)OrderAfter(b->stream, sleep_wake_stream_);
     if (b->segment->arena) DiscardPagesInside(b, /*already_discarded=*/true);
   }
   OnFreed(b);

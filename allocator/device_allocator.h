@@ -283,9 +283,11 @@ class DeviceAllocator {
   std::uint64_t free_seq_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<Stream, std::uint64_t> idle_through_ ABSL_GUARDED_BY(mu_);
   Stream last_stream_ ABSL_GUARDED_BY(mu_) = kDefaultStream;  // last validated
-  // The stream the last Sleep's discards were queued on: Wake, and the free
-  // of a block whose pages it discarded, are ordered after it.
-  Stream sleep_stream_ ABSL_GUARDED_BY(mu_) = kDefaultStream;
+  // The stream of the last Sleep or Wake. Each Sleep and Wake is ordered
+  // after the one before (a Sleep's discards after the last Wake's
+  // repopulation, a Wake after the Sleep), and so are the free or Move of a
+  // block whose pages a Sleep discarded.
+  Stream sleep_wake_stream_ ABSL_GUARDED_BY(mu_) = kDefaultStream;
   DeviceStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -160,7 +160,7 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
   // Pages a Sleep discarded are populated again only after that discard.
   for (Block* b : blocks) {
     if (!b->pages_discarded || target.is_host()) continue;
-    if (absl::Status w = OrderAfter(stream, sleep_stream_); !w.ok()) {
+    if (absl::Status w = OrderAfter(stream, sleep_wake_stream_); !w.ok()) {
       return absl::Status(w.code(), absl::StrCat("cma: move could not order after the sleep: ",
                                                  w.message()));
     }
@@ -217,6 +217,9 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream) {
       if (u != stream) users.insert(u);
     }
   }
+  // And after the last Wake, whose repopulation these discards must follow.
+  users.insert(sleep_wake_stream_);
+  users.erase(stream);
   for (Stream u : users) {
     // Unordered, the discard below could run before a kernel's last use.
     if (absl::Status w = OrderAfter(stream, u); !w.ok()) {
@@ -254,7 +257,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream) {
     b->location = Location::Host();
     b->pages_discarded = b->disposable && b->segment->arena;
   }
-  sleep_stream_ = stream;
+  sleep_wake_stream_ = stream;
   stats_.moves += static_cast<std::int64_t>(kept.size());
   // The cache sleeps too: idle memory goes back (arena pages by discard,
   // stream-ordered), so the device holds nothing of this allocator's.
@@ -268,7 +271,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
   MutexLock l(&mu_);
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
   // Ordered after the Sleep, whichever stream each was given.
-  if (absl::Status w = OrderAfter(stream, sleep_stream_); !w.ok()) {
+  if (absl::Status w = OrderAfter(stream, sleep_wake_stream_); !w.ok()) {
     return absl::Status(w.code(), absl::StrCat("cma: wake could not order after the sleep: ",
                                                w.message()));
   }
@@ -294,6 +297,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
     b->location = here;
     b->pages_discarded = false;
   }
+  sleep_wake_stream_ = stream;
   stats_.moves += static_cast<std::int64_t>(woken);
   return bytes;
 }

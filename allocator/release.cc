@@ -130,7 +130,7 @@ absl::Status DeviceAllocator::ForgetStream(Stream stream) {
   known_streams_.erase(stream);
   idle_through_.erase(stream);
   if (last_stream_ == stream) last_stream_ = kDefaultStream;
-  if (sleep_stream_ == stream) sleep_stream_ = kDefaultStream;  // its discards ran
+  if (sleep_wake_stream_ == stream) sleep_wake_stream_ = kDefaultStream;  // its discards ran
   CoalesceUnmerged();
   return absl::OkStatus();
 }

@@ -159,16 +159,27 @@ absl::Status ArenaChecker::CheckPopulation(std::uintptr_t lo, std::uintptr_t hi,
   return absl::OkStatus();
 }
 
+void ArenaChecker::AddWait(const StreamWaitRecord& w) {
+  // Ordering is transitive: what `on` waited for before the event was
+  // recorded, the waiter now waits for too.
+  std::vector<std::pair<Stream, std::int64_t>> inherited;
+  for (const auto& [key, ticket] : waited_) {
+    if (key.first == w.on && key.second != w.stream) inherited.push_back({key.second, ticket});
+  }
+  inherited.push_back({w.on, w.ticket});
+  for (const auto& [on, ticket] : inherited) {
+    std::int64_t& t = waited_[{w.stream, on}];
+    t = std::max(t, ticket);
+  }
+}
+
 absl::Status ArenaChecker::CheckCalls() {
   std::vector<PlacementRecord> records = backend_->Records();
   std::vector<StreamWaitRecord> waits = backend_->Waits();
   backend_->ClearRecords();
   std::size_t w = 0;
   for (const PlacementRecord& r : records) {
-    for (; w < waits.size() && waits[w].seq < r.seq; ++w) {
-      std::int64_t& t = waited_[{waits[w].stream, waits[w].on}];
-      t = std::max(t, waits[w].ticket);
-    }
+    for (; w < waits.size() && waits[w].seq < r.seq; ++w) AddWait(waits[w]);
     const auto lo = reinterpret_cast<std::uintptr_t>(r.ptr);
     const std::uintptr_t hi = lo + r.bytes;
     if (std::getenv("CMA_CHECKER_TRACE") != nullptr) {
@@ -189,10 +200,7 @@ absl::Status ArenaChecker::CheckCalls() {
     }
     if (!s.ok()) return s;
   }
-  for (; w < waits.size(); ++w) {
-    std::int64_t& t = waited_[{waits[w].stream, waits[w].on}];
-    t = std::max(t, waits[w].ticket);
-  }
+  for (; w < waits.size(); ++w) AddWait(waits[w]);
   return absl::OkStatus();
 }
 

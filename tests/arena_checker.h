@@ -129,6 +129,7 @@ class ArenaChecker {
   std::int64_t Submitted(Stream s);
   // Checks the backend calls made since the last step, in order.
   absl::Status CheckCalls();
+  void AddWait(const StreamWaitRecord& w);
   absl::Status CheckDiscard(std::uintptr_t lo, std::uintptr_t hi, Stream x, std::int64_t ticket,
                             bool then_populate);
   absl::Status CheckPopulation(std::uintptr_t lo, std::uintptr_t hi, Stream s);
