@@ -39,7 +39,7 @@ struct Block {
   // The contents may be thrown away while the owner sleeps (a KV cache):
   // set per allocation, cleared when it is freed.
   bool disposable = false;
-  // Allocated arena blocks: Sleep discarded the whole pages inside (a
+  // Allocated blocks: Sleep discarded the whole pages inside (a
   // disposable block); they hold nothing until Wake or a Move to a device
   // repopulates them, or the free forgets them.
   bool pages_discarded = false;

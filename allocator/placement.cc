@@ -255,7 +255,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream) {
     // free brings its pages back to the device.
     b->placed = true;
     b->location = Location::Host();
-    b->pages_discarded = b->disposable && b->segment->arena;
+    b->pages_discarded = b->disposable;
   }
   sleep_wake_stream_ = stream;
   stats_.moves += static_cast<std::int64_t>(kept.size());

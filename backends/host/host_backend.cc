@@ -373,9 +373,9 @@ void HostBackend::ClearRecords() {
 
 std::pair<std::int64_t, std::int64_t> HostBackend::StreamPosition(Stream stream) {
   MutexLock l(&mu_);
-  auto st = FindStream(stream);
-  if (!st.ok()) return {0, 0};
-  return {(*st)->submitted, (*st)->completed};
+  StreamState* st = Settled(stream);
+  if (st == nullptr) return {0, 0};
+  return {st->submitted, st->completed};
 }
 
 // ---------------------------------------------------------------- streams/events
@@ -425,6 +425,7 @@ absl::StatusOr<bool> HostBackend::QueryStream(Stream stream) {
   Count("QueryStream");
   auto st = FindStream(stream);
   if (!st.ok()) return st.status();
+  Settle(**st);
   return (*st)->completed >= (*st)->submitted;
 }
 
@@ -445,14 +446,55 @@ absl::Status HostBackend::CompleteWork(Stream stream) {
 absl::Status HostBackend::CompleteLocked(Stream stream) {
   auto st = FindStream(stream);
   if (!st.ok()) return st.status();
-  (*st)->completed = (*st)->submitted;
+  CompleteUpTo(stream, (*st)->submitted);
   return absl::OkStatus();
+}
+
+void HostBackend::CompleteUpTo(Stream stream, std::int64_t ticket, int depth) {
+  auto st = streams_.find(stream);
+  if (st == streams_.end() || st->second.completed >= ticket) return;
+  StreamState& s = st->second;
+  while (!s.waits.empty() && s.waits.begin()->first <= ticket) {
+    const auto [on, on_ticket] = s.waits.begin()->second;
+    s.waits.erase(s.waits.begin());
+    // Waits refer to earlier positions, so this ends; the bound is a guard.
+    if (depth < 64) CompleteUpTo(on, on_ticket, depth + 1);
+  }
+  s.completed = std::max(s.completed, ticket);
+}
+
+void HostBackend::Settle(StreamState& s, int depth) {
+  while (s.completed < s.submitted) {
+    const std::int64_t unit = s.completed + 1;
+    auto w = s.waits.find(unit);
+    if (w == s.waits.end()) return;  // ordinary work: CompleteWork finishes it
+    const auto [on_stream, ticket] = w->second;
+    auto on = streams_.find(on_stream);
+    if (on != streams_.end() && on->second.completed < ticket) {
+      // Two streams may wait on each other's earlier positions: the bound
+      // guards the recursion, which may also settle `s` itself.
+      if (depth < 64) Settle(on->second, depth + 1);
+      on = streams_.find(on_stream);
+      if (on != streams_.end() && on->second.completed < ticket) return;
+    }
+    if (s.completed + 1 == unit) {
+      s.waits.erase(unit);
+      ++s.completed;
+    }
+  }
+}
+
+HostBackend::StreamState* HostBackend::Settled(Stream stream) {
+  auto st = streams_.find(stream);
+  if (st == streams_.end()) return nullptr;
+  Settle(st->second);
+  return &st->second;
 }
 
 std::int64_t HostBackend::PendingWork(Stream stream) {
   MutexLock l(&mu_);
-  auto st = FindStream(stream);
-  return st.ok() ? (*st)->submitted - (*st)->completed : 0;
+  StreamState* st = Settled(stream);
+  return st != nullptr ? st->submitted - st->completed : 0;
 }
 
 absl::StatusOr<Event> HostBackend::CreateEvent(int device) {
@@ -496,9 +538,9 @@ absl::StatusOr<bool> HostBackend::QueryEvent(Event event) {
     return absl::InvalidArgumentError(absl::StrFormat("QueryEvent: unknown event 0x%x", event));
   }
   if (!it->second.recorded) return true;  // as CUDA: an unrecorded event is complete
-  auto st = streams_.find(it->second.stream);
+  StreamState* st = Settled(it->second.stream);
   // A destroyed stream's work is considered finished.
-  return st == streams_.end() || st->second.completed >= it->second.ticket;
+  return st == nullptr || st->completed >= it->second.ticket;
 }
 
 absl::Status HostBackend::SynchronizeEvent(Event event) {
@@ -509,24 +551,30 @@ absl::Status HostBackend::SynchronizeEvent(Event event) {
     return absl::InvalidArgumentError(
         absl::StrFormat("SynchronizeEvent: unknown event 0x%x", event));
   }
-  auto st = streams_.find(it->second.stream);
-  if (it->second.recorded && st != streams_.end() && st->second.completed < it->second.ticket) {
-    st->second.completed = it->second.ticket;  // the "device" finishes that work
-  }
+  // The "device" finishes that work.
+  if (it->second.recorded) CompleteUpTo(it->second.stream, it->second.ticket);
   return absl::OkStatus();
 }
 
 absl::Status HostBackend::StreamWaitEvent(Stream stream, Event event) {
   MutexLock l(&mu_);
   Count("StreamWaitEvent");
-  if (auto st = FindStream(stream); !st.ok()) return st.status();
+  auto st = FindStream(stream);
+  if (!st.ok()) return st.status();
   auto ev = events_.find(event);
   if (ev == events_.end()) {
     return absl::InvalidArgumentError(
         absl::StrFormat("StreamWaitEvent: unknown event 0x%x", event));
   }
-  if (ev->second.recorded) {
-    waits_.push_back({stream, ev->second.stream, ev->second.ticket, ++record_seq_});
+  if (!ev->second.recorded) return absl::OkStatus();
+  waits_.push_back({stream, ev->second.stream, ev->second.ticket, ++record_seq_});
+  // Work queued on `stream` from now on completes only after the event's:
+  // a unit of its own that the other stream's progress completes.
+  StreamState* on = Settled(ev->second.stream);
+  if (on != nullptr && on->completed < ev->second.ticket && ev->second.stream != stream) {
+    StreamState& s = **st;
+    s.waits[++s.submitted] = {ev->second.stream, ev->second.ticket};
+    Advance(s);
   }
   return absl::OkStatus();
 }

@@ -185,6 +185,10 @@ class HostBackend final : public Backend {
     int device;  // -1 for the default stream (valid everywhere)
     std::int64_t submitted = 0;
     std::int64_t completed = 0;
+    // Units of work that are waits (StreamWaitEvent) on another stream's
+    // position: unit number -> (stream, ticket). A wait completes by itself
+    // once that stream gets there; later units cannot complete before it.
+    std::map<std::int64_t, std::pair<Stream, std::int64_t>> waits;
   };
   struct EventState {
     int device;
@@ -229,6 +233,14 @@ class HostBackend final : public Backend {
                      Stream stream, bool batched, const char* call)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CompleteLocked(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes `stream`'s work up to unit `ticket`, and what its waits there
+  // wait for, as a device that ran it would have.
+  void CompleteUpTo(Stream stream, std::int64_t ticket, int depth = 0)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes the leading waits whose streams have got where they wait for.
+  void Settle(StreamState& s, int depth = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `stream` settled, or nullptr once it is destroyed.
+  StreamState* Settled(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Advance(StreamState& s) const;  // immediate mode completes at once
   void DropPhysical(absl::flat_hash_map<PhysicalHandle, PhysicalMemory>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
