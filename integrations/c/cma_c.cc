@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "allocator/caching_managed_allocator.h"
 #include "backends/registry.h"
@@ -141,6 +142,20 @@ int cma_device_count(void) {
 
 const char* cma_last_error(void) { return last_error.c_str(); }
 int cma_last_error_code(void) { return last_error_code; }
+
+int cma_mem_info(int device, size_t* free_bytes, size_t* total_bytes) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  if (device < 0 || device >= a->device_count()) {
+    return Fail(absl::InvalidArgumentError(absl::StrFormat(
+        "cma_mem_info: invalid device %d (%d devices)", device, a->device_count())));
+  }
+  absl::StatusOr<cma::MemInfo> m = a->backend().GetMemInfo(device);
+  if (!m.ok()) return Fail(m.status());
+  if (free_bytes != nullptr) *free_bytes = m->free_bytes;
+  if (total_bytes != nullptr) *total_bytes = m->total_bytes;
+  return 0;
+}
 
 void* cma_malloc(size_t size, int device, void* stream) {
   CachingManagedAllocator* a = Get();

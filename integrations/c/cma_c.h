@@ -29,6 +29,8 @@ int cma_init(const char* config, const char* backend);
 void cma_shutdown(void);
 const char* cma_backend_name(void);
 int cma_device_count(void);
+/* The device's free and total memory as its backend reports them. */
+int cma_mem_info(int device, size_t* free_bytes, size_t* total_bytes);
 const char* cma_last_error(void);
 /* The kind of the last failure, as absl::StatusCode numbers: 3 invalid
  * argument, 5 not found, 8 out of memory (resource exhausted), ... */

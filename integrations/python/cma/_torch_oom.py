@@ -19,6 +19,8 @@ _SOURCE = r"""
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iomanip>
+#include <string>
 #include <utility>
 
 // cudaStream_t as CUDA declares it, without CUDA's headers.
@@ -30,7 +32,9 @@ namespace {
 using AllocFn = void* (*)(size_t, int, void*);
 using ErrorFn = const char* (*)();
 using CodeFn = int (*)();
+using MemInfoFn = int (*)(int, size_t*, size_t*);
 AllocFn g_alloc = nullptr;
+MemInfoFn g_mem_info = nullptr;
 ErrorFn g_error = nullptr;
 CodeFn g_code = nullptr;
 constexpr int kResourceExhausted = 8;  // absl::StatusCode
@@ -39,10 +43,22 @@ constexpr int kResourceExhausted = 8;  // absl::StatusCode
 extern "C" void* cma_torch_alloc_checked(size_t size, int device, void* stream) {
   void* p = g_alloc(size, device, stream);
   if (p == nullptr && size != 0) {
-    const char* why = g_error();
-    if (g_code() == kResourceExhausted) {
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (caching_managed_allocator). ",
-                       why);
+    // Copied now: the next cma call on this thread replaces the message.
+    const std::string why = g_error();
+    const int code = g_code();
+    size_t free_bytes = 0, total_bytes = 0;
+    const bool known = g_mem_info(device, &free_bytes, &total_bytes) == 0;
+    // Like PyTorch's own allocator, any request the device cannot hold is
+    // an out-of-memory error: over the budget, or larger than the device.
+    if (code == kResourceExhausted || (known && size > total_bytes)) {
+      constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate ",
+                       c10::str(std::fixed, std::setprecision(2), size / kGiB), " GiB. GPU ",
+                       device, " has a total capacity of ",
+                       c10::str(std::fixed, std::setprecision(2), total_bytes / kGiB),
+                       " GiB of which ",
+                       c10::str(std::fixed, std::setprecision(2), free_bytes / kGiB),
+                       " GiB is free. (caching_managed_allocator) ", why);
     }
     TORCH_CHECK(false, "caching_managed_allocator: allocation of ", size, " bytes on device ",
                 device, " failed: ", why);
@@ -70,10 +86,11 @@ int64_t graph_hook(int64_t which) {
   }
 }
 
-int64_t bind(int64_t alloc, int64_t error, int64_t code) {
+int64_t bind(int64_t alloc, int64_t error, int64_t code, int64_t mem_info) {
   g_alloc = reinterpret_cast<AllocFn>(alloc);
   g_error = reinterpret_cast<ErrorFn>(error);
   g_code = reinterpret_cast<CodeFn>(code);
+  g_mem_info = reinterpret_cast<MemInfoFn>(mem_info);
   return reinterpret_cast<int64_t>(&cma_torch_alloc_checked);
 }
 """
@@ -95,10 +112,10 @@ def checked_alloc_fn(lib):
         try:
             from torch.utils import cpp_extension
             mod = cpp_extension.load_inline(
-                name="cma_torch_shim", cpp_sources=_SOURCE, functions=["bind", "graph_hook"],
+                name="cma_torch_shim_v2", cpp_sources=_SOURCE, functions=["bind", "graph_hook"],
                 extra_cflags=["-O2"], verbose=False)
             _checked = mod.bind(_address(lib, "cma_torch_alloc"), _address(lib, "cma_last_error"),
-                                _address(lib, "cma_last_error_code"))
+                                _address(lib, "cma_last_error_code"), _address(lib, "cma_mem_info"))
             _hooks.extend(mod.graph_hook(i) for i in range(3))
         except Exception as e:  # noqa: BLE001 - any build failure falls back, loudly
             warnings.warn("cma.torch: could not build the out-of-memory shim (%s); an "

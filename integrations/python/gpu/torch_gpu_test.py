@@ -56,6 +56,21 @@ def test_out_of_memory_raises_torch_out_of_memory_error(route):
     assert r["after_ok"] and r["keep_ok"], r
 
 
+@pytest.mark.parametrize("case", ["too_large", "pytorch_huge", "budget", "bad_device"])
+def test_every_failed_allocation_raises_and_the_process_goes_on(case):
+    r = run_script("error_route.py", case)
+    RESULTS.setdefault("errors", {})[case] = r
+    assert r["after_ok"], r
+    if case == "bad_device":  # PyTorch checks the device before any allocator
+        assert r["type"] is not None, r
+        return
+    # As PyTorch's own allocator: any request the device cannot hold.
+    assert r["type"] == "torch.OutOfMemoryError", r
+    assert "Tried to allocate" in r["message"] and "total capacity" in r["message"], r
+    if case == "pytorch_huge":
+        assert "Tried to allocate 800000000.00 GiB" in r["message"], r
+
+
 @pytest.mark.parametrize("route", ["default", "pool"])
 def test_cuda_graphs_match_eager_or_are_refused_clearly(route):
     r = run_script("graph_route.py", route, timeout=600)
