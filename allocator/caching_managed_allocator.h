@@ -80,8 +80,14 @@ class CachingManagedAllocator {
   // those marked disposable (a KV cache) are discarded instead; same
   // addresses, nothing re-created, and the device memory is reclaimable by
   // the driver (another process's cudaMalloc can take it). Wake brings
-  // them back, disposable ones populated rather than migrated. The caller
-  // synchronises `stream` before relying on either. Returns the bytes.
+  // them back, disposable ones populated rather than migrated. Ordering,
+  // all on the GPU with no host sync: Sleep runs after the work already
+  // queued on every stream that uses an allocation (its own and those named
+  // by RecordStream) and after the last Wake; Wake runs after the Sleep, and
+  // work queued later on any of those streams runs after the Wake. The host
+  // synchronises `stream` before it touches the data. Discards take whole
+  // 2 MiB pages only: a disposable block's partial edge pages are migrated
+  // with the kept data. Returns the bytes.
   absl::Status SetDisposable(void* ptr, bool disposable);
   absl::StatusOr<std::size_t> Sleep(int device, Stream stream);
   absl::StatusOr<std::size_t> Wake(int device, Stream stream);

@@ -299,6 +299,21 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
   }
   sleep_wake_stream_ = stream;
   stats_.moves += static_cast<std::int64_t>(woken);
+  // Work queued later on any stream that uses an allocation runs after the
+  // wake: it sees its data in place without a host sync.
+  absl::flat_hash_set<Stream> users;
+  for (auto& [addr, b] : allocated_) {
+    users.insert(b->stream);
+    users.insert(b->stream_uses.begin(), b->stream_uses.end());
+  }
+  users.erase(stream);
+  for (Stream u : users) {
+    // The placement is done and recorded; the error says what is unordered.
+    if (absl::Status w = OrderAfter(u, stream); !w.ok()) {
+      return absl::Status(w.code(), absl::StrCat("cma: wake could not order a stream that uses "
+                                                 "an allocation after it: ", w.message()));
+    }
+  }
   return bytes;
 }
 
