@@ -39,8 +39,11 @@ static void Try(const char* what, size_t lo, size_t hi) {
   cudaDeviceSynchronize();
   void* ptrs[1] = {reinterpret_cast<char*>(p) + lo};
   size_t sizes[1] = {hi - lo};
-  cudaError_t e = cudaMemDiscardBatchAsync(ptrs, sizes, 1, 0, 0);
+  cudaStream_t s;  // the legacy default stream is refused (invalid argument)
+  cudaStreamCreate(&s);
+  cudaError_t e = cudaMemDiscardBatchAsync(ptrs, sizes, 1, 0, s);
   cudaDeviceSynchronize();
+  cudaStreamDestroy(s);
   cudaMemset(counts, 0, chunks * sizeof(unsigned));
   Count<<<chunks, 256>>>(p, words, 0xC0FFEEu, counts);
   std::vector<unsigned> h(chunks);

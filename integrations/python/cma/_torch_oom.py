@@ -19,7 +19,7 @@ _SOURCE = r"""
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <iomanip>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -43,25 +43,29 @@ constexpr int kResourceExhausted = 8;  // absl::StatusCode
 extern "C" void* cma_torch_alloc_checked(size_t size, int device, void* stream) {
   void* p = g_alloc(size, device, stream);
   if (p == nullptr && size != 0) {
-    // Copied now: the next cma call on this thread replaces the message.
-    const std::string why = g_error();
+    // Numbers are formatted here with snprintf and only strings reach
+    // TORCH_CHECK: formatting a number through an iostream in this process
+    // crashed on the GPU machine (two C++ runtimes' locale facets, it
+    // seems), so no number goes through one.
+    const std::string why = g_error();  // the next cma call replaces it
     const int code = g_code();
     size_t free_bytes = 0, total_bytes = 0;
     const bool known = g_mem_info(device, &free_bytes, &total_bytes) == 0;
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    char msg[512];
     // Like PyTorch's own allocator, any request the device cannot hold is
     // an out-of-memory error: over the budget, or larger than the device.
     if (code == kResourceExhausted || (known && size > total_bytes)) {
-      constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate ",
-                       c10::str(std::fixed, std::setprecision(2), size / kGiB), " GiB. GPU ",
-                       device, " has a total capacity of ",
-                       c10::str(std::fixed, std::setprecision(2), total_bytes / kGiB),
-                       " GiB of which ",
-                       c10::str(std::fixed, std::setprecision(2), free_bytes / kGiB),
-                       " GiB is free. (caching_managed_allocator) ", why);
+      std::snprintf(msg, sizeof(msg),
+                    "CUDA out of memory. Tried to allocate %.2f GiB. GPU %d has a total capacity "
+                    "of %.2f GiB of which %.2f GiB is free. (caching_managed_allocator) ",
+                    size / kGiB, device, total_bytes / kGiB, free_bytes / kGiB);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, std::string(msg), why);
     }
-    TORCH_CHECK(false, "caching_managed_allocator: allocation of ", size, " bytes on device ",
-                device, " failed: ", why);
+    std::snprintf(msg, sizeof(msg),
+                  "caching_managed_allocator: allocation of %zu bytes on device %d failed: ",
+                  size, device);
+    TORCH_CHECK(false, std::string(msg), why);
   }
   return p;
 }
@@ -70,9 +74,11 @@ extern "C" void* cma_torch_alloc_checked(size_t size, int device, void* stream) 
 // cache would reuse blocks behind a graph's back, so the default route
 // refuses capture before it begins (PyTorch calls this hook first).
 void cma_torch_begin_allocate_to_pool(int device, MempoolId, std::function<bool(cudaStream_t)>) {
+  char where[32];
+  std::snprintf(where, sizeof(where), "(device %d)", device);
   TORCH_CHECK(false, "caching_managed_allocator: CUDA graph capture (torch.cuda.graph, "
-              "torch.compile mode='reduce-overhead') is not supported on the default route "
-              "(device ", device, "); allocate the graph's memory under cma.torch.pool() or run "
+              "torch.compile mode='reduce-overhead') is not supported on the default route ",
+              std::string(where), "; allocate the graph's memory under cma.torch.pool() or run "
               "without use_as_default()");
 }
 void cma_torch_end_allocate_to_pool(int, MempoolId) {}
@@ -112,7 +118,7 @@ def checked_alloc_fn(lib):
         try:
             from torch.utils import cpp_extension
             mod = cpp_extension.load_inline(
-                name="cma_torch_shim_v2", cpp_sources=_SOURCE, functions=["bind", "graph_hook"],
+                name="cma_torch_shim_v3", cpp_sources=_SOURCE, functions=["bind", "graph_hook"],
                 extra_cflags=["-O2"], verbose=False)
             _checked = mod.bind(_address(lib, "cma_torch_alloc"), _address(lib, "cma_last_error"),
                                 _address(lib, "cma_last_error_code"), _address(lib, "cma_mem_info"))
