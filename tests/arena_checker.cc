@@ -128,7 +128,9 @@ absl::Status ArenaChecker::CheckDiscard(std::uintptr_t lo, std::uintptr_t hi, St
       std::vector<Stream> users = l.uses;
       users.push_back(l.stream);
       for (Stream u : users) {
-        if (!Ordered(x, u, Submitted(u))) {
+        // The work queued on u when Sleep was called.
+        auto before = submitted_at_sleep_.find(u);
+        if (!Ordered(x, u, before == submitted_at_sleep_.end() ? 0 : before->second)) {
           return Violation(absl::StrFormat("sleep discards %#x on stream %d before the work "
                                            "queued on its user stream %d", p, x, u));
         }
@@ -316,6 +318,9 @@ absl::Status ArenaChecker::DoMove(StepSource& in) {
 
 absl::Status ArenaChecker::DoSleep(Stream s) {
   Note(absl::StrFormat("sleep on %d", s));
+  submitted_at_sleep_.clear();
+  submitted_at_sleep_[kDefaultStream] = Submitted(kDefaultStream);
+  for (Stream u : streams_) submitted_at_sleep_[u] = Submitted(u);
   discarding_ = Discarding::kSleep;
   absl::StatusOr<std::size_t> slept = alloc_->Sleep(0, s);
   absl::Status c = CheckCalls();
@@ -433,6 +438,12 @@ absl::Status ArenaChecker::AfterStep() {
   if (absl::Status c = CheckCalls(); !c.ok()) return c;
   if (absl::Status inv = alloc_->CheckInvariants(); !inv.ok()) {
     return Violation(absl::StrCat("invariants: ", inv.ToString()));
+  }
+  // Nothing here injects faults: every backend call the allocator makes
+  // must be one the backend accepts (a discard range across two arenas,
+  // a call on a destroyed stream, are not).
+  if (const auto errors = alloc_->GetStats(0)->num_placement_errors; errors != 0) {
+    return Violation(absl::StrFormat("%d backend placement calls failed", errors));
   }
   const AllocatorConfig& cfg = alloc_->config();
   if (!asleep_ && (check_placement_ || cfg.segments == SegmentMode::kClassic)) {

@@ -6,7 +6,7 @@
 // and destroy a stream) is driven by a StepSource: a seeded generator in the
 // test suite, the fuzzer's bytes in fuzz/. After every step the checker
 // asserts:
-//  * the allocator's own CheckInvariants;
+//  * the allocator's own CheckInvariants, and no backend call it made failed;
 //  * reserved bytes equal the bytes the backend itself holds populated
 //    (while awake, with prefetch on allocation);
 //  * no block is handed out over a live allocation, or while another stream
@@ -158,6 +158,7 @@ class ArenaChecker {
   enum class Discarding { kNone, kSleep, kWake };
   Discarding discarding_ = Discarding::kNone;
   std::uintptr_t dead_move_ = 0;
+  absl::flat_hash_map<Stream, std::int64_t> submitted_at_sleep_;
   bool asleep_ = false;
   std::uint64_t next_tag_ = 1;
   int steps_ = 0;
