@@ -126,3 +126,12 @@ if __name__ == "__main__":
     if os.environ.get("XML_OUTPUT_FILE"):
         args += ["--junitxml", os.environ["XML_OUTPUT_FILE"]]
     sys.exit(pytest.main(args))
+
+
+def test_forget_stream_refuses_the_default_stream_and_ignores_one_never_used():
+    p = cma.malloc(1 << 20)
+    with pytest.raises(cma.CmaError, match="default stream cannot be forgotten"):
+        cma.forget_stream(None)
+    cma.forget_stream(0xDEAD)  # never seen by cma: nothing to wait for or release
+    assert cma.stats(0)["allocation.all.current"] == 1
+    cma.free(p)

@@ -118,6 +118,13 @@ def _alias(tensor, ptr, nbytes, device):
                                              tensor.storage_offset())
 
 
+def forget_stream(stream):
+    """Call before a torch.cuda.Stream that used cma tensors is destroyed:
+    waits for its work; its cached blocks then serve any stream and cma
+    never uses it again (so empty_cache can release them)."""
+    _lib.forget_stream(stream.cuda_stream)
+
+
 def move(tensor, device, stream=None, non_blocking=False):
     """Zero-copy tensor.to(device) for a tensor allocated by this allocator.
 
