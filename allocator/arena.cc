@@ -87,7 +87,7 @@ absl::Status DeviceAllocator::MakeRoomForPages(const Block* b, std::size_t bytes
       everything ? idle_pages_
                  : IdlePagesToDiscard(*config_, populated_pages(), idle_pages_ - reused, fresh,
                                       live_after, peak_live_pages_, budget_pages);
-  if (discard > 0) DiscardIdlePages(discard, keep_lo, keep_hi, &stream);
+  if (discard > 0 && !quiet()) DiscardIdlePages(discard, keep_lo, keep_hi, &stream);
   if (populated_pages() + fresh > budget_pages) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "populating %s more would exceed the managed budget of device %d (%s populated of %s)",

@@ -32,6 +32,9 @@ struct Block {
   Block* prev = nullptr;  // neighbours inside the segment
   Block* next = nullptr;
   bool allocated = false;
+  // The private pool (allocator/mempool.h) the block belongs to; 0 for the
+  // shared cache. Free blocks merge and serve requests only within theirs.
+  std::uint32_t mempool = 0;
   // Allocated blocks: the size class of the request (policy/size_policy.h
   // PoolFor), under which the allocation statistics count it; in an arena
   // it can differ from the segment's pool.
@@ -82,10 +85,12 @@ struct Segment {
   void* ptr_base() const { return reinterpret_cast<void*>(base); }
 };
 
-// Free blocks ordered for best fit within a stream: (stream, size, address).
+// Free blocks ordered for best fit within a pool and stream: (private
+// pool, stream, size, address); the shared cache (pool 0) comes first.
 struct BlockOrder {
   bool operator()(const Block* a, const Block* b) const {
-    return std::tie(a->stream, a->size, a->addr) < std::tie(b->stream, b->size, b->addr);
+    return std::tie(a->mempool, a->stream, a->size, a->addr) <
+           std::tie(b->mempool, b->stream, b->size, b->addr);
   }
 };
 using BlockPool = absl::btree_set<Block*, BlockOrder>;

@@ -188,6 +188,40 @@ absl::Status CachingManagedAllocator::EmptyCache() {
   return absl::OkStatus();
 }
 
+absl::Status CachingManagedAllocator::CreateOrIncrefPool(int device, MemPoolId id) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  (*d)->CreateOrIncrefPool(id);
+  return absl::OkStatus();
+}
+
+absl::Status CachingManagedAllocator::BeginAllocateToPool(int device, MemPoolId id,
+                                                          StreamFilter filter) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  (*d)->BeginAllocateToPool(id, std::move(filter));
+  return absl::OkStatus();
+}
+
+absl::Status CachingManagedAllocator::EndAllocateToPool(int device, MemPoolId id) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->EndAllocateToPool(id);
+}
+
+absl::Status CachingManagedAllocator::ReleasePool(int device, MemPoolId id) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->ReleasePool(id);
+}
+
+absl::StatusOr<bool> CachingManagedAllocator::CheckPoolLiveAllocations(
+    int device, MemPoolId id, absl::Span<void* const> expected) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->CheckPoolLiveAllocations(id, expected);
+}
+
 absl::Status CachingManagedAllocator::ForgetStream(Stream stream) {
   for (auto& d : devices_) {
     if (absl::Status s = d->ForgetStream(stream); !s.ok()) return s;

@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "allocator/device_allocator.h"
+#include "allocator/mempool.h"
 #include "allocator/snapshot.h"
 #include "allocator/stats.h"
 #include "backends/backend.h"
@@ -94,6 +95,29 @@ class CachingManagedAllocator {
   // Replaces the advice (read-mostly, preferred location, accessed-by) of
   // one allocation; withdrawn again when it is freed.
   absl::Status SetHints(void* ptr, const AllocationHints& hints);
+
+  // ---- private pools (allocator/mempool.h), with PyTorch's semantics ----
+  // A MemPool takes a reference on creation and gives it back with
+  // ReleasePool. BeginAllocateToPool (which also takes a reference) routes
+  // the allocations of `device` from the streams `filter` accepts (all, if
+  // null) to pool `id` until EndAllocateToPool; blocks handed out for the
+  // pool serve only it, also after their free, until it is released and
+  // empty. While any pool of a device is being allocated to, a CUDA graph
+  // capture may be under way, so that device's allocator makes no query,
+  // event, sync, placement or discard call: allocations come from cached
+  // or new pages without prefetch (first touch places them), frees that
+  // need events on other streams are recorded when the last context ends,
+  // and EmptyCache, Sleep, Wake and ForgetStream return
+  // kFailedPrecondition. Errors: kInvalidArgument for a bad device, an end
+  // without a begin, a release without a reference, an unknown pool.
+  absl::Status CreateOrIncrefPool(int device, MemPoolId id);
+  absl::Status BeginAllocateToPool(int device, MemPoolId id, StreamFilter filter);
+  absl::Status EndAllocateToPool(int device, MemPoolId id);
+  absl::Status ReleasePool(int device, MemPoolId id);
+  // Whether the pool's live allocations are exactly `expected` (PyTorch's
+  // checkPoolLiveAllocations, used by torch.compile's cudagraph trees).
+  absl::StatusOr<bool> CheckPoolLiveAllocations(int device, MemPoolId id,
+                                                absl::Span<void* const> expected);
 
   // The device that owns `ptr` (a pointer returned by Allocate and not freed).
   absl::StatusOr<int> DeviceOf(void* ptr);

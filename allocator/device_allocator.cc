@@ -26,6 +26,7 @@ DeviceAllocator::DeviceAllocator(int device, int device_count, Backend* backend,
   // the fast path.
   for (BlockPool* pool : {&small_pool_, &large_pool_}) {
     Block* sentinel = new Block;
+    sentinel->mempool = ~std::uint32_t{0};
     sentinel->stream = ~Stream{0};
     sentinel->size = ~std::size_t{0};
     sentinel->addr = ~std::uintptr_t{0};
@@ -118,7 +119,9 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   }
   MutexLock l(&mu_);
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
-  if (!pending_.empty()) ProcessPendingFrees(/*synchronize=*/false);
+  const bool quiet = ABSL_PREDICT_FALSE(this->quiet());
+  const std::uint32_t mempool = quiet ? RouteToPool(stream) : 0;
+  if (!pending_.empty() && !quiet) ProcessPendingFrees(/*synchronize=*/false);
   BoundUnmerged();
 
   const std::size_t rounded = RoundRequest(bytes, *config_);
@@ -128,10 +131,10 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   // it was in use, and discards move it into the pool first.
   if (Block*& recent = RecentOf(pool); recent != nullptr) {
     Block* b = recent;
-    if (b->stream == stream && b->size == rounded) {
+    if (b->stream == stream && b->size == rounded && b->mempool == mempool) {
       EraseFree(b);
-      void* p = HandOut(b, rounded, bytes, pool, stream, /*all_populated=*/true);
-      PlaceForAllocation(b, stream, hints);
+      void* p = HandOut(b, rounded, bytes, pool, stream, mempool, /*all_populated=*/true);
+      if (!quiet) PlaceForAllocation(b, stream, hints);
       return p;
     }
     FlushRecent(recent);  // the lookups below see every free block
@@ -143,11 +146,13 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
     const bool retry = attempt == 1;
     if (retry) {
       ++stats_.num_alloc_retries;
-      ProcessPendingFrees(/*synchronize=*/true);
+      if (!quiet) ProcessPendingFrees(/*synchronize=*/true);
       CoalesceUnmerged();
     }
     std::size_t new_pages = 0;  // pages that `rounded` bytes of b would populate
-    Block* b = FindSameStream(rounded, pool, stream, &new_pages);
+    // A private pool's own free blocks first; else the shared cache lends.
+    Block* b = mempool != 0 ? FindSameStream(rounded, pool, stream, mempool, &new_pages) : nullptr;
+    if (b == nullptr) b = FindSameStream(rounded, pool, stream, 0, &new_pages);
     // Known to need no new page: then there is nothing to make room for.
     bool populated = b != nullptr && new_pages == 0;
     if (arena_mode()) {
@@ -155,13 +160,13 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
       // keeps discarded memory with its pages until something else needs
       // it). Other streams' free blocks, merged with this stream's, may hold
       // the request in populated pages.
-      if (!populated && AdoptIdleStreams(rounded, pool, stream, /*synchronize=*/retry)) {
+      if (!populated && !quiet && AdoptIdleStreams(rounded, pool, stream, /*synchronize=*/retry)) {
         if (b != nullptr) ReturnBlock(b);
         CoalesceUnmerged();
-        b = FindSameStream(rounded, pool, stream, &new_pages);
+        b = FindSameStream(rounded, pool, stream, 0, &new_pages);
         populated = b != nullptr && new_pages == 0;
       }
-    } else if (b == nullptr) {
+    } else if (b == nullptr && !quiet) {
       b = FindCrossStream(rounded, pool, stream, /*synchronize=*/retry);
     }
     Segment* made = nullptr;  // a segment made for this request, if any
@@ -173,7 +178,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
                         *config_, static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current),
                         static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].peak),
                         SegmentSizeFor(rounded), budget_);
-        if (retry || release > 0) ReleaseCachedSegments(release);
+        if (!quiet && (retry || release > 0)) ReleaseCachedSegments(release);
       }
       absl::StatusOr<Block*> fresh = NewSegment(rounded, pool, stream);
       if (!fresh.ok()) {
@@ -200,8 +205,13 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
         continue;
       }
     }
-    void* p = HandOut(b, rounded, bytes, pool, stream);
-    PlaceForAllocation(b, stream, hints);
+    void* p = HandOut(b, rounded, bytes, pool, stream, mempool);
+    if (!quiet) {
+      PlaceForAllocation(b, stream, hints);
+    } else {
+      b->placed = false;  // first touch places it; no call on a capturing stream
+      populate_.clear();
+    }
     return p;
   }
   ++stats_.num_ooms;
@@ -264,7 +274,8 @@ Block* DeviceAllocator::AddSegment(void* mem, std::size_t size, PoolKind pool, S
 }
 
 void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t requested,
-                               PoolKind pool, Stream stream, bool all_populated) {
+                               PoolKind pool, Stream stream, std::uint32_t mempool,
+                               bool all_populated) {
   b->stream = stream;
   b->allocated = true;
   b->unmerged = false;
@@ -277,6 +288,7 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
     rest->placed = b->placed;  // placement of b's range changes only after this
     rest->free_seq = b->free_seq;
     rest->location = b->location;
+    rest->mempool = b->mempool;
     rest->prev = b;
     rest->next = b->next;
     if (b->next != nullptr) b->next->prev = rest;
@@ -286,6 +298,8 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
     // stream: let the next coalescing merge them.
     ReturnBlock(rest);
   }
+  if (ABSL_PREDICT_FALSE(mempool != 0)) ++mempools_[mempool].live;
+  b->mempool = mempool;
   b->requested = requested;
   b->disposable = false;
   b->pages_discarded = false;
@@ -315,9 +329,12 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   // each and keep the block out of the pools until they complete. If an event
   // cannot be recorded, wait for the stream instead; if even that fails the
   // free is refused and the block stays allocated.
+  // While quiet no event may be recorded (a capture may be under way): the
+  // block waits, out of the pools, until the last pool context ends.
+  const bool defer = ABSL_PREDICT_FALSE(quiet()) && !b->stream_uses.empty();
   absl::InlinedVector<Event, 2> events;
   absl::Status failure;
-  for (Stream s : b->stream_uses) {
+  for (Stream s : defer ? absl::Span<const Stream>() : absl::Span<const Stream>(b->stream_uses)) {
     absl::StatusOr<Event> ev = TakeEvent();
     if (!ev.ok()) {
       failure = ev.status();
@@ -351,6 +368,11 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   UpdateStat(stats_.requested_bytes, size_class, -static_cast<std::int64_t>(b->requested));
   b->allocated = false;
   b->requested = 0;
+  if (defer) {
+    b->pending_events = 1;
+    deferred_.push_back(b);
+    return absl::OkStatus();
+  }
   b->stream_uses.clear();
   if (!events.empty()) {
     b->pending_events = static_cast<int>(events.size());
@@ -363,7 +385,7 @@ absl::Status DeviceAllocator::Free(void* ptr) {
       *config_, reserved,
       arena_mode() ? reserved - static_cast<std::size_t>(stats_.idle_populated_bytes)
                    : static_cast<std::size_t>(stats_.active_bytes[kAllPools].current));
-  if (ABSL_PREDICT_FALSE(excess > 0)) {
+  if (ABSL_PREDICT_FALSE(excess > 0) && !quiet()) {
     CoalesceUnmerged();
     ReleaseCachedSegments(excess);
   }
@@ -388,12 +410,14 @@ void DeviceAllocator::BecameFree(Block* b, bool keep_recent) {
   // discard_on_free has just discarded its pages: not the steady-state case.
   if (!keep_recent || config_->discard_on_free) {
     ReturnBlock(b);
+    if (ABSL_PREDICT_FALSE(b->mempool != 0)) PoolBlockFreed(b->mempool);
     return;
   }
   Block*& recent = RecentOf(b->segment->pool);
   if (recent != nullptr) FlushRecent(recent);
   recent = b;
   CountInactiveSplit(b, +1);  // counted as in its pool
+  if (ABSL_PREDICT_FALSE(b->mempool != 0)) PoolBlockFreed(b->mempool);
 }
 
 void DeviceAllocator::FlushRecent(Block*& recent) {

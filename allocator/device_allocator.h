@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "allocator/block.h"
+#include "allocator/mempool.h"
 #include "allocator/snapshot.h"
 #include "allocator/stats.h"
 #include "backends/backend.h"
@@ -57,6 +58,13 @@ class DeviceAllocator {
   absl::Status EmptyCache() ABSL_LOCKS_EXCLUDED(mu_);
   // See CachingManagedAllocator::ForgetStream.
   absl::Status ForgetStream(Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
+  // ---- private pools (mempool.cc); see CachingManagedAllocator ----
+  void CreateOrIncrefPool(MemPoolId id) ABSL_LOCKS_EXCLUDED(mu_);
+  void BeginAllocateToPool(MemPoolId id, StreamFilter filter) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status EndAllocateToPool(MemPoolId id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ReleasePool(MemPoolId id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<bool> CheckPoolLiveAllocations(MemPoolId id, absl::Span<void* const> expected)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Zero-copy move of allocated blocks to `target`, ordered on `stream`
   // (placement.cc). One batch call for all of `ptrs`. kNotFound if a pointer
   // is not allocated here; nothing is moved then.
@@ -117,19 +125,36 @@ class DeviceAllocator {
   // inactive_split statistics.
   void CountInactiveSplit(const Block* b, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  BlockPool::iterator FindFit(std::size_t rounded, PoolKind pool, Stream stream)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  BlockPool::iterator FindFit(std::size_t rounded, PoolKind pool, Stream stream,
+                              std::uint32_t mempool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the best-fitting free block of `stream` out of its pool (in an
   // arena, preferring one whose pages are populated); `fresh_pages`, if
   // given, receives how many pages its first `rounded` bytes would populate.
-  Block* FindSameStream(std::size_t rounded, PoolKind pool, Stream stream,
+  Block* FindSameStream(std::size_t rounded, PoolKind pool, Stream stream, std::uint32_t mempool,
                         std::size_t* fresh_pages = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ---- private pools (mempool.cc) ----
+  // Whether a pool is being allocated to: a CUDA graph capture may be under
+  // way, so no query, event, sync, placement or discard call is made (on a
+  // capturing stream any of them would break the capture).
+  bool quiet() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !contexts_.empty(); }
+  // The pool an allocation on `stream` goes to (0: the shared cache).
+  std::uint32_t RouteToPool(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::uint32_t PoolIndex(MemPoolId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A block of private pool `index` stopped being used; the pool goes once
+  // it is released and holds nothing.
+  void PoolBlockFreed(std::uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DissolveIfUnused(std::uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees that needed events on other streams while quiet: recorded now.
+  void RecordDeferredFrees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RefuseWhileQuiet(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // ---- lookups of free blocks in other streams (lookup.cc) ----
   // Whether the work queued on `s` so far has completed (with
   // `synchronize`, after waiting for it).
   bool StreamIsIdle(Stream s, bool synchronize) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The end of stream `s`'s run of free blocks in pool `p`.
-  static BlockPool::iterator StreamRunEnd(BlockPool& p, Stream s);
+  // The end of stream `s`'s run of free blocks of private pool `mempool`
+  // in pool `p`.
+  static BlockPool::iterator StreamRunEnd(BlockPool& p, std::uint32_t mempool, Stream s);
   // Classic segments: the best-fitting free block of another, idle stream,
   // taken out of its pool.
   Block* FindCrossStream(std::size_t rounded, PoolKind pool, Stream stream, bool synchronize)
@@ -166,6 +191,7 @@ class DeviceAllocator {
   // free block `b`:
   // discards idle pages as policy/release_policy.h says (all of them with
   // `everything`). kResourceExhausted when they still do not fit.
+  // Quiet (a pool is being allocated to): no discard, only the budget check.
   absl::Status MakeRoomForPages(const Block* b, std::size_t bytes, Stream stream, bool everything)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a block handed out / given back in its pages' users; pages
@@ -194,8 +220,11 @@ class DeviceAllocator {
     return static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current) / kPageSize;
   }
   // `all_populated`: every page of b is known to be populated already.
+  // The block becomes private pool `mempool`'s; what a split leaves stays
+  // where b came from.
   void* HandOut(Block* b, std::size_t rounded, std::size_t requested, PoolKind pool,
-                Stream stream, bool all_populated = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                Stream stream, std::uint32_t mempool, bool all_populated = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts a block whose uses have all completed back into its pool; merging
   // with free neighbours waits for CoalesceUnmerged.
   void ReturnBlock(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -211,7 +240,8 @@ class DeviceAllocator {
   // the device if either part was moved away.
   void MergePlacement(Block* b, const Block& next) const;
   static bool Mergeable(const Block* neighbour, const Block* b) {
-    return neighbour != nullptr && neighbour->is_free() && neighbour->stream == b->stream;
+    return neighbour != nullptr && neighbour->is_free() && neighbour->stream == b->stream &&
+           neighbour->mempool == b->mempool;
   }
   // Merges b->next, a free block of b's stream, into b (b is out of the pool).
   void AbsorbNext(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -289,6 +319,23 @@ class DeviceAllocator {
   // block whose pages a Sleep discarded.
   Stream sleep_wake_stream_ ABSL_GUARDED_BY(mu_) = kDefaultStream;
   DeviceStats stats_ ABSL_GUARDED_BY(mu_);
+
+  struct PrivatePool {
+    MemPoolId id;
+    int use_count = 0;
+    std::size_t live = 0;  // blocks handed out and not yet free again
+  };
+  absl::flat_hash_map<MemPoolId, std::uint32_t> mempool_index_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::uint32_t, PrivatePool> mempools_ ABSL_GUARDED_BY(mu_);
+  std::uint32_t next_mempool_ ABSL_GUARDED_BY(mu_) = 1;
+  struct PoolContext {
+    std::uint32_t index;
+    StreamFilter filter;
+  };
+  std::vector<PoolContext> contexts_ ABSL_GUARDED_BY(mu_);  // pools being allocated to
+  // Freed while quiet but used on other streams: out of the pools, counted
+  // as awaiting one event, until RecordDeferredFrees.
+  std::vector<Block*> deferred_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cma

@@ -80,6 +80,7 @@ absl::Status DeviceAllocator::CheckInvariants() {
   std::uintptr_t previous_end = 0;
   absl::flat_hash_map<const Block*, int> pending_count;
   for (const PendingFree& p : pending_) ++pending_count[p.block];
+  for (const Block* b : deferred_) ++pending_count[b];  // one event, recorded later
   for (auto& [base, seg] : segments_) {
     if (base != seg->base) return Broken("segment map key differs from segment base");
     if (base < previous_end) return Broken(absl::StrFormat("segment %#x overlaps its predecessor", base));
@@ -123,8 +124,7 @@ absl::Status DeviceAllocator::CheckInvariants() {
         ++free_blocks[static_cast<int>(seg->pool)];
         if (b->is_split()) inactive_split.Add(seg->pool, b->size);
         const auto awaits_merge = [&](const Block* x) { return x->unmerged || x == recent_[0] || x == recent_[1]; };
-        if (b->next != nullptr && b->next->is_free() && b->next->stream == b->stream &&
-            !awaits_merge(b) && !awaits_merge(b->next)) {
+        if (Mergeable(b->next, b) && !awaits_merge(b) && !awaits_merge(b->next)) {
           return Broken(absl::StrFormat("free neighbours %#x (+%d) and %#x (+%d) of one stream not merged", b->addr, b->size, b->next->addr, b->next->size));
         }
       }

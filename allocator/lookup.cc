@@ -15,29 +15,32 @@
 
 namespace cma {
 
-BlockPool::iterator DeviceAllocator::FindFit(std::size_t rounded, PoolKind pool, Stream stream) {
+BlockPool::iterator DeviceAllocator::FindFit(std::size_t rounded, PoolKind pool, Stream stream,
+                                             std::uint32_t mempool) {
   BlockPool& p = PoolOf(pool);
   Block key;
+  key.mempool = mempool;
   key.stream = stream;
   key.size = rounded;
   auto it = p.lower_bound(&key);
-  if (it == p.end() || (*it)->stream != stream || !CanServe((*it)->size, rounded, *config_)) {
+  if (it == p.end() || (*it)->mempool != mempool || (*it)->stream != stream ||
+      !CanServe((*it)->size, rounded, *config_)) {
     return p.end();
   }
   return it;
 }
 
 Block* DeviceAllocator::FindSameStream(std::size_t rounded, PoolKind pool, Stream stream,
-                                       std::size_t* fresh_pages) {
+                                       std::uint32_t mempool, std::size_t* fresh_pages) {
   BlockPool& p = PoolOf(pool);
-  auto it = FindFit(rounded, pool, stream);
+  auto it = FindFit(rounded, pool, stream, mempool);
   // A fit that needs no split is the best there is. Anything else is judged
   // only after deferred merges, or a large block would be split where merged
   // fragments fit better.
   if (!unmerged_.empty() &&
       (it == p.end() || ShouldSplit((*it)->size, rounded, pool, *config_))) {
     CoalesceUnmerged();
-    it = FindFit(rounded, pool, stream);
+    it = FindFit(rounded, pool, stream, mempool);
   }
   if (it == p.end()) return nullptr;
   std::size_t fresh = arena_mode() ? FreshPagesFor(*it, rounded) : 0;
@@ -46,7 +49,9 @@ Block* DeviceAllocator::FindSameStream(std::size_t rounded, PoolKind pool, Strea
     // the driver does not give populated memory back by itself, so new
     // pages raise the device's high-water mark. Look a few sizes up.
     auto alt = it;
-    for (int i = 0; i < kPopulatedSearch && ++alt != p.end() && (*alt)->stream == stream; ++i) {
+    for (int i = 0; i < kPopulatedSearch && ++alt != p.end() && (*alt)->stream == stream &&
+                    (*alt)->mempool == mempool;
+         ++i) {
       if (FreshPagesFor(*alt, rounded) == 0) {
         it = alt;
         fresh = 0;
@@ -61,10 +66,11 @@ Block* DeviceAllocator::FindSameStream(std::size_t rounded, PoolKind pool, Strea
   return b;
 }
 
-BlockPool::iterator DeviceAllocator::StreamRunEnd(BlockPool& p, Stream s) {
-  // The pool is ordered by stream first: each stream's free blocks are one
-  // run, which ends before the first key above all of its sizes.
+BlockPool::iterator DeviceAllocator::StreamRunEnd(BlockPool& p, std::uint32_t mempool, Stream s) {
+  // The pool is ordered by private pool and stream first: each stream's free
+  // blocks are one run, which ends before the first key above all its sizes.
   Block key;
+  key.mempool = mempool;
   key.stream = s;
   key.size = ~std::size_t{0};
   key.addr = ~std::uintptr_t{0};
@@ -83,8 +89,9 @@ Block* DeviceAllocator::FindCrossStream(std::size_t rounded, PoolKind pool, Stre
                                         bool synchronize) {
   BlockPool& p = PoolOf(pool);
   std::vector<Block*> candidates;  // the best fit of each other stream
-  // The sentinel sorts last.
-  for (auto it = p.begin(); it != p.end() && (*it)->segment != nullptr;) {
+  // The shared cache's blocks sort first (private pools lend nothing); the
+  // sentinel sorts last.
+  for (auto it = p.begin(); it != p.end() && (*it)->mempool == 0;) {
     const Stream s = (*it)->stream;
     if (s != stream) {
       Block key;
@@ -95,7 +102,7 @@ Block* DeviceAllocator::FindCrossStream(std::size_t rounded, PoolKind pool, Stre
         candidates.push_back(*c);
       }
     }
-    it = StreamRunEnd(p, s);
+    it = StreamRunEnd(p, 0, s);
   }
   std::sort(candidates.begin(), candidates.end(),
             [](const Block* a, const Block* b) { return a->size < b->size; });
@@ -119,9 +126,9 @@ bool DeviceAllocator::AdoptIdleStreams(std::size_t rounded, PoolKind pool, Strea
   };
   // Collect what may be adopted, one stream's run at a time, then re-key it.
   std::vector<Block*> adopted;
-  for (auto it = p.begin(); it != p.end() && (*it)->segment != nullptr;) {
+  for (auto it = p.begin(); it != p.end() && (*it)->mempool == 0;) {
     const Stream s = (*it)->stream;
-    const auto end = StreamRunEnd(p, s);
+    const auto end = StreamRunEnd(p, 0, s);
     if (s == stream) {
       it = end;
       continue;

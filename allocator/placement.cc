@@ -119,7 +119,7 @@ void DeviceAllocator::PlaceSegmentBlock(Block* b, Stream stream, Location target
 }
 
 void DeviceAllocator::OnFreed(Block* b) {
-  if (!config_->discard_on_free) return;
+  if (!config_->discard_on_free || quiet()) return;
   if (b->segment->arena) {
     DiscardPagesInside(b);
     return;
@@ -205,6 +205,7 @@ absl::Status DeviceAllocator::SetDisposable(void* ptr, bool disposable) {
 
 absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream) {
   MutexLock l(&mu_);
+  if (absl::Status s = RefuseWhileQuiet("sleep"); !s.ok()) return s;
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
   // The contract: Sleep is ordered after the work already queued on every
   // stream that uses an allocation (its own and those named by
@@ -269,6 +270,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream) {
 
 absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
   MutexLock l(&mu_);
+  if (absl::Status s = RefuseWhileQuiet("wake"); !s.ok()) return s;
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
   // Ordered after the Sleep, whichever stream each was given.
   if (absl::Status w = OrderAfter(stream, sleep_wake_stream_); !w.ok()) {

@@ -78,6 +78,7 @@ void DeviceAllocator::ReleaseSegment(Segment* seg) {
 
 absl::Status DeviceAllocator::EmptyCache() {
   MutexLock l(&mu_);
+  if (absl::Status s = RefuseWhileQuiet("empty_cache"); !s.ok()) return s;
   ProcessPendingFrees(/*synchronize=*/true);
   CoalesceUnmerged();
   ReleaseCachedSegments(0);
@@ -92,6 +93,7 @@ absl::Status DeviceAllocator::ForgetStream(Stream stream) {
     return absl::InvalidArgumentError("cma: the default stream cannot be forgotten");
   }
   MutexLock l(&mu_);
+  if (absl::Status s = RefuseWhileQuiet("forget_stream"); !s.ok()) return s;
   // Whether anything here names the stream (only such devices wait for it).
   bool named = known_streams_.contains(stream);
   for (auto& [addr, b] : allocated_) {
@@ -109,8 +111,8 @@ absl::Status DeviceAllocator::ForgetStream(Stream stream) {
   FlushRecent();
   std::vector<Block*> orphans;
   for (BlockPool* pool : {&small_pool_, &large_pool_}) {
-    for (auto it = pool->begin(), end = StreamRunEnd(*pool, stream); it != end; ++it) {
-      if ((*it)->stream == stream) orphans.push_back(*it);
+    for (Block* b : *pool) {  // every private pool's too
+      if (b->stream == stream && b->segment != nullptr) orphans.push_back(b);
     }
   }
   for (Block* b : orphans) {
@@ -118,6 +120,9 @@ absl::Status DeviceAllocator::ForgetStream(Stream stream) {
     b->stream = kDefaultStream;
     b->free_seq = 0;  // its work is done: idle for every stream
     ReturnBlock(b);
+  }
+  for (Block* b : deferred_) {
+    if (b->stream == stream) b->stream = kDefaultStream;
   }
   for (auto& [addr, b] : allocated_) {
     if (b->stream == stream) b->stream = kDefaultStream;
@@ -140,7 +145,7 @@ void DeviceAllocator::SetBudget(std::size_t bytes) {
   budget_ = bytes;
   stats_.managed_budget_bytes = static_cast<std::int64_t>(bytes);
   const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
-  if (reserved > bytes) {
+  if (reserved > bytes && !quiet()) {  // else the next allocations keep to it
     CoalesceUnmerged();
     ReleaseCachedSegments(reserved - bytes);
   }

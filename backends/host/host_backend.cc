@@ -429,6 +429,19 @@ absl::StatusOr<bool> HostBackend::QueryStream(Stream stream) {
   return (*st)->completed >= (*st)->submitted;
 }
 
+absl::StatusOr<bool> HostBackend::IsCapturing(Stream stream) {
+  MutexLock l(&mu_);
+  Count("IsCapturing");
+  auto st = FindStream(stream);
+  if (!st.ok()) return st.status();
+  return (*st)->capturing;
+}
+
+void HostBackend::SetCapturing(Stream stream, bool capturing) {
+  MutexLock l(&mu_);
+  if (auto st = FindStream(stream); st.ok()) (*st)->capturing = capturing;
+}
+
 absl::Status HostBackend::EnqueueWork(Stream stream) {
   MutexLock l(&mu_);
   auto st = FindStream(stream);

@@ -123,6 +123,8 @@ class HostBackend final : public Backend {
   absl::Status ValidateStream(int device, Stream stream) override;
   absl::Status SynchronizeStream(Stream stream) override;
   absl::StatusOr<bool> QueryStream(Stream stream) override;
+  // As CUDA's cudaStreamIsCapturing; a test marks a stream (SetCapturing).
+  absl::StatusOr<bool> IsCapturing(Stream stream) override;
   absl::StatusOr<Event> CreateEvent(int device) override;
   absl::Status DestroyEvent(Event event) override;
   absl::Status RecordEvent(Event event, Stream stream) override;
@@ -177,6 +179,8 @@ class HostBackend final : public Backend {
   // Calls of one method name so far ("AllocateManaged", "RecordEvent", ...).
   std::int64_t CallCount(const std::string& method) const;
   std::int64_t TotalCalls() const;
+  // Marks `stream` as capturing a CUDA graph (IsCapturing reports it).
+  void SetCapturing(Stream stream, bool capturing);
   // Changes a device's capacity (e.g. to create memory pressure mid-test).
   void SetDeviceCapacity(int device, std::size_t bytes);
 
@@ -189,6 +193,7 @@ class HostBackend final : public Backend {
     // position: unit number -> (stream, ticket). A wait completes by itself
     // once that stream gets there; later units cannot complete before it.
     std::map<std::int64_t, std::pair<Stream, std::int64_t>> waits;
+    bool capturing = false;
   };
   struct EventState {
     int device;

@@ -1,0 +1,168 @@
+// DeviceAllocator's private pools (allocator/mempool.h): PyTorch's MemPool
+// and CUDA graph pools, in the allocator core so that every framework gets
+// the same semantics and the host backend tests them.
+//
+// A block handed out for a pool belongs to it for good: freed, it waits in
+// the pool (keyed by the pool first in the free-block order, so it serves
+// and merges with no one else) until the pool is released and empty; then
+// its blocks rejoin the shared cache and merge with their neighbours there.
+// While any pool is being allocated to, a CUDA graph capture may be under way
+// on some stream, so the allocator is quiet: no query, event, sync,
+// placement or discard call (PyTorch's allocator likewise stops processing
+// events while captures are under way). Frees that need events wait in
+// deferred_ until the last pool context ends.
+#include <algorithm>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_format.h"
+#include "allocator/device_allocator.h"
+#include "backends/mutex_lock.h"
+
+namespace cma {
+
+std::uint32_t DeviceAllocator::PoolIndex(MemPoolId id) {
+  auto [it, fresh] = mempool_index_.try_emplace(id, next_mempool_);
+  if (fresh) {
+    mempools_[next_mempool_].id = id;
+    ++next_mempool_;
+  }
+  return it->second;
+}
+
+void DeviceAllocator::CreateOrIncrefPool(MemPoolId id) {
+  MutexLock l(&mu_);
+  ++mempools_[PoolIndex(id)].use_count;
+}
+
+void DeviceAllocator::BeginAllocateToPool(MemPoolId id, StreamFilter filter) {
+  MutexLock l(&mu_);
+  // As PyTorch's: the pool is created, or its use count raised, here too.
+  const std::uint32_t index = PoolIndex(id);
+  ++mempools_[index].use_count;
+  contexts_.push_back({index, std::move(filter)});
+}
+
+absl::Status DeviceAllocator::EndAllocateToPool(MemPoolId id) {
+  MutexLock l(&mu_);
+  auto known = mempool_index_.find(id);
+  auto it = known == mempool_index_.end()
+                ? contexts_.end()
+                : std::find_if(contexts_.begin(), contexts_.end(),
+                               [&](const PoolContext& c) { return c.index == known->second; });
+  if (it == contexts_.end()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cma: pool (%d, %d) of device %d is not being allocated to", id.first, id.second,
+        device_));
+  }
+  contexts_.erase(it);
+  if (contexts_.empty()) RecordDeferredFrees();
+  // The context's own reference goes with ReleasePool, as in PyTorch.
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocator::ReleasePool(MemPoolId id) {
+  MutexLock l(&mu_);
+  auto known = mempool_index_.find(id);
+  if (known == mempool_index_.end() || mempools_[known->second].use_count <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cma: release of pool (%d, %d) of device %d, which holds no reference", id.first,
+        id.second, device_));
+  }
+  const std::uint32_t index = known->second;
+  --mempools_[index].use_count;
+  DissolveIfUnused(index);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> DeviceAllocator::CheckPoolLiveAllocations(MemPoolId id,
+                                                                absl::Span<void* const> expected) {
+  MutexLock l(&mu_);
+  auto known = mempool_index_.find(id);
+  if (known == mempool_index_.end()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cma: pool (%d, %d) of device %d does not exist", id.first, id.second, device_));
+  }
+  const absl::flat_hash_set<void*> want(expected.begin(), expected.end());
+  std::size_t live = 0;
+  for (const auto& [addr, b] : allocated_) {
+    if (b->mempool != known->second) continue;
+    if (!want.contains(b->ptr())) return false;
+    ++live;
+  }
+  return live == want.size();
+}
+
+std::uint32_t DeviceAllocator::RouteToPool(Stream stream) {
+  // The latest context whose filter takes the stream wins, as in PyTorch.
+  for (auto it = contexts_.rbegin(); it != contexts_.rend(); ++it) {
+    if (it->filter == nullptr || it->filter(stream)) return it->index;
+  }
+  return 0;
+}
+
+void DeviceAllocator::PoolBlockFreed(std::uint32_t index) {
+  PrivatePool& pool = mempools_[index];
+  --pool.live;
+  DissolveIfUnused(index);
+}
+
+void DeviceAllocator::DissolveIfUnused(std::uint32_t index) {
+  auto it = mempools_.find(index);
+  if (it == mempools_.end() || it->second.use_count > 0 || it->second.live > 0) return;
+  for (const PoolContext& c : contexts_) {
+    if (c.index == index) return;  // still being allocated to
+  }
+  // Its free blocks rejoin the shared cache, on their streams.
+  FlushRecent();
+  std::vector<Block*> blocks;
+  for (BlockPool* pool : {&small_pool_, &large_pool_}) {
+    Block key;
+    key.mempool = index;
+    for (auto b = pool->lower_bound(&key); b != pool->end() && (*b)->mempool == index; ++b) {
+      blocks.push_back(*b);
+    }
+  }
+  for (Block* b : blocks) {
+    EraseFree(b);
+    b->mempool = 0;
+    ReturnBlock(b);
+  }
+  mempool_index_.erase(it->second.id);
+  mempools_.erase(it);
+  if (!quiet()) CoalesceUnmerged();
+}
+
+void DeviceAllocator::RecordDeferredFrees() {
+  std::vector<Block*> blocks;
+  blocks.swap(deferred_);
+  for (Block* b : blocks) {
+    // What Free would have done: an event on each other stream that used
+    // the block, or a wait for that stream if no event can be recorded.
+    b->pending_events = 0;
+    for (Stream s : b->stream_uses) {
+      absl::StatusOr<Event> ev = TakeEvent();
+      if (ev.ok() && backend_->RecordEvent(*ev, s).ok()) {
+        ++b->pending_events;
+        pending_.push_back({b, *ev});
+        continue;
+      }
+      if (ev.ok()) spare_events_.push_back(*ev);
+      // A stream that can be neither fenced nor waited for has failed (its
+      // context is gone, so no work of it still runs): counted, not waited.
+      if (!backend_->SynchronizeStream(s).ok()) ++stats_.num_placement_errors;
+    }
+    b->stream_uses.clear();
+    if (b->pending_events == 0) BecameFree(b);
+  }
+}
+
+absl::Status DeviceAllocator::RefuseWhileQuiet(const char* what) {
+  if (!quiet()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "cma: %s on device %d while a private pool is being allocated to (a CUDA graph capture "
+      "may be under way, and %s would make calls that break it); end the pool context first",
+      what, device_, what));
+}
+
+}  // namespace cma
