@@ -1,0 +1,186 @@
+// Private pools (allocator/mempool.h) with PyTorch's semantics, on the host
+// backend: routing by stream filter, blocks that serve only their pool,
+// release into the shared cache, checkPoolLiveAllocations, and a quiet
+// allocator (no query, event, sync, placement or discard) while a pool is
+// being allocated to, as a CUDA graph capture needs.
+#include "gmock/gmock.h"
+#include "tests/test_util.h"
+
+namespace cma {
+namespace {
+
+using ::testing::HasSubstr;
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr MemPoolId kPool{1, 0};
+constexpr MemPoolId kOther{2, 0};
+
+class MemPoolTest : public AllocatorTest {
+ protected:
+  void SetUp() override { Remake(""); }
+  void Remake(const std::string& config) {
+    Make({.device_count = 1, .device_capacity = std::size_t{1} << 30, .manual_completion = true},
+         config);
+    s1_ = *backend_->CreateStream(0);
+    s2_ = *backend_->CreateStream(0);
+  }
+  void TearDown() override {
+    for (Stream s : {s1_, s2_}) ASSERT_TRUE(backend_->CompleteWork(s).ok());
+    AllocatorTest::TearDown();
+  }
+  StreamFilter Only(Stream s) {
+    return [s](Stream t) { return t == s; };
+  }
+  // Calls that would break a CUDA graph capture.
+  std::int64_t UncapturableCalls() {
+    std::int64_t n = 0;
+    for (const char* m : {"QueryStream", "QueryEvent", "RecordEvent", "SynchronizeStream",
+                          "SynchronizeEvent", "StreamWaitEvent", "Prefetch", "PrefetchBatch",
+                          "DiscardBatch", "DiscardAndPrefetchBatch", "Advise"}) {
+      n += backend_->CallCount(m);
+    }
+    return n;
+  }
+  Stream s1_ = 0, s2_ = 0;
+};
+
+TEST_F(MemPoolTest, APoolsBlocksServeOnlyThatPool) {
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, Only(s1_)).ok());
+  void* in_pool = Alloc(4 * kMiB, 0, s1_);
+  void* outside = Alloc(4 * kMiB, 0, s2_);  // the filter does not take s2
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  EXPECT_NE(in_pool, outside);
+  ASSERT_TRUE(alloc_->Free(in_pool).ok());
+  // The shared cache cannot have it, not even on the same stream...
+  void* shared = Alloc(4 * kMiB, 0, s1_);
+  EXPECT_NE(shared, in_pool);
+  // ...but the pool gets it back.
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, Only(s1_)).ok());
+  void* again = Alloc(4 * kMiB, 0, s1_);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  EXPECT_EQ(again, in_pool);
+  for (void* p : {again, outside, shared}) ASSERT_TRUE(alloc_->Free(p).ok());
+  ExpectInvariants();
+  // Two references (two begins): two releases dissolve it.
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+  EXPECT_EQ(alloc_->ReleasePool(0, kPool).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(MemPoolTest, AReleasedPoolGivesItsBlocksToTheSharedCacheOnceEmpty) {
+  ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());  // a MemPool
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, nullptr).ok());
+  void* a = Alloc(6 * kMiB, 0, s1_);
+  void* b = Alloc(6 * kMiB, 0, s1_);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());  // the context's reference
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());  // the MemPool's: b still lives
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  EXPECT_NE(Alloc(6 * kMiB, 0, s1_), a);  // still the pool's
+  ASSERT_TRUE(alloc_->Free(b).ok());       // the last: the pool dissolves
+  ExpectInvariants();
+  // a and b merged back into the shared cache: one 12 MiB request fits there.
+  void* merged = Alloc(12 * kMiB, 0, s1_);
+  EXPECT_EQ(merged, a);
+  EXPECT_FALSE(alloc_->CheckPoolLiveAllocations(0, kPool, {}).ok());  // gone
+}
+
+TEST_F(MemPoolTest, CheckPoolLiveAllocationsComparesTheExactSet) {
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, nullptr).ok());
+  void* a = Alloc(kMiB, 0, s1_);
+  void* b = Alloc(512, 0, s1_);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  void* shared = Alloc(kMiB, 0, s1_);
+  EXPECT_TRUE(*alloc_->CheckPoolLiveAllocations(0, kPool, {a, b}));
+  EXPECT_FALSE(*alloc_->CheckPoolLiveAllocations(0, kPool, {a}));
+  EXPECT_FALSE(*alloc_->CheckPoolLiveAllocations(0, kPool, {a, b, shared}));
+  ASSERT_TRUE(alloc_->Free(b).ok());
+  EXPECT_TRUE(*alloc_->CheckPoolLiveAllocations(0, kPool, {a}));
+  EXPECT_EQ(alloc_->CheckPoolLiveAllocations(0, kOther, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  for (void* p : {a, shared}) ASSERT_TRUE(alloc_->Free(p).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+}
+
+TEST_F(MemPoolTest, TheLatestContextWhoseFilterTakesTheStreamWins) {
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, nullptr).ok());
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kOther, Only(s2_)).ok());
+  void* a = Alloc(kMiB, 0, s1_);
+  void* b = Alloc(kMiB, 0, s2_);
+  EXPECT_TRUE(*alloc_->CheckPoolLiveAllocations(0, kPool, {a}));
+  EXPECT_TRUE(*alloc_->CheckPoolLiveAllocations(0, kOther, {b}));
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kOther).ok());
+  EXPECT_EQ(alloc_->EndAllocateToPool(0, kOther).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  for (void* p : {a, b}) ASSERT_TRUE(alloc_->Free(p).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kOther).ok());
+  ExpectInvariants();
+}
+
+TEST_F(MemPoolTest, WhileAPoolIsAllocatedToNothingUncapturableIsCalled) {
+  // A warm cache first, then a "capture" on s1.
+  void* warm = Alloc(8 * kMiB, 0, s1_);
+  ASSERT_TRUE(alloc_->Free(warm).ok());
+  backend_->SetCapturing(s1_, true);
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, Only(s1_)).ok());
+  const std::int64_t before = UncapturableCalls();
+  void* a = Alloc(4 * kMiB, 0, s1_);       // from the warm cache
+  void* big = Alloc(64 * kMiB, 0, s1_);    // new pages: populated by first touch
+  void* c = Alloc(kMiB, 0, s2_);           // another stream, shared cache
+  ASSERT_TRUE(alloc_->RecordStream(a, s2_).ok());
+  ASSERT_TRUE(backend_->EnqueueWork(s2_).ok());
+  ASSERT_TRUE(alloc_->Free(a).ok());       // needs an event on s2: deferred
+  ASSERT_TRUE(alloc_->Free(c).ok());
+  EXPECT_EQ(UncapturableCalls(), before);
+  EXPECT_THAT(alloc_->EmptyCache().message(), HasSubstr("private pool is being allocated to"));
+  EXPECT_EQ(alloc_->Sleep(0, s2_).status().code(), absl::StatusCode::kFailedPrecondition);
+  ExpectInvariants();
+  backend_->SetCapturing(s1_, false);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  // Now the deferred free records its event on s2; a is the pool's again
+  // only once s2's work is done.
+  EXPECT_GT(backend_->CallCount("RecordEvent"), 0);
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, Only(s1_)).ok());
+  void* busy = Alloc(4 * kMiB, 0, s1_);
+  EXPECT_NE(busy, a);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  ASSERT_TRUE(backend_->CompleteWork(s2_).ok());
+  // Completed events are looked at only outside pool contexts (as PyTorch
+  // processes events only when no capture is under way).
+  ASSERT_TRUE(alloc_->Free(Alloc(512, 0, s2_)).ok());
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, Only(s1_)).ok());
+  void* reused = Alloc(4 * kMiB, 0, s1_);
+  EXPECT_EQ(reused, a);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  for (void* p : {big, busy, reused}) ASSERT_TRUE(alloc_->Free(p).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+  ExpectInvariants();
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 0);
+}
+
+TEST_F(MemPoolTest, ClassicSegmentsKeepPoolsApartToo) {
+  Remake("segments:classic");
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, nullptr).ok());
+  void* a = Alloc(700, 0, s1_);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  void* b = Alloc(700, 0, s1_);
+  EXPECT_NE(a, b);
+  ASSERT_TRUE(alloc_->Free(b).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+  EXPECT_EQ(Alloc(700, 0, s1_), a);  // dissolved: the shared cache has it now
+  ExpectInvariants();
+}
+
+TEST_F(MemPoolTest, BadCallsAreClearErrorsAndChangeNothing) {
+  const std::string before = Fingerprint(*alloc_);
+  EXPECT_EQ(alloc_->BeginAllocateToPool(3, kPool, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(alloc_->EndAllocateToPool(0, kPool).message(), HasSubstr("not being allocated to"));
+  EXPECT_THAT(alloc_->ReleasePool(0, kPool).message(), HasSubstr("holds no reference"));
+  EXPECT_EQ(Fingerprint(*alloc_), before);
+}
+
+}  // namespace
+}  // namespace cma
