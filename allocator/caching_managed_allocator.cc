@@ -215,6 +215,11 @@ absl::Status CachingManagedAllocator::ReleasePool(int device, MemPoolId id) {
   return (*d)->ReleasePool(id);
 }
 
+bool CachingManagedAllocator::AllocatingToPool(int device) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  return d.ok() && (*d)->AllocatingToPool();
+}
+
 absl::StatusOr<bool> CachingManagedAllocator::CheckPoolLiveAllocations(
     int device, MemPoolId id, absl::Span<void* const> expected) {
   absl::StatusOr<DeviceAllocator*> d = Device(device);

@@ -114,6 +114,9 @@ class CachingManagedAllocator {
   absl::Status BeginAllocateToPool(int device, MemPoolId id, StreamFilter filter);
   absl::Status EndAllocateToPool(int device, MemPoolId id);
   absl::Status ReleasePool(int device, MemPoolId id);
+  // Whether any pool of `device` is being allocated to (false for a bad
+  // device).
+  bool AllocatingToPool(int device);
   // Whether the pool's live allocations are exactly `expected` (PyTorch's
   // checkPoolLiveAllocations, used by torch.compile's cudagraph trees).
   absl::StatusOr<bool> CheckPoolLiveAllocations(int device, MemPoolId id,

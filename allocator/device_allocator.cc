@@ -160,7 +160,9 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
       // keeps discarded memory with its pages until something else needs
       // it). Other streams' free blocks, merged with this stream's, may hold
       // the request in populated pages.
-      if (!populated && !quiet && AdoptIdleStreams(rounded, pool, stream, /*synchronize=*/retry)) {
+      // Quiet, only streams already known idle: no query may be made.
+      if (!populated && AdoptIdleStreams(rounded, pool, stream, /*synchronize=*/retry && !quiet,
+                                         /*may_query=*/!quiet)) {
         if (b != nullptr) ReturnBlock(b);
         CoalesceUnmerged();
         b = FindSameStream(rounded, pool, stream, 0, &new_pages);

@@ -60,6 +60,7 @@ class DeviceAllocator {
   absl::Status ForgetStream(Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
   // ---- private pools (mempool.cc); see CachingManagedAllocator ----
   void CreateOrIncrefPool(MemPoolId id) ABSL_LOCKS_EXCLUDED(mu_);
+  bool AllocatingToPool() ABSL_LOCKS_EXCLUDED(mu_);
   void BeginAllocateToPool(MemPoolId id, StreamFilter filter) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status EndAllocateToPool(MemPoolId id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ReleasePool(MemPoolId id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -164,8 +165,9 @@ class DeviceAllocator {
   // become free blocks of `stream`, queued for merging with their
   // neighbours. A stream whose free blocks were all freed before it was
   // last seen idle is not asked again. Returns whether any was adopted.
-  bool AdoptIdleStreams(std::size_t rounded, PoolKind pool, Stream stream, bool synchronize)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Without `may_query` (quiet), only streams already known idle.
+  bool AdoptIdleStreams(std::size_t rounded, PoolKind pool, Stream stream, bool synchronize,
+                        bool may_query = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> NewSegment(std::size_t rounded, PoolKind pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Registers backend memory as a segment holding one free block of

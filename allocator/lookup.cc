@@ -117,7 +117,7 @@ Block* DeviceAllocator::FindCrossStream(std::size_t rounded, PoolKind pool, Stre
 }
 
 bool DeviceAllocator::AdoptIdleStreams(std::size_t rounded, PoolKind pool, Stream stream,
-                                       bool synchronize) {
+                                       bool synchronize, bool may_query) {
   BlockPool& p = PoolOf(pool);
   // A block next to a free block or to one of `stream`'s merges into a
   // larger hole once it is `stream`'s.
@@ -140,7 +140,7 @@ bool DeviceAllocator::AdoptIdleStreams(std::size_t rounded, PoolKind pool, Strea
     });
     // Known idle since its blocks' last use: no need to ask again.
     bool idle = all_known;
-    if (!idle && StreamIsIdle(s, synchronize)) {
+    if (!idle && may_query && StreamIsIdle(s, synchronize)) {
       idle_through_[s] = free_seq_;
       idle = true;
     }

@@ -35,6 +35,11 @@ void DeviceAllocator::CreateOrIncrefPool(MemPoolId id) {
   ++mempools_[PoolIndex(id)].use_count;
 }
 
+bool DeviceAllocator::AllocatingToPool() {
+  MutexLock l(&mu_);
+  return quiet();
+}
+
 void DeviceAllocator::BeginAllocateToPool(MemPoolId id, StreamFilter filter) {
   MutexLock l(&mu_);
   // As PyTorch's: the pool is created, or its use count raised, here too.

@@ -147,7 +147,14 @@ class CudaBackend final : public Backend {
     DeviceGuard g(device);
     CMA_RETURN_IF_ERROR(g.status());
     void* p = nullptr;
-    CMA_CUDA_RETURN_IF_ERROR(cudaMallocManaged(&p, bytes, cudaMemAttachGlobal));
+    // Under a CUDA graph capture in global mode, cudaMallocManaged on any
+    // thread breaks the capture unless this thread relaxes the mode (what
+    // PyTorch's allocator does around cudaMalloc); the call is not captured.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    CMA_CUDA_RETURN_IF_ERROR(cudaThreadExchangeStreamCaptureMode(&mode));
+    const cudaError_t e = cudaMallocManaged(&p, bytes, cudaMemAttachGlobal);
+    CMA_CUDA_RETURN_IF_ERROR(cudaThreadExchangeStreamCaptureMode(&mode));
+    CMA_CUDA_RETURN_IF_ERROR(e);
     return p;
   }
 

@@ -253,6 +253,55 @@ int cma_forget_stream(void* stream) {
   return s.ok() ? 0 : Fail(s);
 }
 
+int cma_pool_create_or_incref(int device, unsigned long long id0, unsigned long long id1) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::Status s = a->CreateOrIncrefPool(device, {id0, id1});
+  return s.ok() ? 0 : Fail(s);
+}
+
+int cma_pool_begin(int device, unsigned long long id0, unsigned long long id1,
+                   cma_stream_filter_fn filter, void* ctx, void (*release_ctx)(void* ctx)) {
+  // The caller's context lives as long as the filter that uses it.
+  std::shared_ptr<void> owned(ctx, [release_ctx](void* c) {
+    if (release_ctx != nullptr) release_ctx(c);
+  });
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  cma::StreamFilter f;
+  if (filter != nullptr) {
+    f = [filter, owned](cma::Stream s) {
+      return filter(owned.get(), reinterpret_cast<void*>(s)) != 0;
+    };
+  }
+  absl::Status s = a->BeginAllocateToPool(device, {id0, id1}, std::move(f));
+  return s.ok() ? 0 : Fail(s);
+}
+
+int cma_pool_end(int device, unsigned long long id0, unsigned long long id1) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::Status s = a->EndAllocateToPool(device, {id0, id1});
+  return s.ok() ? 0 : Fail(s);
+}
+
+int cma_pool_release(int device, unsigned long long id0, unsigned long long id1) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::Status s = a->ReleasePool(device, {id0, id1});
+  return s.ok() ? 0 : Fail(s);
+}
+
+int cma_pool_check_live(int device, unsigned long long id0, unsigned long long id1,
+                        void* const* ptrs, size_t n) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::StatusOr<bool> same = a->CheckPoolLiveAllocations(
+      device, {id0, id1}, absl::Span<void* const>(ptrs, ptrs == nullptr ? 0 : n));
+  if (!same.ok()) return Fail(same.status());
+  return *same ? 1 : 0;
+}
+
 int cma_reset_peak_stats(int device) {
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return -1;
@@ -344,11 +393,13 @@ void* cma_torch_alloc(size_t size, int device, void* stream) {
   // route, whose pool PyTorch's own allocator manages).
   if (CachingManagedAllocator* a = Get(); a != nullptr && stream != nullptr) {
     absl::StatusOr<bool> capturing = a->backend().IsCapturing(AsStream(stream));
-    if (capturing.ok() && *capturing) {
+    // A capture that PyTorch announced (beginAllocateToPool) is served from
+    // its private pool, with no call that would break it.
+    if (capturing.ok() && *capturing && !a->AllocatingToPool(device)) {
       Fail(absl::FailedPreconditionError(
-          "caching_managed_allocator cannot allocate during CUDA graph capture on the default "
-          "route (torch.cuda.graph, torch.compile mode='reduce-overhead'); capture with "
-          "cma.torch.pool() or without use_as_default()"));
+          "caching_managed_allocator: an allocation on a capturing stream with no private pool "
+          "being allocated to (capture through torch.cuda.graph, which routes the capture's "
+          "allocations to its pool)"));
       return nullptr;
     }
   }

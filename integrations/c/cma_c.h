@@ -59,6 +59,22 @@ int cma_empty_cache(void);
  * blocks serve any stream and cma never uses the stream again (so
  * cma_empty_cache can release them). */
 int cma_forget_stream(void* stream);
+/* Private pools (PyTorch's MemPool and CUDA graph pools; the contract is
+ * CachingManagedAllocator's, allocator/caching_managed_allocator.h). A pool
+ * is named by two numbers. While a pool context is open, an allocation on a
+ * stream for which `filter(ctx, stream)` returns non-zero (every stream if
+ * `filter` is NULL) goes to the pool; `release_ctx(ctx)`, if not NULL, is
+ * called once the context has ended. While any context of a device is
+ * open, cma makes no call that would break a CUDA graph capture there. */
+typedef int (*cma_stream_filter_fn)(void* ctx, void* stream);
+int cma_pool_create_or_incref(int device, unsigned long long id0, unsigned long long id1);
+int cma_pool_begin(int device, unsigned long long id0, unsigned long long id1,
+                   cma_stream_filter_fn filter, void* ctx, void (*release_ctx)(void* ctx));
+int cma_pool_end(int device, unsigned long long id0, unsigned long long id1);
+int cma_pool_release(int device, unsigned long long id0, unsigned long long id1);
+/* 1 when the pool's live allocations are exactly ptrs[0..n), 0 when not, -1 on error. */
+int cma_pool_check_live(int device, unsigned long long id0, unsigned long long id1,
+                        void* const* ptrs, size_t n);
 /* Peaks back to current values, for one device or all (-1). */
 int cma_reset_peak_stats(int device);
 /* The allocation's owning device, or -1 (with cma_last_error) if none. */

@@ -104,4 +104,47 @@ TEST(CApiTorchTest, TorchEntryPointsInitFromEnvironment) {
   unsetenv("CMA_ALLOC_CONF");
 }
 
+// Private pools through the C ABI: the filter sees each allocation's stream,
+// its context is released once the pool context ends, and the pool's blocks
+// serve only it.
+struct FilterCtx {
+  int calls = 0;
+  bool released = false;
+};
+
+int TakeEveryStream(void* ctx, void*) {
+  ++static_cast<FilterCtx*>(ctx)->calls;
+  return 1;
+}
+
+void ReleaseCtx(void* ctx) { static_cast<FilterCtx*>(ctx)->released = true; }
+
+TEST_F(CApiTest, PoolsRouteAllocationsAndReleaseTheFilterContext) {
+  FilterCtx ctx;
+  ASSERT_EQ(cma_pool_create_or_incref(0, 7, 0), 0) << cma_last_error();
+  ASSERT_EQ(cma_pool_begin(0, 7, 0, &TakeEveryStream, &ctx, &ReleaseCtx), 0) << cma_last_error();
+  void* p = cma_malloc(1 << 20, 0, nullptr);
+  ASSERT_NE(p, nullptr) << cma_last_error();
+  EXPECT_EQ(ctx.calls, 1);
+  void* const live[] = {p};
+  EXPECT_EQ(cma_pool_check_live(0, 7, 0, live, 1), 1);
+  EXPECT_EQ(cma_pool_check_live(0, 7, 0, nullptr, 0), 0);
+  EXPECT_EQ(cma_pool_end(0, 7, 0), 0);
+  EXPECT_TRUE(ctx.released);
+  EXPECT_EQ(cma_pool_end(0, 7, 0), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("not being allocated to"));
+  EXPECT_EQ(cma_free(p), 0);
+  void* shared = cma_malloc(1 << 20, 0, nullptr);
+  EXPECT_NE(shared, p);  // still the pool's
+  EXPECT_EQ(cma_free(shared), 0);
+  EXPECT_EQ(cma_pool_release(0, 7, 0), 0);  // the begin's reference
+  EXPECT_EQ(cma_pool_release(0, 7, 0), 0);  // the create's: the pool dissolves
+  EXPECT_EQ(cma_pool_release(0, 7, 0), -1);
+  EXPECT_EQ(cma_pool_check_live(0, 7, 0, nullptr, 0), -1);
+  // A context on a bad device releases the caller's context at once.
+  FilterCtx bad;
+  EXPECT_EQ(cma_pool_begin(5, 1, 0, &TakeEveryStream, &bad, &ReleaseCtx), -1);
+  EXPECT_TRUE(bad.released);
+}
+
 }  // namespace

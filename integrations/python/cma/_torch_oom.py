@@ -33,8 +33,15 @@ using AllocFn = void* (*)(size_t, int, void*);
 using ErrorFn = const char* (*)();
 using CodeFn = int (*)();
 using MemInfoFn = int (*)(int, size_t*, size_t*);
+using FilterFn = int (*)(void*, void*);
+using PoolBeginFn = int (*)(int, unsigned long long, unsigned long long, FilterFn, void*,
+                            void (*)(void*));
+using PoolFn = int (*)(int, unsigned long long, unsigned long long);
 AllocFn g_alloc = nullptr;
 MemInfoFn g_mem_info = nullptr;
+PoolBeginFn g_pool_begin = nullptr;
+PoolFn g_pool_end = nullptr;
+PoolFn g_pool_release = nullptr;
 ErrorFn g_error = nullptr;
 CodeFn g_code = nullptr;
 constexpr int kResourceExhausted = 8;  // absl::StatusCode
@@ -70,19 +77,41 @@ extern "C" void* cma_torch_alloc_checked(size_t size, int device, void* stream) 
   return p;
 }
 
-// CUDA graph capture: cma's placement calls are not capturable and its
-// cache would reuse blocks behind a graph's back, so the default route
-// refuses capture before it begins (PyTorch calls this hook first).
-void cma_torch_begin_allocate_to_pool(int device, MempoolId, std::function<bool(cudaStream_t)>) {
-  char where[32];
-  std::snprintf(where, sizeof(where), "(device %d)", device);
-  TORCH_CHECK(false, "caching_managed_allocator: CUDA graph capture (torch.cuda.graph, "
-              "torch.compile mode='reduce-overhead') is not supported on the default route ",
-              std::string(where), "; allocate the graph's memory under cma.torch.pool() or run "
-              "without use_as_default()");
+// CUDA graph capture and MemPool routing: PyTorch announces a capture's
+// private pool through these hooks; cma's core routes the capture's
+// allocations there and makes no call that would break the capture. The
+// filter PyTorch passes (is this stream the capture's?) is kept until the
+// pool context ends.
+using Filter = std::function<bool(cudaStream_t)>;
+
+int CallFilter(void* ctx, void* stream) {
+  try {
+    return (*static_cast<Filter*>(ctx))(static_cast<cudaStream_t>(stream)) ? 1 : 0;
+  } catch (...) {  // never let an exception cross the C ABI
+    return 0;
+  }
 }
-void cma_torch_end_allocate_to_pool(int, MempoolId) {}
-void cma_torch_release_pool(int, MempoolId) {}
+
+void DeleteFilter(void* ctx) { delete static_cast<Filter*>(ctx); }
+
+void cma_torch_begin_allocate_to_pool(int device, MempoolId id, Filter filter) {
+  auto* ctx = new Filter(std::move(filter));
+  if (g_pool_begin(device, id.first, id.second, &CallFilter, ctx, &DeleteFilter) != 0) {
+    TORCH_CHECK(false, "caching_managed_allocator: could not route allocations to a private "
+                "pool: ", std::string(g_error()));
+  }
+}
+
+void cma_torch_end_allocate_to_pool(int device, MempoolId id) {
+  if (g_pool_end(device, id.first, id.second) != 0) {
+    TORCH_CHECK(false, "caching_managed_allocator: ", std::string(g_error()));
+  }
+}
+
+// Called from a graph's destructor: it must not throw.
+void cma_torch_release_pool(int device, MempoolId id) {
+  (void)g_pool_release(device, id.first, id.second);
+}
 
 int64_t graph_hook(int64_t which) {
   switch (which) {
@@ -92,7 +121,11 @@ int64_t graph_hook(int64_t which) {
   }
 }
 
-int64_t bind(int64_t alloc, int64_t error, int64_t code, int64_t mem_info) {
+int64_t bind(int64_t alloc, int64_t error, int64_t code, int64_t mem_info, int64_t pool_begin,
+             int64_t pool_end, int64_t pool_release) {
+  g_pool_begin = reinterpret_cast<PoolBeginFn>(pool_begin);
+  g_pool_end = reinterpret_cast<PoolFn>(pool_end);
+  g_pool_release = reinterpret_cast<PoolFn>(pool_release);
   g_alloc = reinterpret_cast<AllocFn>(alloc);
   g_error = reinterpret_cast<ErrorFn>(error);
   g_code = reinterpret_cast<CodeFn>(code);
@@ -118,10 +151,12 @@ def checked_alloc_fn(lib):
         try:
             from torch.utils import cpp_extension
             mod = cpp_extension.load_inline(
-                name="cma_torch_shim_v3", cpp_sources=_SOURCE, functions=["bind", "graph_hook"],
+                name="cma_torch_shim_v4", cpp_sources=_SOURCE, functions=["bind", "graph_hook"],
                 extra_cflags=["-O2"], verbose=False)
             _checked = mod.bind(_address(lib, "cma_torch_alloc"), _address(lib, "cma_last_error"),
-                                _address(lib, "cma_last_error_code"), _address(lib, "cma_mem_info"))
+                                _address(lib, "cma_last_error_code"), _address(lib, "cma_mem_info"),
+                                _address(lib, "cma_pool_begin"), _address(lib, "cma_pool_end"),
+                                _address(lib, "cma_pool_release"))
             _hooks.extend(mod.graph_hook(i) for i in range(3))
         except Exception as e:  # noqa: BLE001 - any build failure falls back, loudly
             warnings.warn("cma.torch: could not build the out-of-memory shim (%s); an "
@@ -132,6 +167,7 @@ def checked_alloc_fn(lib):
 
 
 def graph_hooks(lib):
-    """Addresses of the CUDA graph pool hooks (refusing capture), or []."""
+    """Addresses of the CUDA graph pool hooks (routing a capture's
+    allocations to its private pool in cma), or []."""
     checked_alloc_fn(lib)
     return list(_hooks)

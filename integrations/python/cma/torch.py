@@ -37,7 +37,7 @@ def _allocator(checked):
         inner.set_memory_fraction_fn(fn("cma_torch_memory_fraction"))
         inner.set_record_stream_fn(fn("cma_torch_record_stream"))
         hooks = _torch_oom.graph_hooks(lib) if checked else []
-        if hooks:  # the default route refuses graph capture, clearly
+        if hooks:  # CUDA graphs: a capture's allocations go to its private pool in cma
             inner.set_begin_allocate_to_pool(hooks[0])
             inner.set_end_allocate_to_pool_fn(hooks[1])
             inner.set_release_pool(hooks[2])
@@ -56,34 +56,9 @@ def use_as_default(config=None, memory_tools=True):
     if config is not None:
         os.environ["CMA_ALLOC_CONF"] = config
     torch.cuda.memory.change_current_allocator(_allocator(checked=True))
-    _refuse_graph_capture()
     if memory_tools:
         from cma import torch_memory
         torch_memory.install()
-
-
-_GRAPH_REFUSAL = ("caching_managed_allocator: CUDA graph capture (torch.cuda.graph, torch.compile "
-                  "mode='reduce-overhead') is not supported on the default route: cma's placement "
-                  "calls are not capturable and its cache would reuse blocks behind a graph's back. "
-                  "Capture without use_as_default(); cma.torch.pool() tensors may be used inside")
-
-
-def _refuse_graph_capture():
-    """Capture under the default route crashed PyTorch 2.11 inside its
-    pluggable-allocator pool hooks (measured on an H200), so capture is
-    refused in Python, before it begins: a clear error, never a crash or a
-    graph over memory the cache hands out again."""
-    graph_cls = torch.cuda.CUDAGraph
-    if getattr(graph_cls, "_cma_refuses", False):
-        return
-    if os.environ.get("CMA_TORCH_ALLOW_GRAPH_CAPTURE") == "1":  # for diagnosis only
-        return
-
-    def capture_begin(self, *args, **kwargs):
-        raise RuntimeError(_GRAPH_REFUSAL)
-
-    graph_cls.capture_begin = capture_begin
-    graph_cls._cma_refuses = True
 
 
 def pool():

@@ -72,13 +72,13 @@ def test_every_failed_allocation_raises_and_the_process_goes_on(case):
 
 
 @pytest.mark.parametrize("route", ["default", "pool"])
-def test_cuda_graphs_match_eager_or_are_refused_clearly(route):
+def test_cuda_graphs_match_eager(route):
     r = run_script("graph_route.py", route, timeout=600)
     RESULTS.setdefault("graphs", {})[route] = r
+    # Captured under cma's private pools (default route) or PyTorch's (pool
+    # route): the graphs replay the eager results; never a wrong result.
     for case in ("cuda_graph", "compile_reduce_overhead"):
-        assert r[case] == "match" or r[case].startswith("refused: "), r  # never a wrong result
-        if r[case].startswith("refused: ") and route == "default":
-            assert "caching_managed_allocator" in r[case] or "capture" in r[case].lower(), r
+        assert r[case] == "match", r
     assert r["eager_after"], r
 
 
