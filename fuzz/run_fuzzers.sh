@@ -20,7 +20,7 @@ absl=$(ls "$libdir"/libabsl_*.a | tr '\n' ' ')
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 flags=(-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I. -D__HIP_PLATFORM_AMD__)
-link=(-Wl,--start-group $absl -Wl,--end-group -lz -lpthread)
+link=(-Wl,--start-group $absl -Wl,--end-group -lsodium -lz -lpthread)
 core=(allocator/*.cc policy/*.cc backends/backend.cc backends/host/*.cc
       backends/fault/fault_injecting_backend.cc)
 build() { clang++ "${flags[@]}" "$@" "${link[@]}"; }
