@@ -95,8 +95,8 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap>> SymmetricHeap::Create(
 
 SymmetricHeap::~SymmetricHeap() {
   MutexLock l(&mu_);
-  for (auto& [id, e] : live_) Destroy(*e);
-  for (auto& [stride, e] : cache_) Destroy(*e);
+  for (auto& [a, e] : live_) Destroy(*e);
+  for (auto& [key, e] : cache_) Destroy(*e);
   for (auto& e : leftovers_) Destroy(*e);
 }
 
@@ -117,36 +117,57 @@ bool SymmetricHeap::MulticastAllowed() const {
   return true;
 }
 
-const SymmetricAllocation* SymmetricHeap::FromCache(std::size_t bytes, std::size_t stride) {
-  auto it = cache_.find(stride);  // the oldest of this stride: the same on every process
+std::uint64_t SymmetricHeap::Candidate(std::size_t stride) const {
+  auto it = cache_.lower_bound({stride, 0});
+  return it != cache_.end() && it->first.first == stride ? it->first.second : 0;
+}
+
+bool SymmetricHeap::AllName(std::uint64_t mine, const std::vector<std::uint64_t>& theirs) {
+  return mine != 0 &&
+         std::all_of(theirs.begin(), theirs.end(), [&](std::uint64_t id) { return id == mine; });
+}
+
+const SymmetricAllocation* SymmetricHeap::FromCache(std::size_t bytes, std::size_t stride,
+                                                    std::uint64_t id) {
+  auto it = cache_.find({stride, id});
   if (it == cache_.end()) return nullptr;
   std::unique_ptr<Entry> e = std::move(it->second);
   cache_.erase(it);
-  e->a.bytes = bytes;
+  e->a.bytes = bytes;  // the signal areas stay where they are: at the stride's end
   const SymmetricAllocation* a = &e->a;
   stats_.cached_bytes -= static_cast<std::int64_t>(e->own_bytes);
   ++stats_.cache_hits;
   ++stats_.allocations;
-  live_[e->a.id] = std::move(e);
+  live_[a] = std::move(e);
   return a;
 }
 
-absl::StatusOr<std::size_t> SymmetricHeap::AgreeOnSize(std::size_t bytes, bool make_symmetric) {
+absl::StatusOr<SymmetricHeap::Agreed> SymmetricHeap::AgreeOnSize(std::size_t bytes,
+                                                                 bool make_symmetric) {
+  // Without make_symmetric every member's stride is the agreed one (sizes
+  // must match), so each names its candidate for it in the same round.
+  // Before the first exchange the group's granularity is unknown, and the
+  // cache is empty.
+  const std::uint64_t candidate =
+      make_symmetric || group_granularity_ == 0 ? 0
+                                                : Candidate(StrideFor(bytes, group_granularity_));
   Contribution mine;
   Put(mine.bytes, static_cast<std::uint64_t>(bytes));
   Put(mine.bytes, static_cast<std::uint64_t>(granularity_));
   Put(mine.bytes, static_cast<std::uint8_t>(make_symmetric));
+  Put(mine.bytes, candidate);
   ++stats_.exchanges;
   absl::StatusOr<std::vector<Contribution>> all = exchange_->AllGather(mine);
   if (!all.ok()) return all.status();
   std::uint64_t largest = 0, granularity = 0;
   std::vector<std::uint64_t> sizes;
+  Agreed out;
   for (std::size_t p = 0; p < all->size(); ++p) {
     std::size_t pos = 0;
-    std::uint64_t b = 0, g = 0;
+    std::uint64_t b = 0, g = 0, c = 0;
     std::uint8_t sym = 0;
     if (!Get((*all)[p].bytes, pos, b) || !Get((*all)[p].bytes, pos, g) ||
-        !Get((*all)[p].bytes, pos, sym)) {
+        !Get((*all)[p].bytes, pos, sym) || !Get((*all)[p].bytes, pos, c)) {
       return absl::DataLossError(absl::StrCat("symmetric heap: malformed size from process ", p));
     }
     if (static_cast<bool>(sym) != make_symmetric) {
@@ -154,6 +175,7 @@ absl::StatusOr<std::size_t> SymmetricHeap::AgreeOnSize(std::size_t bytes, bool m
           "symmetric heap: processes disagree on make_symmetric for one collective allocation");
     }
     sizes.push_back(b);
+    out.candidates.push_back(c);
     largest = std::max(largest, b);
     granularity = std::max(granularity, g);
   }
@@ -168,29 +190,48 @@ absl::StatusOr<std::size_t> SymmetricHeap::AgreeOnSize(std::size_t bytes, bool m
         "); pass make_symmetric to round every member up to the largest"));
   }
   group_granularity_ = granularity;
-  return static_cast<std::size_t>(largest);
+  out.bytes = static_cast<std::size_t>(largest);
+  if (make_symmetric) {
+    // The agreed stride is known only now: a second round names the
+    // candidates for it.
+    Contribution second;
+    Put(second.bytes, Candidate(StrideFor(out.bytes, group_granularity_)));
+    ++stats_.exchanges;
+    absl::StatusOr<std::vector<Contribution>> named = exchange_->AllGather(second);
+    if (!named.ok()) return named.status();
+    out.candidates.clear();
+    for (std::size_t p = 0; p < named->size(); ++p) {
+      std::size_t pos = 0;
+      std::uint64_t c = 0;
+      if (!Get((*named)[p].bytes, pos, c)) {
+        return absl::DataLossError(
+            absl::StrCat("symmetric heap: malformed cache candidate from process ", p));
+      }
+      out.candidates.push_back(c);
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<const SymmetricAllocation*> SymmetricHeap::Allocate(std::size_t bytes,
                                                                    bool make_symmetric) {
   if (bytes == 0) return absl::InvalidArgumentError("symmetric heap: cannot allocate 0 bytes");
   MutexLock l(&mu_);
-  if (!make_symmetric && group_granularity_ != 0) {
-    if (const SymmetricAllocation* hit = FromCache(bytes, StrideFor(bytes, group_granularity_))) {
-      return hit;  // no exchange, no driver call
-    }
-  }
-  absl::StatusOr<std::size_t> agreed = AgreeOnSize(bytes, make_symmetric);
+  absl::StatusOr<Agreed> agreed = AgreeOnSize(bytes, make_symmetric);
   if (!agreed.ok()) return agreed.status();
-  const std::size_t stride = StrideFor(*agreed, group_granularity_);
-  if (const SymmetricAllocation* hit = FromCache(*agreed, stride)) return hit;
-  absl::StatusOr<std::unique_ptr<Entry>> e = Build(*agreed, stride);
+  const std::size_t stride = StrideFor(agreed->bytes, group_granularity_);
+  // A hit only when every member names the same cached allocation: with
+  // caches that drifted apart (frees that differed), or a member with none,
+  // the group builds a new one together instead of each taking its own.
+  const std::uint64_t mine = Candidate(stride);
+  if (AllName(mine, agreed->candidates)) return FromCache(agreed->bytes, stride, mine);
+  absl::StatusOr<std::unique_ptr<Entry>> e = Build(agreed->bytes, stride);
   if (!e.ok()) return e.status();
   const SymmetricAllocation* a = &(*e)->a;
   stats_.symmetric_bytes += static_cast<std::int64_t>((*e)->own_bytes);
   stats_.symmetric_bytes_peak = std::max(stats_.symmetric_bytes_peak, stats_.symmetric_bytes);
   ++stats_.allocations;
-  live_[a->id] = std::move(*e);
+  live_[a] = std::move(*e);
   return a;
 }
 
@@ -201,6 +242,9 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
   StepClock clock(stats_.last_miss_seconds);
   auto e = std::make_unique<Entry>();
   SymmetricAllocation& a = e->a;
+  // Taken first, so that ids stay in step on every member even when this
+  // build fails here and not elsewhere.
+  a.id = next_id_++;
   std::vector<PhysicalHandle> handles(world, 0);
   std::vector<bool> have(world, false);
   std::vector<int> fds_to_close;
@@ -336,13 +380,12 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
     return fail(table.status());
   }
   a.device_peers = *table;
-  a.id = next_id_++;
   a.bytes = bytes;
   a.stride = stride;
   for (int r = 0; r < world; ++r) {
     char* p = static_cast<char*>(a.base) + r * stride;
     a.peers.push_back(p);
-    a.signals.push_back(p + RoundUp(bytes, 256));
+    a.signals.push_back(p + stride - options_.signal_bytes);
     static_cast<void**>(a.device_peers)[r] = p;
   }
   return e;
@@ -351,15 +394,18 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
 absl::Status SymmetricHeap::Free(const SymmetricAllocation* allocation) {
   MutexLock l(&mu_);
   if (allocation == nullptr) return absl::InvalidArgumentError("symmetric heap: free of null");
-  auto it = live_.find(allocation->id);
-  if (it == live_.end() || &it->second->a != allocation) {
+  // Looked up by address alone: a stale or foreign pointer is never read.
+  auto it = live_.find(allocation);
+  if (it == live_.end()) {
     return absl::InvalidArgumentError(
-        "symmetric heap: free of an allocation that is not live here (double free?)");
+        "symmetric heap: free of an allocation that is not live here (double free, or a "
+        "pointer this heap did not hand out)");
   }
-  stats_.cached_bytes += static_cast<std::int64_t>(it->second->own_bytes);
-  const std::size_t stride = it->second->a.stride;
-  cache_.emplace(stride, std::move(it->second));  // after older entries of this stride
+  std::unique_ptr<Entry> e = std::move(it->second);
   live_.erase(it);
+  stats_.cached_bytes += static_cast<std::int64_t>(e->own_bytes);
+  const std::pair<std::size_t, std::uint64_t> key{e->a.stride, e->a.id};
+  cache_.emplace(key, std::move(e));
   return absl::OkStatus();
 }
 
@@ -369,7 +415,7 @@ absl::Status SymmetricHeap::EmptyCache() {
   ++stats_.exchanges;
   absl::StatusOr<std::vector<Contribution>> barrier = exchange_->AllGather(Contribution{});
   if (!barrier.ok()) return barrier.status();
-  for (auto& [stride, e] : cache_) {
+  for (auto& [key, e] : cache_) {
     stats_.symmetric_bytes -= static_cast<std::int64_t>(e->own_bytes);
     if (!Destroy(*e)) leftovers_.push_back(std::move(e));
   }
@@ -409,8 +455,8 @@ std::vector<SymmetricSnapshot> SymmetricHeap::Snapshot() {
   auto add = [&out](const Entry& e, bool cached) {
     out.push_back({e.a.id, e.a.bytes, e.a.stride, cached, e.a.peers});
   };
-  for (const auto& [id, e] : live_) add(*e, false);
-  for (const auto& [stride, e] : cache_) add(*e, true);
+  for (const auto& [a, e] : live_) add(*e, false);
+  for (const auto& [key, e] : cache_) add(*e, true);
   return out;
 }
 
