@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "allocator/symmetric/exchange.h"
 #include "allocator/symmetric/symmetric_heap.h"
+#include "tests/symmetric_process_util.h"
 #include "backends/host/host_backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -23,42 +24,6 @@ namespace cma {
 namespace {
 
 using ::testing::HasSubstr;
-
-constexpr absl::Duration kTimeout = absl::Seconds(5);
-
-// One rendezvous token for this test process; forked members inherit it
-// (SocketPath makes it before any fork).
-const std::string& Token() {
-  static const std::string* token = new std::string(*MakeRendezvousToken());
-  return *token;
-}
-
-std::string SocketPath(const char* test) {
-  Token();
-  return absl::StrFormat("/tmp/cma-test-%s-%d.sock", test, getpid());
-}
-
-// Runs `body(rank)` in `n` forked processes; returns their exit codes.
-// Each child exits with 0 when body returns true.
-std::vector<int> RunProcesses(int n, const std::function<bool(int)>& body) {
-  std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      bool ok = false;
-      ok = body(r);
-      _exit(ok ? 0 : 1);
-    }
-    pids.push_back(pid);
-  }
-  std::vector<int> codes;
-  for (pid_t p : pids) {
-    int status = 0;
-    waitpid(p, &status, 0);
-    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-  }
-  return codes;
-}
 
 std::unique_ptr<SymmetricHeap> SingleProcessHeap(HostBackend& b, int members,
                                                  SymmetricOptions o = {}) {
@@ -318,20 +283,6 @@ TEST(ExchangeTest, CallbackBootstrapsASocketExchange) {
 }
 
 // ---------------------------------------------------------------- processes
-
-// One member per process, each with its own backend, as on one host with one
-// GPU per process.
-std::unique_ptr<SymmetricHeap> ProcessHeap(HostBackend& b, const std::string& path, int rank,
-                                           int world, absl::Duration timeout = kTimeout) {
-  auto x = MakeUnixSocketExchange(path, rank, world, timeout, Token());
-  if (!x.ok()) return nullptr;
-  SymmetricGroup g;
-  g.world_size = world;
-  g.local_ranks = {rank};
-  g.local_devices = {0};
-  auto h = SymmetricHeap::Create(b, g, std::move(*x));
-  return h.ok() ? std::move(*h) : nullptr;
-}
 
 class SymmetricProcessTest : public ::testing::TestWithParam<int> {};
 

@@ -53,11 +53,27 @@ class UnixSocketExchange final : public Exchange {
   int process_index() const override { return index_; }
 
   absl::StatusOr<std::vector<Contribution>> AllGather(const Contribution& mine) override {
-    if (broken_) return absl::FailedPreconditionError("symmetric exchange: an earlier exchange failed");
+    // Once a round failed, the members disagree on where they are: every
+    // later round fails at once, naming the first failure.
+    if (!broken_.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "symmetric exchange: an earlier exchange failed (", broken_.message(), ")"));
+    }
     const absl::Time deadline = absl::Now() + timeout_;
     absl::StatusOr<std::vector<Contribution>> out =
         index_ == 0 ? Root(mine, deadline) : Leaf(mine, deadline);
-    if (!out.ok()) broken_ = true;
+    if (!out.ok()) {
+      broken_ = out.status();
+      // Tell the others now: they see a disconnect at once rather than wait
+      // out their timeout for a round this process will never send.
+      for (int& fd : peers_) {
+        if (fd >= 0) {
+          shutdown(fd, SHUT_RDWR);
+          close(fd);
+          fd = -1;
+        }
+      }
+    }
     return out;
   }
 
@@ -110,7 +126,7 @@ class UnixSocketExchange final : public Exchange {
   const int count_;
   const absl::Duration timeout_;
   std::vector<int> peers_;  // root: one per process (peers_[0] unused); leaf: peers_[0] is root
-  bool broken_ = false;
+  absl::Status broken_;  // the first failed round's status
 };
 
 absl::StatusOr<sockaddr_un> Address(const std::string& path) {

@@ -30,6 +30,15 @@
 //    and is never dereferenced.
 //  * Every exchange is bounded by the Exchange's timeout: a dead member gives
 //    the others an error, never a hang, and nothing leaks.
+//  * Members fail together: a member whose part of a collective fails (a
+//    driver call, an import, a map) still joins its round with the reason,
+//    so every member gets an error naming it (kAborted on the others) and
+//    undoes its part; no member keeps an allocation another lacks. Rounds
+//    carry their operation and sequence number: members whose calls are out
+//    of step get kFailedPrecondition naming both operations. After an
+//    exchange failure or calls out of step, the group's state is unknown:
+//    every later collective fails at once (kFailedPrecondition, naming the
+//    first failure); create a new heap.
 //  * Multicast is used only when options ask for it, every device reports
 //    support and none of CMA_DISABLE_MULTICAST=1,
 //    TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NCCL_NVLS_ENABLE=0 is set.
@@ -131,6 +140,17 @@ class SymmetricHeap {
     std::vector<PhysicalHandle> unreleased;  // releases that failed: retried at teardown
   };
 
+  // One collective round, tagged with its op and sequence number: every
+  // process's payload once all are at this op and none failed. A process
+  // whose `local` status failed still takes part, sending its reason; then
+  // every process gets an error naming the first that failed. Members out
+  // of step, or an exchange that failed, break the heap: every later
+  // collective fails at once, naming why. Received FDs are the caller's only
+  // for kHandles on success; otherwise they are closed here.
+  enum class Op : std::uint8_t { kSize = 1, kCandidates, kHandles, kCommit, kEmptyCache };
+  absl::StatusOr<std::vector<Contribution>> Round(Op op, const absl::Status& local,
+                                                  Contribution mine)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Agreed {
     std::size_t bytes = 0;
     std::vector<std::uint64_t> candidates;  // each process's, for the agreed stride
@@ -170,6 +190,8 @@ class SymmetricHeap {
   std::map<std::pair<std::size_t, std::uint64_t>, std::unique_ptr<Entry>> cache_
       ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Entry>> leftovers_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t rounds_ ABSL_GUARDED_BY(mu_) = 0;  // collective rounds so far
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);       // why the group is out of step, if it is
   std::size_t group_granularity_ ABSL_GUARDED_BY(mu_) = 0;  // 0 until the first exchange
   SymmetricStats stats_ ABSL_GUARDED_BY(mu_);
 };
