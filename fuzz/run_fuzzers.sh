@@ -28,7 +28,8 @@ build fuzz/config_fuzzer.cc policy/*.cc -o "$out/config"
 build fuzz/trace_fuzzer.cc bench/trace.cc -o "$out/trace"
 build fuzz/sequence_fuzzer.cc "${core[@]}" -o "$out/sequence"
 build fuzz/handshake_fuzzer.cc allocator/symmetric/wire.cc -o "$out/handshake"
-for name in config trace sequence handshake; do
+build fuzz/collective_fuzzer.cc allocator/symmetric/*.cc "${core[@]}" -o "$out/collective"
+for name in config trace sequence handshake collective; do
   mkdir -p "fuzz/corpus/$name"
   echo "== fuzzing $name for ${seconds}s"
   "$out/$name" "fuzz/corpus/$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
@@ -39,4 +40,4 @@ for name in config trace sequence handshake; do
     exit 1
   fi
 done
-echo "fuzzers: 4 run, 0 failed"
+echo "fuzzers: 5 run, 0 failed"
