@@ -214,12 +214,11 @@ absl::StatusOr<std::vector<Contribution>> SymmetricHeap::Round(Op op, const absl
     }
     c.bytes.erase(0, pos);
     if (!ok && failed.ok()) {
-      failed = static_cast<int>(p) == exchange_->process_index()
-                   ? local
-                   : absl::AbortedError(absl::StrCat("symmetric heap: process ", p,
-                                                     " failed this collective: ", c.bytes));
+      failed = absl::AbortedError(
+          absl::StrCat("symmetric heap: process ", p, " failed this collective: ", c.bytes));
     }
   }
+  if (!local.ok()) failed = local;  // a member that failed reports its own reason
   // Only the handles round carries descriptors; anything else a peer sent
   // is closed here, on every path.
   if (!failed.ok() || op != Op::kHandles) close_all();
