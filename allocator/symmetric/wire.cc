@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 
 namespace cma {
 namespace wire {
@@ -251,8 +252,31 @@ absl::StatusOr<std::string> RandomBytes(std::size_t n) {
 
 namespace {
 
+// The HMAC state keyed with `token` (its inner and outer pads already
+// hashed): computed once per token and copied for each MAC, so that a MAC
+// of the handshake's one-block message costs two SHA-256 blocks, not four.
+// A process meets few tokens (one per rendezvous): one cached is enough.
+bool KeyedState(const std::string& token, crypto_auth_hmacsha256_state* st) {
+  static absl::Mutex mu;
+  static std::string* cached_token ABSL_GUARDED_BY(mu) = new std::string();
+  static crypto_auth_hmacsha256_state cached ABSL_GUARDED_BY(mu);
+  absl::MutexLock l(&mu);
+  if (*cached_token != token || cached_token->empty()) {
+    if (!CryptoReady().ok() ||
+        crypto_auth_hmacsha256_init(&cached, reinterpret_cast<const unsigned char*>(token.data()),
+                                    token.size()) != 0) {
+      cached_token->clear();
+      return false;
+    }
+    *cached_token = token;
+  }
+  *st = cached;
+  return true;
+}
+
 // HMAC-SHA256 under the token of a label and the handshake's fields: the
-// label keeps process 0's MAC from passing for a member's and back.
+// label keeps process 0's MAC from passing for a member's and back. The
+// message (52 bytes) fits one SHA-256 block with its padding.
 std::string Mac(const std::string& token, absl::string_view label, std::int32_t index,
                 std::int32_t pid, absl::string_view first_nonce, absl::string_view second_nonce) {
   std::string msg(label);
@@ -262,12 +286,10 @@ std::string Mac(const std::string& token, absl::string_view label, std::int32_t 
   msg.append(first_nonce.data(), first_nonce.size());
   msg.append(second_nonce.data(), second_nonce.size());
   // libsodium's HMAC keeps its state on the stack: no heap, no global
-  // state to fault in after a fork, nothing to set up (see CryptoReady).
+  // state to fault in after a fork (see CryptoReady).
   unsigned char out[crypto_auth_hmacsha256_BYTES];
   crypto_auth_hmacsha256_state st;
-  if (!CryptoReady().ok() ||
-      crypto_auth_hmacsha256_init(&st, reinterpret_cast<const unsigned char*>(token.data()),
-                                  token.size()) != 0 ||
+  if (!KeyedState(token, &st) ||
       crypto_auth_hmacsha256_update(&st, reinterpret_cast<const unsigned char*>(msg.data()),
                                     msg.size()) != 0 ||
       crypto_auth_hmacsha256_final(&st, out) != 0) {
@@ -282,8 +304,8 @@ bool MacsEqual(absl::string_view a, const std::string& b) {
          sodium_memcmp(a.data(), b.data(), kMacBytes) == 0;  // constant time
 }
 
-constexpr char kRootLabel[] = "cma rendezvous: process 0";
-constexpr char kMemberLabel[] = "cma rendezvous: member";
+constexpr char kRootLabel[] = "cma-root";  // 8 bytes: keeps the message in one block
+constexpr char kMemberLabel[] = "cma-memb";
 
 }  // namespace
 

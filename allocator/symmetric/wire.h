@@ -9,9 +9,11 @@
 // it could replay), in as many messages as a plain hello and welcome:
 //   member -> process 0:  hello      {magic, version, index, pid1, nonce1}
 //   process 0 -> member:  challenge  {magic, version, pid0, 0, nonce0,
-//                                     HMAC-SHA256(token, "process 0" index pid0 nonce1 nonce0)}
+//                                     HMAC-SHA256(token, "cma-root" version index pid0
+//                                                 nonce1 nonce0)}
 //   member -> process 0:  proof      {magic,
-//                                     HMAC-SHA256(token, "member" index pid1 nonce0 nonce1)}
+//                                     HMAC-SHA256(token, "cma-memb" version index pid1
+//                                                 nonce0 nonce1)}
 // Each side checks with SO_PEERCRED that the process at the other end of
 // the socket runs as this user and is the one whose pid the MAC covers (a
 // same-user relay that forwards a real member's messages is refused). The
@@ -42,7 +44,7 @@ namespace cma {
 namespace wire {
 
 inline constexpr int kMaxFds = 250;  // under SCM_MAX_FD
-inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kNonceBytes = 16;  // 128 random bits: never repeats
 inline constexpr std::size_t kMacBytes = 32;  // HMAC-SHA256 (libsodium's)
 inline constexpr std::size_t kHelloBytes = 16 + kNonceBytes;
 inline constexpr std::size_t kChallengeBytes = 16 + kNonceBytes + kMacBytes;
