@@ -13,7 +13,9 @@
 // (SO_PEERCRED: same effective uid) and then runs a mutual HMAC-SHA256
 // challenge-response with it (wire.h): the token itself never crosses the
 // socket, and each side checks that the pid its peer's MAC covers is the
-// pid SO_PEERCRED reports (no relaying). A rejected connector is closed
+// pid SO_PEERCRED reports (no relaying); so the members must share one pid
+// namespace (processes in containers that share only the socket's directory
+// are refused as relays). A rejected connector is closed
 // having received at most a random challenge, and the rendezvous goes on
 // waiting for the real member (an intruder cannot claim an index or abort
 // it). Process 0 reads every pending connector at once, each with its own
