@@ -58,6 +58,24 @@ TEST(SymmetricCollectiveTest, AMemberWhoseDriverCallFailsFailsEveryMemberAtOnce)
   EXPECT_THAT(codes, ::testing::Each(0));
 }
 
+// A request this member refuses before any driver call (0 bytes) still
+// joins the round: the others fail at once, naming it, and the group goes on.
+TEST(SymmetricCollectiveTest, ARequestOneMemberRefusesFailsEveryMemberAtOnce) {
+  const std::string path = SocketPath("zero");
+  auto codes = RunProcesses(2, [&](int r) {
+    HostBackend host({.device_count = 1});
+    auto heap = ProcessHeap(host, path, r, 2);
+    if (!heap) return false;
+    const absl::Time t0 = absl::Now();
+    auto a = heap->Allocate(r == 0 ? 0 : 4096);
+    if (a.ok() || absl::Now() - t0 > absl::Seconds(2)) return false;
+    if (!absl::StrContains(a.status().message(), "0 bytes")) return false;
+    auto again = heap->Allocate(4096);
+    return again.ok() && heap->Free(*again).ok();
+  });
+  EXPECT_THAT(codes, ::testing::Each(0));
+}
+
 // Member 0's import of member 1's handle fails after the handles were
 // exchanged: the commit round makes member 1 undo its allocation too, so no
 // member keeps an allocation another lacks.

@@ -240,7 +240,12 @@ absl::StatusOr<SymmetricHeap::Agreed> SymmetricHeap::AgreeOnSize(std::size_t byt
   Put(mine.bytes, static_cast<std::uint64_t>(granularity_));
   Put(mine.bytes, static_cast<std::uint8_t>(make_symmetric));
   Put(mine.bytes, candidate);
-  absl::StatusOr<std::vector<Contribution>> all = Round(Op::kSize, absl::OkStatus(), mine);
+  // A bad request still joins the round, so that the others fail with it
+  // now rather than wait out their timeout.
+  const absl::Status local =
+      bytes == 0 ? absl::InvalidArgumentError("symmetric heap: cannot allocate 0 bytes")
+                 : absl::OkStatus();
+  absl::StatusOr<std::vector<Contribution>> all = Round(Op::kSize, local, mine);
   if (!all.ok()) return all.status();
   std::uint64_t largest = 0, granularity = 0;
   std::vector<std::uint64_t> sizes;
@@ -298,7 +303,6 @@ absl::StatusOr<SymmetricHeap::Agreed> SymmetricHeap::AgreeOnSize(std::size_t byt
 
 absl::StatusOr<const SymmetricAllocation*> SymmetricHeap::Allocate(std::size_t bytes,
                                                                    bool make_symmetric) {
-  if (bytes == 0) return absl::InvalidArgumentError("symmetric heap: cannot allocate 0 bytes");
   MutexLock l(&mu_);
   absl::StatusOr<Agreed> agreed = AgreeOnSize(bytes, make_symmetric);
   if (!agreed.ok()) return agreed.status();
