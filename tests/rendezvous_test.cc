@@ -202,6 +202,31 @@ TEST(RendezvousTest, TokensAndPathsAreChecked) {
   unlink(file.c_str());
 }
 
+// A second process 0 at the same path (another job, or a misconfigured
+// rank) does not take over a live rendezvous's socket; a stale socket of a
+// dead run is replaced.
+TEST(RendezvousTest, ALiveSocketAtThePathIsNotTakenOverAStaleOneIs) {
+  const std::string path = Path("live");
+  const std::string token = *MakeRendezvousToken();
+  const pid_t root = Spawn([&] { return Member(path, 0, token); });
+  const int c = Connect(path);  // listening now
+  ASSERT_GE(c, 0);
+  close(c);
+  auto second = MakeUnixSocketExchange(path, 0, 2, absl::Milliseconds(200), token);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists) << second.status();
+  const pid_t member = Spawn([&] { return Member(path, 1, token); });
+  EXPECT_EQ(Wait(member), 0);  // the first rendezvous is undisturbed
+  EXPECT_EQ(Wait(root), 0);
+  // A socket nobody listens on any more.
+  const int stale = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  ASSERT_EQ(bind(stale, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  close(stale);
+  EXPECT_TRUE(MakeUnixSocketExchange(path, 0, 1, kTimeout, token).ok());
+}
+
 TEST(RendezvousTest, TheSocketIsOwnerOnlyWhileListening) {
   const std::string path = Path("mode");
   const std::string token = *MakeRendezvousToken();

@@ -405,7 +405,19 @@ absl::Status Listen(const std::string& path, const sockaddr_un& addr, int proces
       return absl::InvalidArgumentError(absl::StrCat(
           "symmetric exchange: ", path, " exists and is not a socket; it is left alone"));
     }
-    unlink(path.c_str());  // a stale socket of an earlier run
+    // A stale socket of an earlier run is replaced; one that something still
+    // listens on (another rendezvous at the same path) is not taken over.
+    const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (probe < 0) return Errno("socket");
+    const bool live = connect(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0 ||
+                      errno == EAGAIN;
+    close(probe);
+    if (live) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "symmetric exchange: a live process listens at ", path,
+          " (another rendezvous?); it is left alone"));
+    }
+    unlink(path.c_str());
   }
   // Non-blocking: a connector that leaves between poll and accept must not
   // block the accept.

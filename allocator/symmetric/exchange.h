@@ -75,7 +75,8 @@ absl::StatusOr<std::string> MakeRendezvousToken();
 // user, rejected this process or failed to prove it knows the token, or when
 // the socket's directory is writable by others (and not sticky);
 // kDeadlineExceeded naming what is missing (and any connections rejected).
-// An existing file at `path` that is not a socket is never removed.
+// An existing file at `path` that is not a socket is never removed, nor a
+// socket something listens on (kAlreadyExists); a stale socket is replaced.
 absl::StatusOr<std::unique_ptr<Exchange>> MakeUnixSocketExchange(const std::string& path,
                                                                   int process_index,
                                                                   int process_count,
