@@ -228,6 +228,16 @@ absl::StatusOr<std::vector<Contribution>> SymmetricHeap::Round(Op op, const absl
 
 absl::StatusOr<SymmetricHeap::Agreed> SymmetricHeap::AgreeOnSize(std::size_t bytes,
                                                                  bool make_symmetric) {
+  if (exchange_->process_count() == 1) {
+    // Every member is in this process and shares this cache: there is no
+    // one to agree with, and a hit stays a few map operations.
+    if (bytes == 0) return absl::InvalidArgumentError("symmetric heap: cannot allocate 0 bytes");
+    group_granularity_ = granularity_;
+    Agreed out;
+    out.bytes = bytes;
+    out.candidates = {Candidate(StrideFor(bytes, group_granularity_))};
+    return out;
+  }
   // Without make_symmetric every member's stride is the agreed one (sizes
   // must match), so each names its candidate for it in the same round.
   // Before the first exchange the group's granularity is unknown, and the
@@ -304,6 +314,11 @@ absl::StatusOr<SymmetricHeap::Agreed> SymmetricHeap::AgreeOnSize(std::size_t byt
 absl::StatusOr<const SymmetricAllocation*> SymmetricHeap::Allocate(std::size_t bytes,
                                                                    bool make_symmetric) {
   MutexLock l(&mu_);
+  if (exchange_->process_count() == 1 && bytes != 0 && group_granularity_ != 0) {
+    // One process: its cache is the group's, so a hit needs no agreement.
+    const std::size_t stride = StrideFor(bytes, group_granularity_);
+    if (const std::uint64_t id = Candidate(stride); id != 0) return FromCache(bytes, stride, id);
+  }
   absl::StatusOr<Agreed> agreed = AgreeOnSize(bytes, make_symmetric);
   if (!agreed.ok()) return agreed.status();
   const std::size_t stride = StrideFor(agreed->bytes, group_granularity_);

@@ -13,8 +13,8 @@
 //  * Allocate, Free and EmptyCache are collective: every process of the group
 //    calls them, in the same order. Free puts the allocation in the cache;
 //    a later Allocate whose stride matches reuses it with no driver call.
-//    Every Allocate exchanges a few bytes (one round; two with
-//    make_symmetric), so that the group decides together: the members agree
+//    Across processes, every Allocate exchanges a few bytes (one round; two
+//    with make_symmetric), so that the group decides together: the members agree
 //    on the size and on which cached allocation to reuse, named by its
 //    collective id (the same on every process, whatever order the frees came
 //    in); when any member has none, or they name different ones, every member
