@@ -20,7 +20,7 @@ absl=$(ls "$libdir"/libabsl_*.a | tr '\n' ' ')
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 flags=(-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I. -D__HIP_PLATFORM_AMD__)
-link=(-Wl,--start-group $absl -Wl,--end-group -lz -lpthread)
+link=(-Wl,--start-group $absl -Wl,--end-group -lsodium -lz -lpthread)
 core=(allocator/*.cc policy/*.cc backends/backend.cc backends/host/*.cc
       backends/fault/fault_injecting_backend.cc)
 build() { clang++ "${flags[@]}" "$@" "${link[@]}"; }
@@ -28,8 +28,9 @@ build fuzz/config_fuzzer.cc policy/*.cc -o "$out/config"
 build fuzz/trace_fuzzer.cc bench/trace.cc -o "$out/trace"
 build fuzz/sequence_fuzzer.cc "${core[@]}" -o "$out/sequence"
 build fuzz/handshake_fuzzer.cc allocator/symmetric/wire.cc -o "$out/handshake"
+build fuzz/collective_fuzzer.cc allocator/symmetric/*.cc "${core[@]}" -o "$out/collective"
 build fuzz/arena_checker_fuzzer.cc tests/arena_checker.cc "${core[@]}" -o "$out/checker"
-for name in config trace sequence handshake checker; do
+for name in config trace sequence handshake collective checker; do
   mkdir -p "fuzz/corpus/$name"
   echo "== fuzzing $name for ${seconds}s"
   "$out/$name" "fuzz/corpus/$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
@@ -40,4 +41,4 @@ for name in config trace sequence handshake checker; do
     exit 1
   fi
 done
-echo "fuzzers: 5 run, 0 failed"
+echo "fuzzers: 6 run, 0 failed"

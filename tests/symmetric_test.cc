@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "allocator/symmetric/exchange.h"
 #include "allocator/symmetric/symmetric_heap.h"
+#include "tests/symmetric_process_util.h"
 #include "backends/host/host_backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -23,42 +24,6 @@ namespace cma {
 namespace {
 
 using ::testing::HasSubstr;
-
-constexpr absl::Duration kTimeout = absl::Seconds(5);
-
-// One rendezvous token for this test process; forked members inherit it
-// (SocketPath makes it before any fork).
-const std::string& Token() {
-  static const std::string* token = new std::string(*MakeRendezvousToken());
-  return *token;
-}
-
-std::string SocketPath(const char* test) {
-  Token();
-  return absl::StrFormat("/tmp/cma-test-%s-%d.sock", test, getpid());
-}
-
-// Runs `body(rank)` in `n` forked processes; returns their exit codes.
-// Each child exits with 0 when body returns true.
-std::vector<int> RunProcesses(int n, const std::function<bool(int)>& body) {
-  std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      bool ok = false;
-      ok = body(r);
-      _exit(ok ? 0 : 1);
-    }
-    pids.push_back(pid);
-  }
-  std::vector<int> codes;
-  for (pid_t p : pids) {
-    int status = 0;
-    waitpid(p, &status, 0);
-    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-  }
-  return codes;
-}
 
 std::unique_ptr<SymmetricHeap> SingleProcessHeap(HostBackend& b, int members,
                                                  SymmetricOptions o = {}) {
@@ -86,7 +51,8 @@ TEST(SymmetricHeapTest, FourDevicesInOneProcess) {
   for (int r = 0; r < 4; ++r) {
     EXPECT_EQ(static_cast<char*>(s.peers[r]), static_cast<char*>(s.base) + r * s.stride);
     EXPECT_EQ(static_cast<void**>(s.device_peers)[r], s.peers[r]);
-    EXPECT_EQ(static_cast<char*>(s.signals[r]), static_cast<char*>(s.peers[r]) + (3 << 20));
+    // The signal area closes the stride: 3 MiB of buffer, then room to spare.
+    EXPECT_EQ(static_cast<char*>(s.signals[r]), static_cast<char*>(s.peers[r]) + s.stride - 256);
     std::memset(s.peers[r], r + 1, 3 << 20);  // every buffer writable
     std::memset(s.signals[r], 0, 256);
   }
@@ -98,7 +64,7 @@ TEST(SymmetricHeapTest, FourDevicesInOneProcess) {
   EXPECT_EQ(b.LiveResources(), HostResourceCounts{});  // nothing leaks
 }
 
-TEST(SymmetricHeapTest, CacheHitMakesNoBackendCallAndNoExchange) {
+TEST(SymmetricHeapTest, CacheHitMakesNoBackendCallAndNoExchangeInOneProcess) {
   HostBackend b({.device_count = 2});
   auto heap = SingleProcessHeap(b, 2);
   auto a = heap->Allocate(1 << 20);
@@ -115,6 +81,8 @@ TEST(SymmetricHeapTest, CacheHitMakesNoBackendCallAndNoExchange) {
     ASSERT_TRUE(heap->Free(*again).ok());
   }
   EXPECT_EQ(b.TotalCalls(), calls);
+  // Every member is in this process: nothing to agree on with anyone
+  // (across processes, a hit is one small round: symmetric_collective_test).
   EXPECT_EQ(heap->GetStats().exchanges, exchanges);
   EXPECT_EQ(heap->GetStats().cache_hits, 100);
   ASSERT_TRUE(heap->EmptyCache().ok());
@@ -135,6 +103,48 @@ TEST(SymmetricHeapTest, SizesInOneGranuleShareCachedSegments) {
   auto d = heap->Allocate(3 << 20);  // another stride: a new segment
   ASSERT_TRUE(d.ok());
   EXPECT_NE((*d)->base, (*c)->base);
+}
+
+// A cached allocation reused for a larger request of the same stride keeps
+// its signal areas clear of every buffer (they once sat right after the
+// first request's bytes, inside the second's).
+TEST(SymmetricHeapTest, SignalAreasStayClearOfTheBufferWhenReusedLarger) {
+  HostBackend b({.device_count = 2});
+  auto heap = SingleProcessHeap(b, 2);
+  auto small = heap->Allocate(1000);
+  ASSERT_TRUE(small.ok());
+  const std::vector<void*> signals = (*small)->signals;
+  ASSERT_TRUE(heap->Free(*small).ok());
+  auto large = heap->Allocate(1 << 20);  // same 2 MiB stride: a hit
+  ASSERT_TRUE(large.ok());
+  ASSERT_EQ(heap->GetStats().cache_hits, 1);
+  for (int r = 0; r < 2; ++r) {
+    char* buf = static_cast<char*>((*large)->peers[r]);
+    char* sig = static_cast<char*>((*large)->signals[r]);
+    EXPECT_GE(sig, buf + (1 << 20)) << "member " << r;
+    EXPECT_LE(sig + 256, buf + (*large)->stride);
+    EXPECT_EQ(sig, static_cast<char*>(signals[r]));  // and where they were
+  }
+}
+
+// Free looks a pointer up before it reads through it: a pointer into memory
+// that cannot be read, or one whose allocation is long gone, is refused
+// without a fault.
+TEST(SymmetricHeapTest, FreeRefusesStaleAndForeignPointersWithoutReadingThem) {
+  HostBackend b({.device_count = 2});
+  auto heap = SingleProcessHeap(b, 2);
+  auto a = heap->Allocate(4096);  // live, so that a lookup has something to compare
+  ASSERT_TRUE(a.ok());
+  void* page = mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(page, MAP_FAILED);
+  EXPECT_EQ(heap->Free(static_cast<const SymmetricAllocation*>(page)).code(),
+            absl::StatusCode::kInvalidArgument);
+  munmap(page, 4096);
+  ASSERT_TRUE(heap->Free(*a).ok());
+  ASSERT_TRUE(heap->EmptyCache().ok());  // the allocation's memory is gone now
+  EXPECT_THAT(heap->Free(*a).message(), HasSubstr("not live here"));
+  heap.reset();
+  EXPECT_EQ(b.LiveResources(), HostResourceCounts{});
 }
 
 TEST(SymmetricHeapTest, BadInputs) {
@@ -275,20 +285,6 @@ TEST(ExchangeTest, CallbackBootstrapsASocketExchange) {
 
 // ---------------------------------------------------------------- processes
 
-// One member per process, each with its own backend, as on one host with one
-// GPU per process.
-std::unique_ptr<SymmetricHeap> ProcessHeap(HostBackend& b, const std::string& path, int rank,
-                                           int world, absl::Duration timeout = kTimeout) {
-  auto x = MakeUnixSocketExchange(path, rank, world, timeout, Token());
-  if (!x.ok()) return nullptr;
-  SymmetricGroup g;
-  g.world_size = world;
-  g.local_ranks = {rank};
-  g.local_devices = {0};
-  auto h = SymmetricHeap::Create(b, g, std::move(*x));
-  return h.ok() ? std::move(*h) : nullptr;
-}
-
 class SymmetricProcessTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(SymmetricProcessTest, PeerWritesAreVisibleToEveryMember) {
@@ -308,9 +304,9 @@ TEST_P(SymmetricProcessTest, PeerWritesAreVisibleToEveryMember) {
     }
     const void* base = (*a)->base;
     if (!heap->Free(*a).ok()) return false;
-    const auto exchanges = heap->GetStats().exchanges;
-    auto again = heap->Allocate(1 << 20);  // collective reuse: no exchange
-    if (!again.ok() || (*again)->base != base || heap->GetStats().exchanges != exchanges) {
+    const auto hits = heap->GetStats().cache_hits;
+    auto again = heap->Allocate(1 << 20);  // collective reuse of the same segments
+    if (!again.ok() || (*again)->base != base || heap->GetStats().cache_hits != hits + 1) {
       return false;
     }
     if (!heap->Free(*again).ok() || !heap->EmptyCache().ok()) return false;
@@ -348,6 +344,51 @@ TEST(SymmetricProcessErrors, MismatchedSizesWithoutMakeSymmetric) {
                        absl::StrContains(a.status().message(), "different sizes");
     heap.reset();
     return clear && b.LiveResources() == HostResourceCounts{};
+  });
+  EXPECT_THAT(codes, ::testing::Each(0));
+}
+
+// On a cache hit too, members that ask for different sizes all get the
+// error (a hit once skipped the comparison: each took the cached segment
+// with its own idea of the size).
+TEST(SymmetricProcessErrors, MismatchedSizesOnACacheHitFailEveryMember) {
+  const std::string path = SocketPath("hitmismatch");
+  auto codes = RunProcesses(2, [&](int r) {
+    HostBackend b({.device_count = 1});
+    auto heap = ProcessHeap(b, path, r, 2);
+    if (!heap) return false;
+    auto a = heap->Allocate(1000);
+    if (!a.ok() || !heap->Free(*a).ok()) return false;
+    auto hit = heap->Allocate(r == 0 ? 1000 : 5000);  // one stride: both would hit
+    return hit.status().code() == absl::StatusCode::kInvalidArgument &&
+           absl::StrContains(hit.status().message(), "different sizes");
+  });
+  EXPECT_THAT(codes, ::testing::Each(0));
+}
+
+// Frees that come in another order on each member still leave every member
+// reusing the same allocation: the cache is keyed by the collective id, not
+// by the order of the frees. Each member writes into its peer's buffer and
+// must find its peer's write in its own.
+TEST(SymmetricProcessErrors, FreesInAnotherOrderStillShareOneAllocation) {
+  const std::string path = SocketPath("freeorder");
+  auto codes = RunProcesses(2, [&](int r) {
+    HostBackend b({.device_count = 1});
+    auto heap = ProcessHeap(b, path, r, 2);
+    if (!heap) return false;
+    auto x = heap->Allocate(1 << 20);
+    auto y = heap->Allocate(1 << 20);
+    if (!x.ok() || !y.ok()) return false;
+    const std::uint64_t first = (*x)->id;
+    if (r == 0 ? !heap->Free(*x).ok() || !heap->Free(*y).ok()
+               : !heap->Free(*y).ok() || !heap->Free(*x).ok()) {
+      return false;
+    }
+    auto z = heap->Allocate(1 << 20);
+    if (!z.ok() || (*z)->id != first) return false;
+    static_cast<std::int32_t*>((*z)->peers[1 - r])[r] = 1000 + r;
+    if (!heap->EmptyCache().ok()) return false;  // a collective: both have written
+    return static_cast<std::int32_t*>((*z)->peers[r])[1 - r] == 1000 + (1 - r);
   });
   EXPECT_THAT(codes, ::testing::Each(0));
 }

@@ -37,6 +37,8 @@ def _system_libs_impl(ctx):
     absl = ["%s/libabsl_%s.a" % (libdir, n) for n in _ABSL_LIBS]
     absl = [a for a in absl if ctx.path(a).exists]
     ctx.file("WORKSPACE", "workspace(name = \"%s\")\n" % ctx.name)
+    if not ctx.path(libdir + "/libsodium.a").exists or not ctx.path("/usr/include/sodium.h").exists:
+        fail("libsodium's static library and headers not found; install libsodium-dev (./bazelw does this as root)")
 
     # Debian's OpenMPI, for the MPI exchange of the symmetric mode.
     mpi_include = libdir + "/openmpi/include"
@@ -57,20 +59,23 @@ cc_library(
     linkopts = ["-L{d}/openmpi/lib", "-lmpi"],
 )
 
-# Libraries depend on :absl (headers, from /usr/include); each final binary
-# picks how Abseil is linked: :absl_static for tests and tools, so they run on
-# machines without Abseil; :absl_shared for shared libraries, because
+# Libraries depend on :absl and :sodium (headers, from /usr/include); each
+# final binary picks how Abseil and libsodium (the HMAC of the symmetric
+# rendezvous) are linked: :absl_static for tests and tools, so they run on
+# machines without them; :absl_shared for shared libraries, because
 # Debian's archives are not position-independent.
 cc_library(name = "absl")
 
+cc_library(name = "sodium")
+
 cc_library(
     name = "absl_static",
-    linkopts = ["-Wl,--start-group"] + {absl} + ["-Wl,--end-group", "-lpthread"],
+    linkopts = ["-Wl,--start-group"] + {absl} + ["-Wl,--end-group", "{d}/libsodium.a", "-lpthread"],
 )
 
 cc_library(
     name = "absl_shared",
-    linkopts = ["-L{d}"] + {absl_shared} + ["-lpthread"],
+    linkopts = ["-L{d}"] + {absl_shared} + ["-lsodium", "-lpthread"],
 )
 
 cc_library(

@@ -1,6 +1,5 @@
 #include "allocator/symmetric/exchange.h"
 
-#include <sys/random.h>
 #include <sys/stat.h>
 
 #include <fcntl.h>
@@ -54,11 +53,27 @@ class UnixSocketExchange final : public Exchange {
   int process_index() const override { return index_; }
 
   absl::StatusOr<std::vector<Contribution>> AllGather(const Contribution& mine) override {
-    if (broken_) return absl::FailedPreconditionError("symmetric exchange: an earlier exchange failed");
+    // Once a round failed, the members disagree on where they are: every
+    // later round fails at once, naming the first failure.
+    if (!broken_.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "symmetric exchange: an earlier exchange failed (", broken_.message(), ")"));
+    }
     const absl::Time deadline = absl::Now() + timeout_;
     absl::StatusOr<std::vector<Contribution>> out =
         index_ == 0 ? Root(mine, deadline) : Leaf(mine, deadline);
-    if (!out.ok()) broken_ = true;
+    if (!out.ok()) {
+      broken_ = out.status();
+      // Tell the others now: they see a disconnect at once rather than wait
+      // out their timeout for a round this process will never send.
+      for (int& fd : peers_) {
+        if (fd >= 0) {
+          shutdown(fd, SHUT_RDWR);
+          close(fd);
+          fd = -1;
+        }
+      }
+    }
     return out;
   }
 
@@ -111,7 +126,7 @@ class UnixSocketExchange final : public Exchange {
   const int count_;
   const absl::Duration timeout_;
   std::vector<int> peers_;  // root: one per process (peers_[0] unused); leaf: peers_[0] is root
-  bool broken_ = false;
+  absl::Status broken_;  // the first failed round's status
 };
 
 absl::StatusOr<sockaddr_un> Address(const std::string& path) {
@@ -131,68 +146,253 @@ std::unique_ptr<Exchange> MakeSingleProcessExchange() {
 }
 
 absl::StatusOr<std::string> MakeRendezvousToken() {
-  unsigned char raw[32];
-  std::size_t got = 0;
-  while (got < sizeof(raw)) {
-    const ssize_t n = getrandom(raw + got, sizeof(raw) - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Errno("getrandom");
-    got += static_cast<std::size_t>(n);
-  }
-  return absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(raw), sizeof(raw)));
+  absl::StatusOr<std::string> raw = wire::RandomBytes(32);
+  if (!raw.ok()) return raw.status();
+  return absl::BytesToHexString(*raw);
 }
 
 namespace {
 
-// Process 0: accepts until every member has presented the token with a free
-// index; anything else is closed unanswered and the wait goes on.
+// Process 0's view of a connector that has not yet proved itself.
+struct Pending {
+  int fd = -1;
+  pid_t pid = 0;
+  absl::Time deadline;  // its own: a silent connector only ever costs itself
+  std::string got;      // the part of its hello, then of its proof, read so far
+  bool challenged = false;
+  wire::Hello hello;
+  std::string nonce;  // the challenge we sent it
+};
+
+// A connector gets this long to complete the handshake; at most kMaxPending
+// wait at once (past that the oldest is dropped), so that a flood of
+// connections can neither hold up the real members nor exhaust our FDs.
+constexpr absl::Duration kHelloTime = absl::Seconds(2);
+constexpr std::size_t kMaxPending = 64;
+
+// Process 0: accepts until every member has proved it knows the token and
+// claimed a free index. Every pending connector is read at once, each
+// against its own deadline; anything else is closed and the wait goes on.
+// A connector is sent nothing until its hello is well formed and comes from
+// the process it names; then only our challenge and proof.
 absl::Status AcceptMembers(int listener, int process_count, const std::string& token,
                            absl::Time deadline, std::vector<int>& peers) {
   const uid_t me = geteuid();
   int rejected = 0;
   std::string last_rejection;
-  for (int accepted = 1; accepted < process_count;) {
-    absl::Status s = WaitFor(listener, POLLIN, deadline,
-                             absl::StrCat(process_count - accepted, " more process(es) to connect"));
-    if (!s.ok()) {
-      if (rejected > 0) {
-        s = absl::Status(s.code(), absl::StrFormat("%s; rejected %d connection(s), the last: %s",
-                                                   s.message(), rejected, last_rejection));
-      }
-      return s;
+  std::vector<Pending> pending;
+  auto reject = [&](std::size_t i, std::string why) {
+    ++rejected;
+    last_rejection = std::move(why);
+    close(pending[i].fd);
+    pending.erase(pending.begin() + i);
+  };
+  auto drop_all = [&] {
+    for (Pending& p : pending) close(p.fd);
+    pending.clear();
+  };
+  // Reads what connector i sent and moves it on (it may leave `pending`);
+  // an error only for a failure of our own (no randomness).
+  auto step = [&](std::size_t i, int& accepted) -> absl::Status {
+    Pending& p = pending[i];
+    const std::size_t want = p.challenged ? wire::kProofBytes : wire::kHelloBytes;
+    char buf[wire::kHelloBytes > wire::kProofBytes ? wire::kHelloBytes : wire::kProofBytes];
+    const ssize_t n = recv(p.fd, buf, want - p.got.size(), 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return absl::OkStatus();
+    if (n <= 0) {
+      reject(i, p.challenged
+                    ? absl::StrFormat("process %d closed before proving it knows the token "
+                                      "(a wrong token?)",
+                                      p.pid)
+                    : absl::StrFormat("process %d closed before its hello was complete", p.pid));
+      return absl::OkStatus();
     }
-    const int c = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    p.got.append(buf, static_cast<std::size_t>(n));
+    if (p.got.size() < want) return absl::OkStatus();
+    if (!p.challenged) {
+      absl::StatusOr<wire::Hello> h = wire::ParseHello(p.got, process_count, p.pid);
+      if (h.ok() && peers[h->index] != -1) {
+        h = absl::PermissionDeniedError(absl::StrFormat("process index %d is taken", h->index));
+      }
+      if (!h.ok()) {
+        reject(i, std::string(h.status().message()));
+        return absl::OkStatus();
+      }
+      absl::StatusOr<std::string> nonce = wire::RandomBytes(wire::kNonceBytes);
+      if (!nonce.ok()) return nonce.status();
+      p.hello = std::move(*h);
+      p.nonce = std::move(*nonce);
+      p.got.clear();
+      p.challenged = true;
+      // A fresh socket's buffer takes the whole challenge: a short send
+      // means the connector is already gone.
+      const std::string challenge = wire::Challenge(token, p.hello, p.nonce);
+      if (send(p.fd, challenge.data(), challenge.size(), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(challenge.size())) {
+        reject(i, absl::StrFormat("process %d left before its challenge", p.pid));
+      }
+      return absl::OkStatus();
+    }
+    absl::Status proof = wire::CheckProof(p.got, token, p.hello, p.nonce);
+    if (proof.ok() && peers[p.hello.index] != -1) {
+      proof = absl::PermissionDeniedError(
+          absl::StrFormat("process index %d is taken", p.hello.index));
+    }
+    if (!proof.ok()) {
+      reject(i, std::string(proof.message()));
+      return absl::OkStatus();
+    }
+    peers[p.hello.index] = p.fd;
+    ++accepted;
+    pending.erase(pending.begin() + i);
+    return absl::OkStatus();
+  };
+  for (int accepted = 1; accepted < process_count;) {
+    absl::Time now = absl::Now();
+    for (std::size_t i = pending.size(); i-- > 0;) {
+      if (pending[i].deadline <= now) {
+        reject(i, absl::StrFormat("process %d did not complete the handshake within %s",
+                                  pending[i].pid, absl::FormatDuration(kHelloTime)));
+      }
+    }
+    if (now >= deadline) {
+      drop_all();
+      std::string msg = absl::StrFormat(
+          "symmetric exchange: timed out waiting for %d more process(es) to connect",
+          process_count - accepted);
+      if (rejected > 0) {
+        absl::StrAppendFormat(&msg, "; rejected %d connection(s), the last: %s", rejected,
+                              last_rejection);
+      }
+      return absl::DeadlineExceededError(msg);
+    }
+    absl::Time wake = deadline;
+    std::vector<pollfd> fds{{listener, POLLIN, 0}};
+    for (const Pending& p : pending) {
+      fds.push_back({p.fd, POLLIN, 0});
+      wake = std::min(wake, p.deadline);
+    }
+    const std::int64_t ms =
+        std::min<std::int64_t>(absl::ToInt64Milliseconds(wake - now), 60'000) + 1;
+    const int r = poll(fds.data(), fds.size(), static_cast<int>(ms));
+    if (r < 0 && errno != EINTR) {
+      drop_all();
+      return Errno("poll");
+    }
+    if (r <= 0) continue;
+    // Back to front, so that erasing keeps the earlier indices valid.
+    for (std::size_t i = pending.size(); i-- > 0;) {
+      if (fds[i + 1].revents == 0) continue;
+      if (absl::Status s = step(i, accepted); !s.ok()) {
+        drop_all();
+        return s;
+      }
+    }
+    if (fds[0].revents == 0) continue;
+    const int c = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (c < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) continue;
+      drop_all();
       return Errno("accept");
     }
-    // A silent connector must not hold the rendezvous up for long.
-    const absl::Time hello_deadline = std::min(deadline, absl::Now() + absl::Seconds(2));
-    absl::StatusOr<uid_t> uid = wire::PeerUid(c);
-    absl::StatusOr<int> who = absl::PermissionDeniedError("");
-    if (!uid.ok()) {
-      who = uid.status();
-    } else if (*uid != me) {
-      who = absl::PermissionDeniedError(absl::StrFormat("uid %d is not this user (%d)", *uid, me));
-    } else {
-      who = wire::ReadHello(c, token, process_count, hello_deadline);
-    }
-    if (who.ok() && peers[*who] != -1) {
-      who = absl::PermissionDeniedError(absl::StrFormat("process index %d is taken", *who));
-    }
-    if (who.ok()) {
-      if (absl::Status w = wire::SendWelcome(c, deadline); !w.ok()) {
-        close(c);
-        return w;
-      }
-      peers[*who] = c;
-      ++accepted;
+    absl::StatusOr<ucred> cred = wire::PeerCred(c);
+    if (!cred.ok() || cred->uid != me) {
+      ++rejected;
+      last_rejection = cred.ok() ? absl::StrFormat("uid %d is not this user (%d)", cred->uid, me)
+                                 : std::string(cred.status().message());
+      close(c);
       continue;
     }
-    ++rejected;
-    last_rejection = std::string(who.status().message());
+    if (pending.size() >= kMaxPending) {
+      reject(0, absl::StrFormat("more than %d connections waited at once; dropped the oldest",
+                                kMaxPending));
+    }
+    Pending p;
+    p.fd = c;
+    p.pid = cred->pid;
+    p.deadline = std::min(deadline, absl::Now() + kHelloTime);
+    pending.push_back(std::move(p));
+  }
+  drop_all();
+  return absl::OkStatus();
+}
+
+// Refuses a socket whose directory others could write to (an attacker there
+// could swap the socket between our check and our connect): the directory
+// must be ours or root's, and writable by no one else unless sticky (/tmp).
+// `strict` (the callback bootstrap's own directory): ours and 0700 exactly.
+absl::Status CheckDirectory(const std::string& path, bool strict) {
+  const std::size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  struct stat st {};
+  if (lstat(dir.c_str(), &st) != 0) return Errno(absl::StrCat("symmetric exchange: ", dir));
+  const uid_t me = geteuid();
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "symmetric exchange: ", dir, " (the socket's directory) is not a directory (a symlink?)"));
+  }
+  if (strict && (st.st_uid != me || (st.st_mode & 0777) != 0700)) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "symmetric exchange: the rendezvous directory %s must be this user's (%d) with mode 0700; "
+        "it is owned by %d with mode %04o",
+        dir, me, st.st_uid, st.st_mode & 0777));
+  }
+  if (st.st_uid != me && st.st_uid != 0) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "symmetric exchange: the socket's directory %s belongs to uid %d, neither this user nor "
+        "root",
+        dir, st.st_uid));
+  }
+  if ((st.st_mode & 022) != 0 && (st.st_mode & S_ISVTX) == 0) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "symmetric exchange: the socket's directory %s (mode %04o) is writable by others and not "
+        "sticky: anyone could replace the socket",
+        dir, st.st_mode & 07777));
+  }
+  return absl::OkStatus();
+}
+
+// A member's connection to process 0, retried until process 0 listens;
+// non-blocking, so that a full backlog cannot hold us past the deadline.
+absl::StatusOr<int> ConnectToRoot(const std::string& path, const sockaddr_un& addr,
+                                  absl::Time deadline) {
+  for (;;) {
+    const int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (c < 0) return Errno("socket");
+    int err = 0;
+    if (connect(c, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) return c;
+    err = errno;
+    if (err == EINPROGRESS) {
+      absl::Status s = WaitFor(c, POLLOUT, deadline, absl::StrCat("process 0 at ", path));
+      socklen_t len = sizeof(err);
+      if (s.ok() && getsockopt(c, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) return c;
+      if (!s.ok()) {
+        close(c);
+        return s;
+      }
+    }
     close(c);
+    // Not listening yet (ENOENT, ECONNREFUSED) or its backlog is full (EAGAIN).
+    if (err != ENOENT && err != ECONNREFUSED && err != EAGAIN && err != EINTR) {
+      errno = err;
+      return Errno(absl::StrCat("symmetric exchange: connect to ", path));
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "symmetric exchange: process 0 never listened at ", path,
+          err == EAGAIN ? " (or its backlog stayed full)" : ""));
+    }
+    absl::SleepFor(std::min(left, absl::Milliseconds(5)));
+  }
+}
+
+absl::Status CheckTimeout(absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration() || timeout > kMaxExchangeTimeout) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "symmetric exchange: the timeout must be positive and at most ",
+        absl::FormatDuration(kMaxExchangeTimeout), " (got ", absl::FormatDuration(timeout),
+        "): every wait is bounded, so that a dead member is reported, never waited for"));
   }
   return absl::OkStatus();
 }
@@ -205,9 +405,23 @@ absl::Status Listen(const std::string& path, const sockaddr_un& addr, int proces
       return absl::InvalidArgumentError(absl::StrCat(
           "symmetric exchange: ", path, " exists and is not a socket; it is left alone"));
     }
-    unlink(path.c_str());  // a stale socket of an earlier run
+    // A stale socket of an earlier run is replaced; one that something still
+    // listens on (another rendezvous at the same path) is not taken over.
+    const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (probe < 0) return Errno("socket");
+    const bool live = connect(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0 ||
+                      errno == EAGAIN;
+    close(probe);
+    if (live) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "symmetric exchange: a live process listens at ", path,
+          " (another rendezvous?); it is left alone"));
+    }
+    unlink(path.c_str());
   }
-  const int l = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // Non-blocking: a connector that leaves between poll and accept must not
+  // block the accept.
+  const int l = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (l < 0) return Errno("socket");
   // Owner-only from the start would need umask, which is process-wide;
   // between bind and chmod the token and peer credentials still guard it.
@@ -234,8 +448,11 @@ absl::StatusOr<std::unique_ptr<Exchange>> MakeUnixSocketExchange(const std::stri
         "symmetric exchange: process %d of %d is not a valid member", process_index, process_count));
   }
   if (absl::Status s = wire::CheckToken(token); !s.ok()) return s;
+  if (absl::Status s = CheckTimeout(timeout); !s.ok()) return s;
+  if (absl::Status s = wire::CryptoReady(); !s.ok()) return s;
   absl::StatusOr<sockaddr_un> addr = Address(path);
   if (!addr.ok()) return addr.status();
+  if (absl::Status s = CheckDirectory(path, /*strict=*/false); !s.ok()) return s;
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<int> peers(process_count, -1);
   if (process_index == 0) {
@@ -249,34 +466,13 @@ absl::StatusOr<std::unique_ptr<Exchange>> MakeUnixSocketExchange(const std::stri
       return failure;
     }
   } else {
-    // Process 0 may not be listening yet: retry until the deadline.
-    int c = -1;
-    for (;;) {
-      c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (c < 0) return Errno("socket");
-      if (connect(c, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) == 0) break;
-      close(c);
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("symmetric exchange: process 0 never listened at ", path));
-      }
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    // Our handles go only to process 0 of our own user.
-    absl::StatusOr<uid_t> uid = wire::PeerUid(c);
-    absl::Status s = uid.status();
-    if (s.ok() && *uid != geteuid()) {
-      s = absl::PermissionDeniedError(absl::StrFormat(
-          "symmetric exchange: the process listening at %s runs as uid %d, not this user", path,
-          *uid));
-    }
-    if (s.ok()) s = wire::SendHello(c, process_index, token, deadline);
-    if (s.ok()) s = wire::ReadWelcome(c, deadline);
-    if (!s.ok()) {
-      close(c);
+    absl::StatusOr<int> c = ConnectToRoot(path, *addr, deadline);
+    if (!c.ok()) return c.status();
+    if (absl::Status s = wire::MemberHandshake(*c, process_index, token, deadline); !s.ok()) {
+      close(*c);
       return s;
     }
-    peers[0] = c;
+    peers[0] = *c;
   }
   return std::unique_ptr<Exchange>(
       new UnixSocketExchange(process_index, process_count, timeout, std::move(peers)));
@@ -287,6 +483,7 @@ absl::StatusOr<std::unique_ptr<Exchange>> MakeCallbackExchange(AllGatherCallback
                                                                int process_count,
                                                                absl::Duration timeout) {
   if (callback == nullptr) return absl::InvalidArgumentError("symmetric exchange: null callback");
+  if (absl::Status s = CheckTimeout(timeout); !s.ok()) return s;
   // Process 0's entry: the socket path, then the token, each NUL-padded.
   constexpr std::size_t kPath = sizeof(sockaddr_un::sun_path);
   constexpr std::size_t kLen = kPath + kMaxTokenBytes;
@@ -311,7 +508,11 @@ absl::StatusOr<std::unique_ptr<Exchange>> MakeCallbackExchange(AllGatherCallback
   if (callback(ctx, mine.data(), kLen, all.data()) == 0) {
     const std::string path(all.data(), strnlen(all.data(), kPath));
     const std::string token(all.data() + kPath, strnlen(all.data() + kPath, kMaxTokenBytes));
-    x = MakeUnixSocketExchange(path, process_index, process_count, timeout, token);
+    // Process 0 made the directory private; everyone checks that it still is.
+    absl::Status private_dir = CheckDirectory(path, /*strict=*/true);
+    x = private_dir.ok()
+            ? MakeUnixSocketExchange(path, process_index, process_count, timeout, token)
+            : private_dir;
   }
   if (!dir.empty()) rmdir(dir.c_str());  // the socket itself is gone already
   return x;

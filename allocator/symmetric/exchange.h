@@ -8,14 +8,23 @@
 // such as torch.distributed or MPI, bootstraps a UnixSocketExchange).
 //
 // Security of the socket rendezvous: only processes of the same user that
-// present the rendezvous token get in. Process 0 checks every connector's
-// peer credentials (SO_PEERCRED: same effective uid) and its token before it
-// assigns the connector a member index; a rejected connector is closed
-// without being sent anything, and the rendezvous goes on waiting for the
-// real member (an intruder cannot claim an index or abort it). Connectors
-// check that process 0 runs as the same user. The socket file is made 0600;
-// the callback bootstrap puts it in a private (0700) directory. Frame sizes
-// are bounded before anything is allocated.
+// know the rendezvous token get in, and members talk only to a process 0
+// that knows it. Process 0 checks every connector's peer credentials
+// (SO_PEERCRED: same effective uid) and then runs a mutual HMAC-SHA256
+// challenge-response with it (wire.h): the token itself never crosses the
+// socket, and each side checks that the pid its peer's MAC covers is the
+// pid SO_PEERCRED reports (no relaying); so the members must share one pid
+// namespace (processes in containers that share only the socket's directory
+// are refused as relays). A rejected connector is closed
+// having received at most a random challenge, and the rendezvous goes on
+// waiting for the real member (an intruder cannot claim an index or abort
+// it). Process 0 reads every pending connector at once, each with its own
+// 2 s deadline and at most 64 pending, so silent connectors cannot hold the
+// real members up. Members connect without blocking (a full backlog times
+// out like a missing process 0). The socket file is made 0600 in a
+// directory others cannot write to (or a sticky one, such as /tmp); the
+// callback bootstrap puts it in a private (0700) directory that every member
+// checks. Frame sizes are bounded before anything is allocated.
 //
 // Contract: AllGather is collective; every process calls it the same number
 // of times. Every wait is bounded by the exchange's timeout: a process that
@@ -61,15 +70,23 @@ absl::StatusOr<std::string> MakeRendezvousToken();
 // Every member passes the same `token` (16 to 128 bytes; MakeRendezvousToken
 // makes one); a bootstrap (MakeCallbackExchange, MPI, torch.distributed)
 // distributes it. `timeout` bounds connection set-up and every AllGather.
-// kInvalidArgument for a bad index, path or token; kPermissionDenied when
-// process 0 is another user or rejected this process's token;
+// kInvalidArgument for a bad index, path, token or timeout (not in
+// (0, kMaxExchangeTimeout]); kPermissionDenied when process 0 is another
+// user, rejected this process or failed to prove it knows the token, or when
+// the socket's directory is writable by others (and not sticky);
 // kDeadlineExceeded naming what is missing (and any connections rejected).
-// An existing file at `path` that is not a socket is never removed.
+// An existing file at `path` that is not a socket is never removed, nor a
+// socket something listens on (kAlreadyExists); a stale socket is replaced.
 absl::StatusOr<std::unique_ptr<Exchange>> MakeUnixSocketExchange(const std::string& path,
                                                                   int process_index,
                                                                   int process_count,
                                                                   absl::Duration timeout,
                                                                   const std::string& token);
+
+// The longest exchange timeout accepted: an infinite or enormous timeout is
+// kInvalidArgument, because every wait must end in an error naming a dead
+// member rather than a hang.
+inline constexpr absl::Duration kMaxExchangeTimeout = absl::Hours(24);
 
 // Limits of the wire protocol, checked before anything is allocated.
 inline constexpr std::size_t kMaxFrameBytes = std::size_t{1} << 20;
@@ -84,7 +101,9 @@ using AllGatherCallback = int (*)(void* ctx, const void* send, size_t len, void*
 // Uses `callback` once, to agree on a socket path in a private directory
 // that process 0 creates and on a fresh token from process 0, then exchanges
 // through a UnixSocketExchange (FDs cannot travel through a framework's
-// communicator). The directory is removed once everyone has connected.
+// communicator). Every member checks that the directory is its user's with
+// mode 0700 (kPermissionDenied otherwise). The directory is removed once
+// everyone has connected. The timeout is checked as above.
 absl::StatusOr<std::unique_ptr<Exchange>> MakeCallbackExchange(AllGatherCallback callback,
                                                                void* ctx, int process_index,
                                                                int process_count,

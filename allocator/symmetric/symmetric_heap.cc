@@ -95,8 +95,8 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap>> SymmetricHeap::Create(
 
 SymmetricHeap::~SymmetricHeap() {
   MutexLock l(&mu_);
-  for (auto& [id, e] : live_) Destroy(*e);
-  for (auto& [stride, e] : cache_) Destroy(*e);
+  for (auto& [a, e] : live_) Destroy(*e);
+  for (auto& [key, e] : cache_) Destroy(*e);
   for (auto& e : leftovers_) Destroy(*e);
 }
 
@@ -117,36 +117,155 @@ bool SymmetricHeap::MulticastAllowed() const {
   return true;
 }
 
-const SymmetricAllocation* SymmetricHeap::FromCache(std::size_t bytes, std::size_t stride) {
-  auto it = cache_.find(stride);  // the oldest of this stride: the same on every process
+std::uint64_t SymmetricHeap::Candidate(std::size_t stride) const {
+  auto it = cache_.lower_bound({stride, 0});
+  return it != cache_.end() && it->first.first == stride ? it->first.second : 0;
+}
+
+bool SymmetricHeap::AllName(std::uint64_t mine, const std::vector<std::uint64_t>& theirs) {
+  return mine != 0 &&
+         std::all_of(theirs.begin(), theirs.end(), [&](std::uint64_t id) { return id == mine; });
+}
+
+const SymmetricAllocation* SymmetricHeap::FromCache(std::size_t bytes, std::size_t stride,
+                                                    std::uint64_t id) {
+  auto it = cache_.find({stride, id});
   if (it == cache_.end()) return nullptr;
   std::unique_ptr<Entry> e = std::move(it->second);
   cache_.erase(it);
-  e->a.bytes = bytes;
+  e->a.bytes = bytes;  // the signal areas stay where they are: at the stride's end
   const SymmetricAllocation* a = &e->a;
   stats_.cached_bytes -= static_cast<std::int64_t>(e->own_bytes);
   ++stats_.cache_hits;
   ++stats_.allocations;
-  live_[e->a.id] = std::move(e);
+  live_[a] = std::move(e);
   return a;
 }
 
-absl::StatusOr<std::size_t> SymmetricHeap::AgreeOnSize(std::size_t bytes, bool make_symmetric) {
+namespace {
+
+constexpr std::uint32_t kRoundMagic = 0x434d4152;  // "CMAR"
+
+const char* OpName(std::uint8_t op) {
+  switch (op) {
+    case 1: return "Allocate (sizes)";
+    case 2: return "Allocate (make_symmetric's cache candidates)";
+    case 3: return "Allocate (handles)";
+    case 4: return "Allocate (commit)";
+    case 5: return "EmptyCache";
+    default: return "an unknown collective";
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<Contribution>> SymmetricHeap::Round(Op op, const absl::Status& local,
+                                                               Contribution mine) {
+  if (!broken_.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "symmetric heap: an earlier collective failed, so the members' state is unknown (",
+        broken_.message(), "); create a new heap"));
+  }
+  // Every round carries its op and sequence number, and whether this
+  // process got this far: members out of step, or one that failed, are
+  // named rather than misread.
+  const std::uint64_t seq = ++rounds_;
+  std::string tagged;
+  Put(tagged, kRoundMagic);
+  Put(tagged, static_cast<std::uint8_t>(op));
+  Put(tagged, static_cast<std::uint8_t>(local.ok()));
+  Put(tagged, seq);
+  if (local.ok()) {
+    tagged += mine.bytes;
+  } else {
+    tagged += std::string(local.message()).substr(0, 1024);
+    mine.fds.clear();  // nothing to hand out: the caller closes its own
+  }
+  mine.bytes = std::move(tagged);
+  ++stats_.exchanges;
+  absl::StatusOr<std::vector<Contribution>> all = exchange_->AllGather(mine);
+  if (!all.ok()) {
+    broken_ = all.status();
+    return all.status();
+  }
+  auto close_all = [&] {
+    for (Contribution& c : *all) {
+      for (int fd : c.fds) close(fd);
+      c.fds.clear();
+    }
+  };
+  absl::Status failed;
+  for (std::size_t p = 0; p < all->size(); ++p) {
+    Contribution& c = (*all)[p];
+    std::size_t pos = 0;
+    std::uint32_t magic = 0;
+    std::uint8_t their_op = 0, ok = 0;
+    std::uint64_t their_seq = 0;
+    if (!Get(c.bytes, pos, magic) || !Get(c.bytes, pos, their_op) || !Get(c.bytes, pos, ok) ||
+        !Get(c.bytes, pos, their_seq) || magic != kRoundMagic || their_op != static_cast<std::uint8_t>(op) ||
+        their_seq != seq) {
+      close_all();
+      broken_ = absl::FailedPreconditionError(absl::StrFormat(
+          "symmetric heap: the collective calls are out of step: process %d is in %s #%d "
+          "while this process is in %s #%d",
+          p, magic == kRoundMagic ? OpName(their_op) : "no collective of this heap", their_seq,
+          OpName(static_cast<std::uint8_t>(op)), seq));
+      return broken_;
+    }
+    c.bytes.erase(0, pos);
+    if (!ok && failed.ok()) {
+      failed = absl::AbortedError(
+          absl::StrCat("symmetric heap: process ", p, " failed this collective: ", c.bytes));
+    }
+  }
+  if (!local.ok()) failed = local;  // a member that failed reports its own reason
+  // Only the handles round carries descriptors; anything else a peer sent
+  // is closed here, on every path.
+  if (!failed.ok() || op != Op::kHandles) close_all();
+  if (!failed.ok()) return failed;
+  return all;
+}
+
+absl::StatusOr<SymmetricHeap::Agreed> SymmetricHeap::AgreeOnSize(std::size_t bytes,
+                                                                 bool make_symmetric) {
+  if (exchange_->process_count() == 1) {
+    // Every member is in this process and shares this cache: there is no
+    // one to agree with, and a hit stays a few map operations.
+    if (bytes == 0) return absl::InvalidArgumentError("symmetric heap: cannot allocate 0 bytes");
+    group_granularity_ = granularity_;
+    Agreed out;
+    out.bytes = bytes;
+    out.candidates = {Candidate(StrideFor(bytes, group_granularity_))};
+    return out;
+  }
+  // Without make_symmetric every member's stride is the agreed one (sizes
+  // must match), so each names its candidate for it in the same round.
+  // Before the first exchange the group's granularity is unknown, and the
+  // cache is empty.
+  const std::uint64_t candidate =
+      make_symmetric || group_granularity_ == 0 ? 0
+                                                : Candidate(StrideFor(bytes, group_granularity_));
   Contribution mine;
   Put(mine.bytes, static_cast<std::uint64_t>(bytes));
   Put(mine.bytes, static_cast<std::uint64_t>(granularity_));
   Put(mine.bytes, static_cast<std::uint8_t>(make_symmetric));
-  ++stats_.exchanges;
-  absl::StatusOr<std::vector<Contribution>> all = exchange_->AllGather(mine);
+  Put(mine.bytes, candidate);
+  // A bad request still joins the round, so that the others fail with it
+  // now rather than wait out their timeout.
+  const absl::Status local =
+      bytes == 0 ? absl::InvalidArgumentError("symmetric heap: cannot allocate 0 bytes")
+                 : absl::OkStatus();
+  absl::StatusOr<std::vector<Contribution>> all = Round(Op::kSize, local, mine);
   if (!all.ok()) return all.status();
   std::uint64_t largest = 0, granularity = 0;
   std::vector<std::uint64_t> sizes;
+  Agreed out;
   for (std::size_t p = 0; p < all->size(); ++p) {
     std::size_t pos = 0;
-    std::uint64_t b = 0, g = 0;
+    std::uint64_t b = 0, g = 0, c = 0;
     std::uint8_t sym = 0;
     if (!Get((*all)[p].bytes, pos, b) || !Get((*all)[p].bytes, pos, g) ||
-        !Get((*all)[p].bytes, pos, sym)) {
+        !Get((*all)[p].bytes, pos, sym) || !Get((*all)[p].bytes, pos, c)) {
       return absl::DataLossError(absl::StrCat("symmetric heap: malformed size from process ", p));
     }
     if (static_cast<bool>(sym) != make_symmetric) {
@@ -154,6 +273,7 @@ absl::StatusOr<std::size_t> SymmetricHeap::AgreeOnSize(std::size_t bytes, bool m
           "symmetric heap: processes disagree on make_symmetric for one collective allocation");
     }
     sizes.push_back(b);
+    out.candidates.push_back(c);
     largest = std::max(largest, b);
     granularity = std::max(granularity, g);
   }
@@ -168,29 +288,52 @@ absl::StatusOr<std::size_t> SymmetricHeap::AgreeOnSize(std::size_t bytes, bool m
         "); pass make_symmetric to round every member up to the largest"));
   }
   group_granularity_ = granularity;
-  return static_cast<std::size_t>(largest);
+  out.bytes = static_cast<std::size_t>(largest);
+  if (make_symmetric) {
+    // The agreed stride is known only now: a second round names the
+    // candidates for it.
+    Contribution second;
+    Put(second.bytes, Candidate(StrideFor(out.bytes, group_granularity_)));
+    absl::StatusOr<std::vector<Contribution>> named =
+        Round(Op::kCandidates, absl::OkStatus(), second);
+    if (!named.ok()) return named.status();
+    out.candidates.clear();
+    for (std::size_t p = 0; p < named->size(); ++p) {
+      std::size_t pos = 0;
+      std::uint64_t c = 0;
+      if (!Get((*named)[p].bytes, pos, c)) {
+        return absl::DataLossError(
+            absl::StrCat("symmetric heap: malformed cache candidate from process ", p));
+      }
+      out.candidates.push_back(c);
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<const SymmetricAllocation*> SymmetricHeap::Allocate(std::size_t bytes,
                                                                    bool make_symmetric) {
-  if (bytes == 0) return absl::InvalidArgumentError("symmetric heap: cannot allocate 0 bytes");
   MutexLock l(&mu_);
-  if (!make_symmetric && group_granularity_ != 0) {
-    if (const SymmetricAllocation* hit = FromCache(bytes, StrideFor(bytes, group_granularity_))) {
-      return hit;  // no exchange, no driver call
-    }
+  if (exchange_->process_count() == 1 && bytes != 0 && group_granularity_ != 0) {
+    // One process: its cache is the group's, so a hit needs no agreement.
+    const std::size_t stride = StrideFor(bytes, group_granularity_);
+    if (const std::uint64_t id = Candidate(stride); id != 0) return FromCache(bytes, stride, id);
   }
-  absl::StatusOr<std::size_t> agreed = AgreeOnSize(bytes, make_symmetric);
+  absl::StatusOr<Agreed> agreed = AgreeOnSize(bytes, make_symmetric);
   if (!agreed.ok()) return agreed.status();
-  const std::size_t stride = StrideFor(*agreed, group_granularity_);
-  if (const SymmetricAllocation* hit = FromCache(*agreed, stride)) return hit;
-  absl::StatusOr<std::unique_ptr<Entry>> e = Build(*agreed, stride);
+  const std::size_t stride = StrideFor(agreed->bytes, group_granularity_);
+  // A hit only when every member names the same cached allocation: with
+  // caches that drifted apart (frees that differed), or a member with none,
+  // the group builds a new one together instead of each taking its own.
+  const std::uint64_t mine = Candidate(stride);
+  if (AllName(mine, agreed->candidates)) return FromCache(agreed->bytes, stride, mine);
+  absl::StatusOr<std::unique_ptr<Entry>> e = Build(agreed->bytes, stride);
   if (!e.ok()) return e.status();
   const SymmetricAllocation* a = &(*e)->a;
   stats_.symmetric_bytes += static_cast<std::int64_t>((*e)->own_bytes);
   stats_.symmetric_bytes_peak = std::max(stats_.symmetric_bytes_peak, stats_.symmetric_bytes);
   ++stats_.allocations;
-  live_[a->id] = std::move(*e);
+  live_[a] = std::move(*e);
   return a;
 }
 
@@ -201,6 +344,9 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
   StepClock clock(stats_.last_miss_seconds);
   auto e = std::make_unique<Entry>();
   SymmetricAllocation& a = e->a;
+  // Taken first, so that ids stay in step on every member even when a build
+  // fails (every member then fails it too: see the rounds below).
+  a.id = next_id_++;
   std::vector<PhysicalHandle> handles(world, 0);
   std::vector<bool> have(world, false);
   std::vector<int> fds_to_close;
@@ -216,110 +362,157 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
     }
     for (int fd : fds_to_close) close(fd);
     if (a.multicast) (void)backend_.MulticastRelease(a.multicast_handle);
+    if (a.device_peers != nullptr) (void)backend_.FreeManaged(a.device_peers);
     return s;
   };
 
-  // 1. This process's members' physical memory.
-  for (std::size_t i = 0; i < group_.local_ranks.size(); ++i) {
+  // 1. This process's members' physical memory, exported for the others.
+  absl::Status local;
+  Contribution mine;
+  Put(mine.bytes, static_cast<std::uint32_t>(group_.local_ranks.size()));
+  for (std::size_t i = 0; i < group_.local_ranks.size() && local.ok(); ++i) {
+    const int r = group_.local_ranks[i];
     absl::StatusOr<PhysicalHandle> h = clock.Time("VmmCreate", [&] {
       return backend_.VmmCreate(group_.local_devices[i], stride, options_.handle_type);
     });
-    if (!h.ok()) return fail(h.status());
-    handles[group_.local_ranks[i]] = *h;
-    have[group_.local_ranks[i]] = true;
-    e->own_bytes += stride;
-  }
-
-  // 2. Everyone else's, through the exchange.
-  if (multi_process) {
-    Contribution mine;
-    Put(mine.bytes, static_cast<std::uint32_t>(group_.local_ranks.size()));
-    for (int r : group_.local_ranks) {
-      absl::StatusOr<ShareableHandle> sh =
-          clock.Time("VmmExport", [&] { return backend_.VmmExport(handles[r], options_.handle_type); });
-      if (!sh.ok()) return fail(sh.status());
-      Put(mine.bytes, static_cast<std::int32_t>(r));
-      mine.bytes.append(reinterpret_cast<const char*>(sh->fabric), sizeof(sh->fabric));
-      if (sh->fd >= 0) {
-        mine.fds.push_back(sh->fd);
-        fds_to_close.push_back(sh->fd);
-      }
+    if (!h.ok()) {
+      local = h.status();
+      break;
     }
-    ++stats_.exchanges;
+    handles[r] = *h;
+    have[r] = true;
+    e->own_bytes += stride;
+    if (!multi_process) continue;
+    absl::StatusOr<ShareableHandle> sh =
+        clock.Time("VmmExport", [&] { return backend_.VmmExport(handles[r], options_.handle_type); });
+    if (!sh.ok()) {
+      local = sh.status();
+      break;
+    }
+    Put(mine.bytes, static_cast<std::int32_t>(r));
+    mine.bytes.append(reinterpret_cast<const char*>(sh->fabric), sizeof(sh->fabric));
+    if (sh->fd >= 0) {
+      mine.fds.push_back(sh->fd);
+      fds_to_close.push_back(sh->fd);
+    }
+  }
+  if (!multi_process && !local.ok()) return fail(local);
+
+  // 2. Everyone else's, through the exchange. A process whose step 1 failed
+  // still joins the round, with its reason, so that every member fails now,
+  // naming it, rather than wait out the timeout.
+  if (multi_process) {
     absl::StatusOr<std::vector<Contribution>> all =
-        clock.Time("exchange", [&] { return exchange_->AllGather(mine); });
+        clock.Time("exchange", [&] { return Round(Op::kHandles, local, std::move(mine)); });
     if (!all.ok()) return fail(all.status());
     for (Contribution& c : *all) fds_to_close.insert(fds_to_close.end(), c.fds.begin(), c.fds.end());
-    for (std::size_t p = 0; p < all->size(); ++p) {
+    for (std::size_t p = 0; p < all->size() && local.ok(); ++p) {
       if (static_cast<int>(p) == exchange_->process_index()) continue;
       const Contribution& c = (*all)[p];
       std::size_t pos = 0;
       std::uint32_t n = 0;
-      if (!Get(c.bytes, pos, n)) return fail(absl::DataLossError("symmetric heap: malformed handles"));
-      for (std::uint32_t k = 0; k < n; ++k) {
+      if (!Get(c.bytes, pos, n)) {
+        local = absl::DataLossError(absl::StrCat("symmetric heap: malformed handles from process ", p));
+        break;
+      }
+      for (std::uint32_t k = 0; k < n && local.ok(); ++k) {
         std::int32_t r = -1;
         ShareableHandle sh;
         sh.type = options_.handle_type;
         sh.bytes = stride;
         if (!Get(c.bytes, pos, r) || pos + sizeof(sh.fabric) > c.bytes.size() || r < 0 ||
             r >= world || have[r]) {
-          return fail(absl::DataLossError(absl::StrCat("symmetric heap: bad handle list from process ", p)));
+          local = absl::DataLossError(absl::StrCat("symmetric heap: bad handle list from process ", p));
+          break;
         }
         std::memcpy(sh.fabric, c.bytes.data() + pos, sizeof(sh.fabric));
         pos += sizeof(sh.fabric);
         if (options_.handle_type == HandleType::kPosixFd) {
-          if (k >= c.fds.size()) return fail(absl::DataLossError("symmetric heap: missing FD"));
+          if (k >= c.fds.size()) {
+            local = absl::DataLossError(absl::StrCat("symmetric heap: process ", p, " sent too few FDs"));
+            break;
+          }
           sh.fd = c.fds[k];
         }
         absl::StatusOr<PhysicalHandle> h =
             clock.Time("VmmImport", [&] { return backend_.VmmImport(sh); });
-        if (!h.ok()) return fail(h.status());
+        if (!h.ok()) {
+          local = h.status();
+          break;
+        }
         handles[r] = *h;
         have[r] = true;
       }
     }
   }
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < world && local.ok(); ++r) {
     if (!have[r]) {
-      return fail(absl::FailedPreconditionError(
-          absl::StrFormat("symmetric heap: no process contributed member %d of %d", r, world)));
+      local = absl::FailedPreconditionError(
+          absl::StrFormat("symmetric heap: no process contributed member %d of %d", r, world));
     }
   }
 
   // 3. One reservation, every member mapped, one access call for all local devices.
-  absl::StatusOr<void*> base =
-      clock.Time("VmmReserve", [&] { return backend_.VmmReserve(world * stride, granularity_); });
-  if (!base.ok()) return fail(base.status());
-  a.base = *base;
-  for (int r = 0; r < world; ++r) {
-    absl::Status s = clock.Time("VmmMap", [&] {
+  if (local.ok()) {
+    absl::StatusOr<void*> base =
+        clock.Time("VmmReserve", [&] { return backend_.VmmReserve(world * stride, granularity_); });
+    if (base.ok()) {
+      a.base = *base;
+    } else {
+      local = base.status();
+    }
+  }
+  for (int r = 0; r < world && local.ok(); ++r) {
+    local = clock.Time("VmmMap", [&] {
       return backend_.VmmMap(static_cast<char*>(a.base) + r * stride, stride, handles[r]);
     });
-    if (!s.ok()) return fail(s);
-    ++mapped;
+    if (local.ok()) ++mapped;
   }
-  absl::Status access = clock.Time("VmmSetAccess", [&] {
-    return backend_.VmmSetAccess(a.base, world * stride, group_.local_devices);
-  });
-  if (!access.ok()) return fail(access);
+  if (local.ok()) {
+    local = clock.Time("VmmSetAccess", [&] {
+      return backend_.VmmSetAccess(a.base, world * stride, group_.local_devices);
+    });
+  }
 
   // 4. Multicast: guarded opt-in, bound before the handles go.
-  if (MulticastAllowed()) {
+  if (local.ok() && MulticastAllowed()) {
     absl::StatusOr<MulticastHandle> mc = backend_.MulticastCreate(group_.local_devices, stride);
-    if (!mc.ok()) return fail(mc.status());
-    a.multicast = true;
-    a.multicast_handle = *mc;
+    if (mc.ok()) {
+      a.multicast = true;
+      a.multicast_handle = *mc;
+    } else {
+      local = mc.status();
+    }
     for (int d : group_.local_devices) {
-      if (absl::Status s = backend_.MulticastAddDevice(*mc, d); !s.ok()) return fail(s);
+      if (local.ok()) local = backend_.MulticastAddDevice(a.multicast_handle, d);
     }
     for (int r : group_.local_ranks) {
-      if (absl::Status s = backend_.MulticastBindMemory(*mc, 0, handles[r], 0, stride); !s.ok()) {
-        return fail(s);
-      }
+      if (local.ok()) local = backend_.MulticastBindMemory(a.multicast_handle, 0, handles[r], 0, stride);
     }
   }
 
-  // 5. The mappings keep the memory alive: handles and FDs can go now (a
+  // 5. Pointers for the host and, in managed memory, for kernels.
+  if (local.ok()) {
+    absl::StatusOr<void*> table =
+        backend_.AllocateManaged(group_.local_devices[0], world * sizeof(void*));
+    if (table.ok()) {
+      a.device_peers = *table;
+    } else {
+      local = table.status();
+    }
+  }
+
+  // 6. Everyone mapped everything, or everyone undoes it: a member that
+  // failed to import or map says so, and no member keeps an allocation that
+  // another lacks.
+  if (multi_process) {
+    absl::StatusOr<std::vector<Contribution>> commit = Round(Op::kCommit, local, {});
+    if (!commit.ok()) return fail(commit.status());
+  } else if (!local.ok()) {
+    return fail(local);
+  }
+
+  // 7. The mappings keep the memory alive: handles and FDs can go now (a
   // release that fails is retried when the allocation is destroyed).
   for (int r = 0; r < world; ++r) {
     if (!backend_.VmmRelease(handles[r]).ok()) e->unreleased.push_back(handles[r]);
@@ -327,22 +520,12 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
   }
   for (int fd : fds_to_close) close(fd);
   fds_to_close.clear();
-
-  // 6. Pointers for the host and, in managed memory, for kernels.
-  absl::StatusOr<void*> table =
-      backend_.AllocateManaged(group_.local_devices[0], world * sizeof(void*));
-  if (!table.ok()) {
-    for (PhysicalHandle h : e->unreleased) (void)backend_.VmmRelease(h);
-    return fail(table.status());
-  }
-  a.device_peers = *table;
-  a.id = next_id_++;
   a.bytes = bytes;
   a.stride = stride;
   for (int r = 0; r < world; ++r) {
     char* p = static_cast<char*>(a.base) + r * stride;
     a.peers.push_back(p);
-    a.signals.push_back(p + RoundUp(bytes, 256));
+    a.signals.push_back(p + stride - options_.signal_bytes);
     static_cast<void**>(a.device_peers)[r] = p;
   }
   return e;
@@ -351,25 +534,28 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
 absl::Status SymmetricHeap::Free(const SymmetricAllocation* allocation) {
   MutexLock l(&mu_);
   if (allocation == nullptr) return absl::InvalidArgumentError("symmetric heap: free of null");
-  auto it = live_.find(allocation->id);
-  if (it == live_.end() || &it->second->a != allocation) {
+  // Looked up by address alone: a stale or foreign pointer is never read.
+  auto it = live_.find(allocation);
+  if (it == live_.end()) {
     return absl::InvalidArgumentError(
-        "symmetric heap: free of an allocation that is not live here (double free?)");
+        "symmetric heap: free of an allocation that is not live here (double free, or a "
+        "pointer this heap did not hand out)");
   }
-  stats_.cached_bytes += static_cast<std::int64_t>(it->second->own_bytes);
-  const std::size_t stride = it->second->a.stride;
-  cache_.emplace(stride, std::move(it->second));  // after older entries of this stride
+  std::unique_ptr<Entry> e = std::move(it->second);
   live_.erase(it);
+  stats_.cached_bytes += static_cast<std::int64_t>(e->own_bytes);
+  const std::pair<std::size_t, std::uint64_t> key{e->a.stride, e->a.id};
+  cache_.emplace(key, std::move(e));
   return absl::OkStatus();
 }
 
 absl::Status SymmetricHeap::EmptyCache() {
   MutexLock l(&mu_);
   // Collective: all processes drop the same entries, keeping caches identical.
-  ++stats_.exchanges;
-  absl::StatusOr<std::vector<Contribution>> barrier = exchange_->AllGather(Contribution{});
+  absl::StatusOr<std::vector<Contribution>> barrier =
+      Round(Op::kEmptyCache, absl::OkStatus(), Contribution{});
   if (!barrier.ok()) return barrier.status();
-  for (auto& [stride, e] : cache_) {
+  for (auto& [key, e] : cache_) {
     stats_.symmetric_bytes -= static_cast<std::int64_t>(e->own_bytes);
     if (!Destroy(*e)) leftovers_.push_back(std::move(e));
   }
@@ -409,8 +595,8 @@ std::vector<SymmetricSnapshot> SymmetricHeap::Snapshot() {
   auto add = [&out](const Entry& e, bool cached) {
     out.push_back({e.a.id, e.a.bytes, e.a.stride, cached, e.a.peers});
   };
-  for (const auto& [id, e] : live_) add(*e, false);
-  for (const auto& [stride, e] : cache_) add(*e, true);
+  for (const auto& [a, e] : live_) add(*e, false);
+  for (const auto& [key, e] : cache_) add(*e, true);
   return out;
 }
 

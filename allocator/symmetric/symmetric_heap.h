@@ -12,17 +12,33 @@
 // Contract:
 //  * Allocate, Free and EmptyCache are collective: every process of the group
 //    calls them, in the same order. Free puts the allocation in the cache;
-//    the next Allocate of the same size reuses it on every member with no
-//    driver call and, unless make_symmetric is set, no exchange (cache state
-//    is identical everywhere because the calls are). make_symmetric
-//    allocations always exchange sizes (a few bytes, no driver call on a hit).
+//    a later Allocate whose stride matches reuses it with no driver call.
+//    Across processes, every Allocate exchanges a few bytes (one round; two
+//    with make_symmetric), so that the group decides together: the members agree
+//    on the size and on which cached allocation to reuse, named by its
+//    collective id (the same on every process, whatever order the frees came
+//    in); when any member has none, or they name different ones, every member
+//    builds a new allocation. So every member always gets the same
+//    allocation.
 //  * Sizes must match across members unless make_symmetric is set, which
-//    rounds every member up to the largest request; a mismatch on a cache
-//    miss is kInvalidArgument on every process. (On a hit without
-//    make_symmetric, sizes are not compared: a member that asks for another
-//    size misses alone and its exchange times out, naming the problem.)
+//    rounds every member up to the largest request; a mismatch, cache hit or
+//    miss, is kInvalidArgument on every process.
+//  * The signal area of member r is the last signal_bytes of its stride, so
+//    it stays in place when a cached allocation is reused with another size.
+//  * Free checks that its argument is a live allocation of this heap before
+//    reading it: a stale, foreign or doubly freed pointer is kInvalidArgument
+//    and is never dereferenced.
 //  * Every exchange is bounded by the Exchange's timeout: a dead member gives
 //    the others an error, never a hang, and nothing leaks.
+//  * Members fail together: a member whose part of a collective fails (a
+//    driver call, an import, a map) still joins its round with the reason,
+//    so every member gets an error naming it (kAborted on the others) and
+//    undoes its part; no member keeps an allocation another lacks. Rounds
+//    carry their operation and sequence number: members whose calls are out
+//    of step get kFailedPrecondition naming both operations. After an
+//    exchange failure or calls out of step, the group's state is unknown:
+//    every later collective fails at once (kFailedPrecondition, naming the
+//    first failure); create a new heap.
 //  * Multicast is used only when options ask for it, every device reports
 //    support and none of CMA_DISABLE_MULTICAST=1,
 //    TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NCCL_NVLS_ENABLE=0 is set.
@@ -36,6 +52,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -58,11 +75,11 @@ struct SymmetricOptions {
 };
 
 struct SymmetricAllocation {
-  std::uint64_t id = 0;
+  std::uint64_t id = 0;  // collective: the same on every member
   std::size_t bytes = 0;   // usable bytes per member (the group's request)
   std::size_t stride = 0;  // distance between members' buffers
   std::vector<void*> peers;    // peers[r]: member r's buffer, mapped in this process
-  std::vector<void*> signals;  // signals[r]: member r's signal area
+  std::vector<void*> signals;  // signals[r]: member r's signal area (its stride's last bytes)
   void* device_peers = nullptr;  // world_size pointers, readable by kernels
   bool multicast = false;
   MulticastHandle multicast_handle = 0;
@@ -123,11 +140,33 @@ class SymmetricHeap {
     std::vector<PhysicalHandle> unreleased;  // releases that failed: retried at teardown
   };
 
+  // One collective round, tagged with its op and sequence number: every
+  // process's payload once all are at this op and none failed. A process
+  // whose `local` status failed still takes part, sending its reason; then
+  // every process gets an error naming the first that failed. Members out
+  // of step, or an exchange that failed, break the heap: every later
+  // collective fails at once, naming why. Received FDs are the caller's only
+  // for kHandles on success; otherwise they are closed here.
+  enum class Op : std::uint8_t { kSize = 1, kCandidates, kHandles, kCommit, kEmptyCache };
+  absl::StatusOr<std::vector<Contribution>> Round(Op op, const absl::Status& local,
+                                                  Contribution mine)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct Agreed {
+    std::size_t bytes = 0;
+    std::vector<std::uint64_t> candidates;  // each process's, for the agreed stride
+  };
+
   absl::StatusOr<std::unique_ptr<Entry>> Build(std::size_t bytes, std::size_t stride)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::size_t> AgreeOnSize(std::size_t bytes, bool make_symmetric)
+  absl::StatusOr<Agreed> AgreeOnSize(std::size_t bytes, bool make_symmetric)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  const SymmetricAllocation* FromCache(std::size_t bytes, std::size_t stride)
+  // The cached allocation Allocate would reuse for `stride` (the oldest, by
+  // collective id), or 0.
+  std::uint64_t Candidate(std::size_t stride) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Agrees with every member on one cached allocation of `stride` by its id:
+  // `mine` is this process's candidate, `theirs` what every process sent.
+  static bool AllName(std::uint64_t mine, const std::vector<std::uint64_t>& theirs);
+  const SymmetricAllocation* FromCache(std::size_t bytes, std::size_t stride, std::uint64_t id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Idempotent: each step clears what it released; false if anything is
   // left (the entry is then kept and retried when the heap is destroyed).
@@ -143,10 +182,16 @@ class SymmetricHeap {
 
   absl::Mutex mu_;
   std::uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<std::uint64_t, std::unique_ptr<Entry>> live_ ABSL_GUARDED_BY(mu_);
-  // Cached by stride, oldest id first: identical on every process.
-  std::multimap<std::size_t, std::unique_ptr<Entry>> cache_ ABSL_GUARDED_BY(mu_);
+  // Keyed by the address handed out, so that Free can check a pointer
+  // before it reads anything through it.
+  std::map<const SymmetricAllocation*, std::unique_ptr<Entry>> live_ ABSL_GUARDED_BY(mu_);
+  // Keyed by (stride, collective id): the oldest of a stride comes first,
+  // whatever order the frees came in.
+  std::map<std::pair<std::size_t, std::uint64_t>, std::unique_ptr<Entry>> cache_
+      ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Entry>> leftovers_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t rounds_ ABSL_GUARDED_BY(mu_) = 0;  // collective rounds so far
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);       // why the group is out of step, if it is
   std::size_t group_granularity_ ABSL_GUARDED_BY(mu_) = 0;  // 0 until the first exchange
   SymmetricStats stats_ ABSL_GUARDED_BY(mu_);
 };

@@ -3,7 +3,9 @@
 #include "allocator/symmetric/wire.h"
 
 #include <fcntl.h>
+#include <sodium.h>
 #include <poll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -14,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 
 namespace cma {
 namespace wire {
@@ -21,8 +24,9 @@ namespace {
 
 constexpr std::uint32_t kMagic = 0x434d4158;       // "CMAX": a frame
 constexpr std::uint32_t kHelloMagic = 0x434d4148;  // "CMAH": a member's hello
-constexpr std::uint32_t kWelcomeMagic = 0x434d4157;  // "CMAW": process 0 accepted it
-constexpr std::uint32_t kVersion = 2;
+constexpr std::uint32_t kChallengeMagic = 0x434d4143;  // "CMAC": process 0's challenge and proof
+constexpr std::uint32_t kProofMagic = 0x434d4150;      // "CMAP": a member's proof
+constexpr std::uint32_t kVersion = 3;  // 3: mutual HMAC challenge-response
 
 struct Header {
   std::uint32_t magic;
@@ -31,17 +35,18 @@ struct Header {
   std::uint32_t fds;
 };
 
-struct HelloHeader {
-  std::uint32_t magic;
-  std::uint32_t version;
-  std::int32_t index;
-  std::uint32_t token_bytes;
-};
+template <typename T>
+void Put(std::string& out, const T& v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+template <typename T>
+void Get(const std::string& in, std::size_t& pos, T& v) {
+  std::memcpy(&v, in.data() + pos, sizeof(v));  // callers size `in` first
+  pos += sizeof(v);
+}
 
 }  // namespace
-
-
-
 
 void CloseAll(std::vector<int>& fds) {
   for (int fd : fds) {
@@ -62,7 +67,10 @@ absl::Status WaitFor(int fd, short events, absl::Time deadline, const std::strin
       return absl::DeadlineExceededError(absl::StrCat("symmetric exchange: timed out waiting for ", who));
     }
     pollfd p{fd, events, 0};
-    const int r = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    // At most a minute per poll: an infinite or huge deadline must neither
+    // overflow poll's int (which made it spin) nor sleep past a re-check.
+    const std::int64_t ms = std::min<std::int64_t>(absl::ToInt64Milliseconds(left), 60'000) + 1;
+    const int r = poll(&p, 1, static_cast<int>(ms));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return Errno("poll");
     if (r == 0) continue;  // re-check the deadline
@@ -120,13 +128,24 @@ absl::Status SendFrame(int sock, bool ok, const Contribution& c, absl::Time dead
     cm->cmsg_len = CMSG_LEN(sizeof(int) * c.fds.size());
     std::memcpy(CMSG_DATA(cm), c.fds.data(), sizeof(int) * c.fds.size());
   }
-  if (absl::Status s = WaitFor(sock, POLLOUT, deadline, who); !s.ok()) return s;
   ssize_t w;
-  do {
+  for (;;) {
+    if (absl::Status s = WaitFor(sock, POLLOUT, deadline, who); !s.ok()) return s;
     w = sendmsg(sock, &msg, MSG_NOSIGNAL);
-  } while (w < 0 && errno == EINTR);
-  if (w != static_cast<ssize_t>(sizeof(h))) {
+    if (w < 0 && (errno == EINTR || errno == EAGAIN)) continue;  // sockets may be non-blocking
+    break;
+  }
+  if (w <= 0) {
     return absl::UnavailableError(absl::StrCat("symmetric exchange: ", who, " disconnected"));
+  }
+  // The FDs went with the first byte; a short write leaves only bytes.
+  const std::size_t sent = static_cast<std::size_t>(w);
+  if (sent < sizeof(h)) {
+    if (absl::Status s = WriteAll(sock, reinterpret_cast<const char*>(&h) + sent,
+                                  sizeof(h) - sent, deadline, who);
+        !s.ok()) {
+      return s;
+    }
   }
   return WriteAll(sock, c.bytes.data(), c.bytes.size(), deadline, who);
 }
@@ -140,11 +159,14 @@ absl::StatusOr<Contribution> RecvFrame(int sock, absl::Time deadline, const std:
   std::vector<char> control(CMSG_SPACE(sizeof(int) * kMaxFds));
   msg.msg_control = control.data();
   msg.msg_controllen = control.size();
-  if (absl::Status s = WaitFor(sock, POLLIN, deadline, who); !s.ok()) return s;
   ssize_t r;
-  do {
+  for (;;) {
+    if (absl::Status s = WaitFor(sock, POLLIN, deadline, who); !s.ok()) return s;
     r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-  } while (r < 0 && errno == EINTR);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    break;
+  }
+  if (r < 0) return Errno(absl::StrCat("symmetric exchange: receiving from ", who));
   Contribution c;
   for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
     if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
@@ -156,6 +178,15 @@ absl::StatusOr<Contribution> RecvFrame(int sock, absl::Time deadline, const std:
   if (r == 0) {
     CloseAll(c.fds);
     return absl::UnavailableError(absl::StrCat("symmetric exchange: ", who, " disconnected"));
+  }
+  if (r > 0 && static_cast<std::size_t>(r) < sizeof(h)) {  // a short read: the rest is bytes
+    if (absl::Status s = ReadAll(sock, reinterpret_cast<char*>(&h) + r, sizeof(h) - r, deadline,
+                                 who);
+        !s.ok()) {
+      CloseAll(c.fds);
+      return s;
+    }
+    r = sizeof(h);
   }
   if (r != static_cast<ssize_t>(sizeof(h)) || h.magic != kMagic || c.fds.size() != h.fds) {
     CloseAll(c.fds);
@@ -180,19 +211,11 @@ absl::StatusOr<Contribution> RecvFrame(int sock, absl::Time deadline, const std:
   return c;
 }
 
-absl::StatusOr<uid_t> PeerUid(int sock) {
+absl::StatusOr<ucred> PeerCred(int sock) {
   ucred cred{};
   socklen_t len = sizeof(cred);
   if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return Errno("SO_PEERCRED");
-  return cred.uid;
-}
-
-bool TokensEqual(const std::string& a, const std::string& b) {
-  // Constant time in the token's content: no early exit on a mismatch.
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
+  return cred;
 }
 
 absl::Status CheckToken(const std::string& token) {
@@ -205,55 +228,200 @@ absl::Status CheckToken(const std::string& token) {
   return absl::OkStatus();
 }
 
-absl::Status SendHello(int sock, int index, const std::string& token, absl::Time deadline) {
-  HelloHeader h{kHelloMagic, kVersion, index, static_cast<std::uint32_t>(token.size())};
-  std::string msg(reinterpret_cast<const char*>(&h), sizeof(h));
-  msg += token;
-  return WriteAll(sock, msg.data(), msg.size(), deadline, "process 0");
+absl::Status CryptoReady() {
+  // libsodium asks for sodium_init before any other call; it is idempotent
+  // and thread-safe, and costs a few microseconds once per process.
+  static const int ready = sodium_init();
+  if (ready < 0) {
+    return absl::InternalError("symmetric exchange: libsodium failed to initialise (sodium_init)");
+  }
+  return absl::OkStatus();
 }
 
-absl::StatusOr<int> ReadHello(int sock, const std::string& token, int process_count,
-                              absl::Time deadline) {
-  HelloHeader h{};
-  if (absl::Status s = ReadAll(sock, &h, sizeof(h), deadline, "a connecting process"); !s.ok()) {
-    return s;
+absl::StatusOr<std::string> RandomBytes(std::size_t n) {
+  std::string out(n, '\0');
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = getrandom(out.data() + got, n - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return Errno("getrandom");
+    got += static_cast<std::size_t>(r);
   }
-  if (h.magic != kHelloMagic || h.version != kVersion) {
-    return absl::PermissionDeniedError("not a cma member's hello (wrong magic or version)");
-  }
-  if (h.token_bytes < kMinTokenBytes || h.token_bytes > kMaxTokenBytes) {
-    return absl::PermissionDeniedError(
-        absl::StrFormat("hello announces a %d-byte token", h.token_bytes));
-  }
-  std::string presented(h.token_bytes, '\0');
-  if (absl::Status s = ReadAll(sock, presented.data(), presented.size(), deadline,
-                               "a connecting process");
-      !s.ok()) {
-    return s;
-  }
-  if (!TokensEqual(presented, token)) return absl::PermissionDeniedError("wrong token");
-  if (h.index <= 0 || h.index >= process_count) {
-    return absl::PermissionDeniedError(absl::StrFormat("bad process index %d", h.index));
-  }
-  return h.index;
+  return out;
 }
 
-absl::Status SendWelcome(int sock, absl::Time deadline) {
-  const std::uint32_t w = kWelcomeMagic;
-  return WriteAll(sock, &w, sizeof(w), deadline, "a member");
+namespace {
+
+// The HMAC state keyed with `token` (its inner and outer pads already
+// hashed): computed once per token and copied for each MAC, so that a MAC
+// of the handshake's one-block message costs two SHA-256 blocks, not four.
+// A process meets few tokens (one per rendezvous): one cached is enough.
+bool KeyedState(const std::string& token, crypto_auth_hmacsha256_state* st) {
+  static absl::Mutex mu;
+  static std::string* cached_token ABSL_GUARDED_BY(mu) = new std::string();
+  static crypto_auth_hmacsha256_state cached ABSL_GUARDED_BY(mu);
+  absl::MutexLock l(&mu);
+  if (*cached_token != token || cached_token->empty()) {
+    if (!CryptoReady().ok() ||
+        crypto_auth_hmacsha256_init(&cached, reinterpret_cast<const unsigned char*>(token.data()),
+                                    token.size()) != 0) {
+      cached_token->clear();
+      return false;
+    }
+    *cached_token = token;
+  }
+  *st = cached;
+  return true;
 }
 
-absl::Status ReadWelcome(int sock, absl::Time deadline) {
-  std::uint32_t w = 0;
-  absl::Status s = ReadAll(sock, &w, sizeof(w), deadline, "process 0");
+// HMAC-SHA256 under the token of a label and the handshake's fields: the
+// label keeps process 0's MAC from passing for a member's and back. The
+// message (52 bytes) fits one SHA-256 block with its padding.
+std::string Mac(const std::string& token, absl::string_view label, std::int32_t index,
+                std::int32_t pid, absl::string_view first_nonce, absl::string_view second_nonce) {
+  std::string msg(label);
+  Put(msg, kVersion);
+  Put(msg, index);
+  Put(msg, pid);
+  msg.append(first_nonce.data(), first_nonce.size());
+  msg.append(second_nonce.data(), second_nonce.size());
+  // libsodium's HMAC keeps its state on the stack: no heap, no global
+  // state to fault in after a fork (see CryptoReady).
+  unsigned char out[crypto_auth_hmacsha256_BYTES];
+  crypto_auth_hmacsha256_state st;
+  if (!KeyedState(token, &st) ||
+      crypto_auth_hmacsha256_update(&st, reinterpret_cast<const unsigned char*>(msg.data()),
+                                    msg.size()) != 0 ||
+      crypto_auth_hmacsha256_final(&st, out) != 0) {
+    return std::string();  // matches no MAC: a failure to compute rejects
+  }
+  static_assert(crypto_auth_hmacsha256_BYTES == kMacBytes);
+  return std::string(reinterpret_cast<const char*>(out), sizeof(out));
+}
+
+bool MacsEqual(absl::string_view a, const std::string& b) {
+  return b.size() == kMacBytes && a.size() == kMacBytes &&
+         sodium_memcmp(a.data(), b.data(), kMacBytes) == 0;  // constant time
+}
+
+constexpr char kRootLabel[] = "cma-root";  // 8 bytes: keeps the message in one block
+constexpr char kMemberLabel[] = "cma-memb";
+
+}  // namespace
+
+absl::Status MemberHandshake(int sock, int index, const std::string& token, absl::Time deadline) {
+  // Our handles go only to a process 0 of our own user that knows the token.
+  absl::StatusOr<ucred> peer = PeerCred(sock);
+  if (!peer.ok()) return peer.status();
+  if (peer->uid != geteuid()) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "symmetric exchange: the process listening runs as uid %d, not this user (%d)", peer->uid,
+        geteuid()));
+  }
+  absl::StatusOr<std::string> nonce = RandomBytes(kNonceBytes);
+  if (!nonce.ok()) return nonce.status();
+  const std::int32_t my_pid = getpid();
+  std::string hello;
+  Put(hello, kHelloMagic);
+  Put(hello, kVersion);
+  Put(hello, static_cast<std::int32_t>(index));
+  Put(hello, my_pid);
+  hello += *nonce;
+  absl::Status s = WriteAll(sock, hello.data(), hello.size(), deadline, "process 0");
+  if (!s.ok()) return s;
+  std::string challenge(kChallengeBytes, '\0');
+  s = ReadAll(sock, challenge.data(), challenge.size(), deadline, "process 0");
   if (absl::IsUnavailable(s)) {
     return absl::PermissionDeniedError(
-        "symmetric exchange: process 0 rejected this process (wrong token, or its index is "
-        "taken)");
+        "symmetric exchange: process 0 rejected this process (its index is taken or out of "
+        "range, or it is not the process connected)");
   }
   if (!s.ok()) return s;
-  if (w != kWelcomeMagic) {
-    return absl::DataLossError("symmetric exchange: process 0 answered with a malformed welcome");
+  std::size_t pos = 0;
+  std::uint32_t magic = 0, version = 0;
+  std::int32_t root_pid = 0, reserved = 0;
+  Get(challenge, pos, magic);
+  Get(challenge, pos, version);
+  Get(challenge, pos, root_pid);
+  Get(challenge, pos, reserved);
+  if (magic != kChallengeMagic || version != kVersion) {
+    return absl::DataLossError(absl::StrFormat(
+        "symmetric exchange: the listener is not a cma process 0 of this version (magic %#x, "
+        "version %d; expected %#x, %d)",
+        magic, version, kChallengeMagic, kVersion));
+  }
+  const absl::string_view root_nonce = absl::string_view(challenge).substr(pos, kNonceBytes);
+  if (!MacsEqual(absl::string_view(challenge).substr(pos + kNonceBytes),
+                 Mac(token, kRootLabel, index, root_pid, *nonce, root_nonce))) {
+    return absl::PermissionDeniedError(
+        "symmetric exchange: the process listening did not prove that it knows the rendezvous "
+        "token (or this process was given another token)");
+  }
+  if (root_pid != peer->pid) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "symmetric exchange: process 0's proof names process %d but the socket's peer is "
+        "process %d (a relay?)",
+        root_pid, peer->pid));
+  }
+  // Our proof; process 0 closes on us if it does not verify, which our
+  // first AllGather reports.
+  std::string proof;
+  Put(proof, kProofMagic);
+  proof += Mac(token, kMemberLabel, index, my_pid, root_nonce, *nonce);
+  return WriteAll(sock, proof.data(), proof.size(), deadline, "process 0");
+}
+
+absl::StatusOr<Hello> ParseHello(absl::string_view hello, int process_count, pid_t peer_pid) {
+  if (hello.size() != kHelloBytes) {
+    return absl::PermissionDeniedError(
+        absl::StrFormat("a hello of %d bytes (expected %d)", hello.size(), kHelloBytes));
+  }
+  const std::string h(hello);
+  std::size_t pos = 0;
+  std::uint32_t magic = 0, version = 0;
+  std::int32_t index = 0, pid = 0;
+  Get(h, pos, magic);
+  Get(h, pos, version);
+  Get(h, pos, index);
+  Get(h, pos, pid);
+  if (magic != kHelloMagic || version != kVersion) {
+    return absl::PermissionDeniedError("not a cma member's hello (wrong magic or version)");
+  }
+  if (pid != peer_pid) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "the hello names process %d but the socket's peer is process %d (a relay?)", pid,
+        peer_pid));
+  }
+  if (index <= 0 || index >= process_count) {
+    return absl::PermissionDeniedError(absl::StrFormat("bad process index %d", index));
+  }
+  return Hello{index, pid, h.substr(pos, kNonceBytes)};
+}
+
+std::string Challenge(const std::string& token, const Hello& hello, const std::string& nonce) {
+  const std::int32_t me = getpid();
+  std::string out;
+  Put(out, kChallengeMagic);
+  Put(out, kVersion);
+  Put(out, me);
+  Put(out, std::int32_t{0});
+  out += nonce;
+  out += Mac(token, kRootLabel, hello.index, me, hello.nonce, nonce);
+  return out;
+}
+
+absl::Status CheckProof(absl::string_view proof, const std::string& token, const Hello& hello,
+                        const std::string& nonce) {
+  std::uint32_t magic = 0;
+  if (proof.size() != kProofBytes) {
+    return absl::PermissionDeniedError(
+        absl::StrFormat("a proof of %d bytes (expected %d)", proof.size(), kProofBytes));
+  }
+  std::memcpy(&magic, proof.data(), sizeof(magic));
+  if (magic != kProofMagic ||
+      !MacsEqual(proof.substr(sizeof(magic)),
+                 Mac(token, kMemberLabel, hello.index, hello.pid, nonce, hello.nonce))) {
+    return absl::PermissionDeniedError("wrong token (the member's proof does not verify)");
   }
   return absl::OkStatus();
 }

@@ -18,9 +18,9 @@ mkdir -p "$dest/traces" && cp bench/traces/*.csv.gz "$dest/traces/"
 cp integrations/python/cma/*.py "$dest/py/cma/"
 cp integrations/python/gpu/*.py "$dest/py/gpu/"
 cp bazel-bin/integrations/c/libcma.so "$dest/py/cma/"
-# libcma.so links Debian's shared Abseil (its static archives are not PIC);
-# the copies beside it are found through its $ORIGIN run path.
-for lib in $(ldd bazel-bin/integrations/c/libcma.so | awk '/libabsl/{print $3}'); do
+# libcma.so links Debian's shared Abseil and libsodium (their static archives
+# are not PIC); the copies beside it are found through its $ORIGIN run path.
+for lib in $(ldd bazel-bin/integrations/c/libcma.so | awk '/libabsl|libsodium/{print $3}'); do
   cp "$lib" "$dest/py/cma/"
 done
 chmod -R u+w "$dest"

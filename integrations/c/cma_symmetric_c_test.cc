@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -74,6 +75,14 @@ TEST_F(SymmetricCApiTest, BadArgumentsAreClearErrors) {
   EXPECT_EQ(cma_symmetric_create(1, ranks, devices, 1, 0, 1, nullptr, nullptr, 1, "colour:red"),
             nullptr);
   EXPECT_THAT(cma_last_error(), HasSubstr("bad option 'colour:red'"));
+  // An infinite timeout would turn a dead member into a hang: refused, named.
+  cma_allgather_fn echo = [](void*, const void* send, size_t len, void* recv) {
+    std::memcpy(recv, send, len);
+    return 0;
+  };
+  EXPECT_EQ(cma_symmetric_create(1, ranks, devices, 1, 0, 1, echo, nullptr, INFINITY, ""),
+            nullptr);
+  EXPECT_THAT(cma_last_error(), HasSubstr("timeout must be positive and at most 24h"));
   EXPECT_EQ(cma_symmetric_alloc(nullptr, 10, 0), nullptr);
   EXPECT_EQ(cma_symmetric_free(nullptr, nullptr), -1);
   cma_symmetric_heap* h = cma_symmetric_create(1, ranks, devices, 1, 0, 1, nullptr, nullptr, 1, "");
