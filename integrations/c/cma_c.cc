@@ -113,6 +113,20 @@ using cma::capi::last_error_code;
 using cma::capi::AsStream;
 using cma::capi::Global;
 
+namespace {
+
+// Runs `op` on the process's allocator: 0, or -1 with the reason in
+// cma_last_error.
+template <typename Op>
+int WithAllocator(Op op) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::Status s = op(*a);
+  return s.ok() ? 0 : Fail(s);
+}
+
+}  // namespace
+
 extern "C" {
 
 int cma_init(const char* config, const char* backend) {
@@ -247,17 +261,13 @@ int cma_empty_cache(void) {
 }
 
 int cma_forget_stream(void* stream) {
-  CachingManagedAllocator* a = Get();
-  if (a == nullptr) return -1;
-  absl::Status s = a->ForgetStream(AsStream(stream));
-  return s.ok() ? 0 : Fail(s);
+  return WithAllocator(
+      [&](CachingManagedAllocator& a) { return a.ForgetStream(AsStream(stream)); });
 }
 
 int cma_pool_create_or_incref(int device, unsigned long long id0, unsigned long long id1) {
-  CachingManagedAllocator* a = Get();
-  if (a == nullptr) return -1;
-  absl::Status s = a->CreateOrIncrefPool(device, {id0, id1});
-  return s.ok() ? 0 : Fail(s);
+  return WithAllocator(
+      [&](CachingManagedAllocator& a) { return a.CreateOrIncrefPool(device, {id0, id1}); });
 }
 
 int cma_pool_begin(int device, unsigned long long id0, unsigned long long id1,
@@ -279,17 +289,13 @@ int cma_pool_begin(int device, unsigned long long id0, unsigned long long id1,
 }
 
 int cma_pool_end(int device, unsigned long long id0, unsigned long long id1) {
-  CachingManagedAllocator* a = Get();
-  if (a == nullptr) return -1;
-  absl::Status s = a->EndAllocateToPool(device, {id0, id1});
-  return s.ok() ? 0 : Fail(s);
+  return WithAllocator(
+      [&](CachingManagedAllocator& a) { return a.EndAllocateToPool(device, {id0, id1}); });
 }
 
 int cma_pool_release(int device, unsigned long long id0, unsigned long long id1) {
-  CachingManagedAllocator* a = Get();
-  if (a == nullptr) return -1;
-  absl::Status s = a->ReleasePool(device, {id0, id1});
-  return s.ok() ? 0 : Fail(s);
+  return WithAllocator(
+      [&](CachingManagedAllocator& a) { return a.ReleasePool(device, {id0, id1}); });
 }
 
 int cma_pool_check_live(int device, unsigned long long id0, unsigned long long id1,
