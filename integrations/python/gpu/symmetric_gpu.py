@@ -29,7 +29,10 @@ def torch_mode(out_path):
     sm = cma.torch.symmetric
     world = dist.get_world_size()
     n = 64 << 20  # 256 MiB of float32
-    t = sm.empty((n,), dtype=torch.float32)
+    dist.barrier()
+    t0 = time.perf_counter()
+    t = sm.empty((n,), dtype=torch.float32)  # the heap's rendezvous, then one allocation
+    first_alloc_ms = (time.perf_counter() - t0) * 1e3
     h = sm.rendezvous(t)
     peer = h.get_buffer((rank + 1) % world)
     peer.fill_(float(rank + 1))  # a torch op writes into the next rank's memory
@@ -44,7 +47,7 @@ def torch_mode(out_path):
     unified = cma.torch.memory_stats(rank)
     ok = ok and unified["symmetric_bytes.current"] > 0
     sm.free(t2)
-    results = {"check": ok, "world": world}
+    results = {"check": ok, "world": world, "cma_first_alloc_with_rendezvous_ms": first_alloc_ms}
 
     def timed(fn, reps):
         torch.cuda.synchronize()
