@@ -32,6 +32,7 @@ ImportError that names Numba.
 """
 import contextlib
 import ctypes
+import inspect
 import threading
 
 from cma import _lib
@@ -76,6 +77,15 @@ def _free_all(addresses):
 
 def _make_manager_class():
     cuda, driver = _numba_cuda()
+    # numba-cuda dropped MemoryPointer's `context` argument in some releases
+    # (it was never used); pass it only where the signature still has it.
+    takes_context = "context" in inspect.signature(cuda.MemoryPointer).parameters
+    memory_info = getattr(cuda, "MemoryInfo", None) or driver.MemoryInfo
+
+    def memory_pointer(context, address, size, finalizer=None):
+        head = [context] if takes_context else []
+        return cuda.MemoryPointer(*head, _device_pointer(driver, address), size,
+                                  finalizer=finalizer)
 
     class CmaNumbaManager(cuda.HostOnlyCUDAMemoryManager):
         """Numba EMM plugin over cma (see the module's contract)."""
@@ -100,16 +110,18 @@ def _make_manager_class():
             _lib.stats(self._device())
 
         def _device(self):
-            return self.context.device.id
+            context = getattr(self, "context", None)
+            if context is not None:
+                return context.device.id
+            return cuda.get_current_device().id  # Numba calls us in the context's thread
 
         def memalloc(self, size):
             if size == 0:
-                return cuda.MemoryPointer(self.context, _device_pointer(driver, 0), 0)
+                return memory_pointer(self.context, 0, 0)
             address = _lib.malloc(size, self._device(), 0)
             with self._mu:
                 self._live[address] = size
-            return cuda.MemoryPointer(self.context, _device_pointer(driver, address), size,
-                                      finalizer=self._finalizer(address))
+            return memory_pointer(self.context, address, size, self._finalizer(address))
 
         def _finalizer(self, address):
             def free():
@@ -150,7 +162,7 @@ def _make_manager_class():
             allocated = s["allocated_bytes.all.current"]
             idle_cache = s["reserved_bytes.all.current"] - allocated
             free = max(0, min(total - allocated, device_free + max(0, idle_cache)))
-            return cuda.MemoryInfo(free=free, total=total)
+            return memory_info(free=free, total=total)
 
         def get_ipc_handle(self, memory):
             raise RuntimeError(
