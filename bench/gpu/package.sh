@@ -3,17 +3,19 @@
 # statically) and bundles them with the Python package, the traces and the
 # scripts into a folder (default .gpu/, ignored by git) to copy to a GPU machine.
 #   bench/gpu/package.sh [DEST]   then on the GPU machine: DEST/run_all.sh OUTDIR
+# DEST also holds the wheel (//:wheel): DEST/wheel_gpu_check.sh DEST/*.whl OUTDIR
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest="${1:-.gpu}"
 ./bazelw build -c opt //bench:cma_bench //tests:backend_conformance_test //bench/cuda:all //tests/gpu:all \
-  //integrations/c:libcma.so
+  //integrations/c:libcma.so //:wheel
 rm -rf "$dest" && mkdir -p "$dest/bench/traces" "$dest/py/cma" "$dest/py/gpu"
 cp bazel-bin/bench/cma_bench bazel-bin/tests/backend_conformance_test \
    bazel-bin/tests/gpu/cuda_gpu_test bazel-bin/tests/gpu/cuda_symmetric_test "$dest/"
 cp bench/traces/*.csv.gz "$dest/bench/traces/"
 cp bench/torch_move_bench.py bench/torch_replay.py bench/torch_train_bench.py bench/torch_sleep_bench.py \
-   bench/torch_footprint_probe.py bench/torch_record_trace.py bench/cuda/*_experiment.cu bench/gpu/run_all.sh "$dest/"
+   bench/torch_footprint_probe.py bench/torch_record_trace.py bench/cuda/*_experiment.cu bench/gpu/run_all.sh \
+   bench/gpu/wheel_gpu_check.sh bazel-bin/cma_wheel/*.whl "$dest/"
 mkdir -p "$dest/traces" && cp bench/traces/*.csv.gz "$dest/traces/"
 cp integrations/python/cma/*.py "$dest/py/cma/"
 cp integrations/python/gpu/*.py "$dest/py/gpu/"

@@ -4,7 +4,7 @@
 # core:  tests (CUDA kernels, conformance, two-GPU symmetric mode when two GPUs
 #        are visible), then cma_bench (latency, replay, migration, symmetric),
 #        and the replay with classic segments for comparison.
-# torch: the PyTorch/CuPy route tests, the side-by-side PyTorch replay
+# torch: the PyTorch/CuPy route tests, the Numba EMM plugin test, the side-by-side PyTorch replay
 #        (native, expandable segments, cma), the training-loop benchmark, and
 #        the move benchmark.
 # Each part fits one 10-minute command. Results go to OUTDIR.
@@ -43,6 +43,8 @@ fi
 if [[ $part == torch || $part == all ]]; then
   (cd py/gpu && CMA_RESULTS="$out/torch_routes.json" timeout 300 \
      python3 -m pytest -q -p no:cacheprovider torch_gpu_test.py 2>&1 | tail -6 | tee "$out/pytest.txt")
+  (cd py/gpu && CMA_RESULTS="$out/numba_gpu.json" timeout 200 \
+     python3 -m pytest -q -p no:cacheprovider numba_gpu_test.py 2>&1 | tail -6 | tee "$out/pytest_numba.txt")
   timeout 200 python3 torch_replay.py --json "$out/torch_replay.json" 2>&1 | tee "$out/torch_replay.txt"
   timeout 480 python3 torch_train_bench.py --steps 40 --rounds 3 --json "$out/torch_train.json" 2>&1 \
     | tee "$out/torch_train.txt"

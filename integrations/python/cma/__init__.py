@@ -5,15 +5,17 @@
     p = cma.malloc(1 << 20, device=0)
     cma.free(p)
 
-Framework routes: cma.torch (PyTorch) and cma.cupy (CuPy).
+Framework routes: cma.torch (PyTorch), cma.cupy (CuPy) and cma.numba (Numba's
+External Memory Management plugin). Installed from the wheel, the package
+carries libcma.so; CMA_LIBRARY, when set, names another one.
 """
-from cma._lib import (CmaError, advise, backend_name, device_of, empty_cache, forget_stream, free, host_view,
-                      history, init, library_path, malloc, memory_snapshot, memory_stats, move, record_history, record_stream,
+from cma._lib import (CmaError, CmaOutOfMemoryError, advise, backend_name, device_of, empty_cache, forget_stream, free, host_view,
+                      history, init, library_path, malloc, mem_info, memory_snapshot, memory_stats, move, record_history, record_stream,
                       reset_peak_stats, set_disposable, sleep, wake,
                       set_memory_fraction, shutdown, snapshot, stats, synchronize)
 
-__all__ = ["CmaError", "advise", "backend_name", "device_of", "empty_cache", "forget_stream", "free", "host_view",
-           "history", "init", "library_path", "malloc", "memory_snapshot", "memory_stats", "move", "record_history", "record_stream",
+__all__ = ["CmaError", "CmaOutOfMemoryError", "advise", "backend_name", "device_of", "empty_cache", "forget_stream", "free", "host_view",
+           "history", "init", "library_path", "malloc", "mem_info", "memory_snapshot", "memory_stats", "move", "record_history", "record_stream",
            "reset_peak_stats", "set_disposable", "sleep", "wake",
            "set_memory_fraction",
            "shutdown", "snapshot", "stats", "synchronize"]

@@ -1,8 +1,11 @@
 """ctypes binding of libcma.so (integrations/c/cma_c.h).
 
-The library is found, in order, at $CMA_LIBRARY, beside this package, in a
-Bazel test's runfiles, or in the repository's bazel-bin. Every failure raises
-CmaError carrying the library's own message.
+The library is $CMA_LIBRARY when that is set (a path that does not exist is
+an error, never a silent fallback); otherwise the first found of: beside this
+package (an installed wheel ships it there, with the shared libraries it needs),
+a Bazel test's runfiles, the repository's bazel-bin. Every failure raises
+CmaError carrying the library's own message; an out-of-memory raises
+CmaOutOfMemoryError, which is also a MemoryError.
 """
 import ctypes
 import json
@@ -17,9 +20,23 @@ class CmaError(RuntimeError):
     """A call into libcma failed; the message is cma_last_error()."""
 
 
+class CmaOutOfMemoryError(CmaError, MemoryError):
+    """cma could not find the memory (cma_last_error_code() 8, resource
+    exhausted); a MemoryError too, so frameworks' out-of-memory handling sees it."""
+
+
+_RESOURCE_EXHAUSTED = 8  # absl::StatusCode, as cma_last_error_code() reports it
+
+
 def library_path():
     here = os.path.dirname(os.path.abspath(__file__))
-    candidates = [os.environ.get("CMA_LIBRARY", ""), os.path.join(here, "libcma.so")]
+    override = os.environ.get("CMA_LIBRARY", "")
+    if override:
+        if not os.path.exists(override):
+            raise CmaError(f"CMA_LIBRARY={override} does not exist; unset it to use the "
+                           "libcma.so inside the cma package")
+        return os.path.abspath(override)
+    candidates = [os.path.join(here, "libcma.so")]
     srcdir = os.environ.get("TEST_SRCDIR")
     if srcdir:
         candidates.append(os.path.join(srcdir, "cma", "integrations", "c", "libcma.so"))
@@ -43,6 +60,7 @@ def lib():
                 "cma_shutdown": (None, []),
                 "cma_backend_name": (cp, []),
                 "cma_device_count": (i, []),
+                "cma_mem_info": (i, [i, ctypes.POINTER(sz), ctypes.POINTER(sz)]),
                 "cma_last_error": (cp, []),
                 "cma_last_error_code": (i, []),
                 "cma_malloc": (vp, [sz, i, vp]),
@@ -86,7 +104,10 @@ def lib():
 
 
 def _error():
-    return CmaError(lib().cma_last_error().decode())
+    message = lib().cma_last_error().decode()
+    if lib().cma_last_error_code() == _RESOURCE_EXHAUSTED:
+        return CmaOutOfMemoryError(message)
+    return CmaError(message)
 
 
 def _check(rc):
@@ -124,6 +145,14 @@ def backend_name():
     if name is None:
         raise _error()
     return name.decode()
+
+
+def mem_info(device=0):
+    """(free, total) bytes of `device` as its backend reports them (the
+    driver's cudaMemGetInfo on CUDA)."""
+    free_bytes, total_bytes = ctypes.c_size_t(), ctypes.c_size_t()
+    _check(lib().cma_mem_info(device, ctypes.byref(free_bytes), ctypes.byref(total_bytes)))
+    return free_bytes.value, total_bytes.value
 
 
 def malloc(size, device=0, stream=0):

@@ -1,7 +1,10 @@
 """PyTorch and CuPy on a real GPU: both allocator routes train identically
 to the native allocator, the zero-copy move keeps pointers and values, record_stream
 stays correct across streams, stats match. Run on the GPU machine:
-    CMA_LIBRARY=.../libcma.so python3 -m pytest -q torch_gpu_test.py"""
+    CMA_LIBRARY=.../libcma.so python3 -m pytest -q torch_gpu_test.py
+It and its route scripts put the folder above on sys.path (the repository's
+package); from a folder with no cma beside it they use the installed wheel
+(bench/gpu/wheel_gpu_check.sh)."""
 import json
 import os
 import subprocess
@@ -17,7 +20,8 @@ if not torch.cuda.is_available():
 import cma  # noqa: E402
 import cma.torch as cmat  # noqa: E402
 
-RESULTS = {}
+# Which cma ran (the repository's package, or an installed wheel's).
+RESULTS = {"cma_file": cma.__file__, "library": cma.library_path()}
 
 
 def run_script(script, *args, timeout=600):
