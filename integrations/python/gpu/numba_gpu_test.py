@@ -70,14 +70,22 @@ def test_numba_kernel_writes_cma_memory_that_cupy_torch_and_the_host_read():
     t = torch.as_tensor(d, device="cuda")  # __cuda_array_interface__
     assert t.data_ptr() == ptr
     assert torch.equal(t.cpu(), torch.from_numpy(expected))
-    t2 = torch.from_dlpack(c)  # DLPack, through CuPy
-    assert t2.data_ptr() == ptr and t2[123].item() == 124.0
+    # DLPack: CuPy exports managed memory as kDLCUDAManaged (13), which
+    # torch 2.11's from_dlpack refuses (measured on an H100); torch reads it
+    # through __cuda_array_interface__ above. Recorded, not asserted.
+    try:
+        t2 = torch.from_dlpack(c)
+        RESULTS["torch_from_dlpack_of_cupy_managed"] = "accepted, same pointer: %s" % (
+            t2.data_ptr() == ptr)
+        del t2
+    except BufferError as e:
+        RESULTS["torch_from_dlpack_of_cupy_managed"] = "refused by torch: %s" % e
     host = cma.host_view(ptr, N * 4).view(np.float32)  # managed: the CPU reads it too
     assert np.array_equal(host, expected)
     RESULTS["shared_pointer"] = hex(ptr)
     RESULTS["readers"] = ["cupy (__cuda_array_interface__)", "torch (__cuda_array_interface__)",
-                          "torch (DLPack via cupy)", "host view"]
-    del c, t, t2, host, d
+                          "host view"]
+    del c, t, host, d
 
 
 def test_torch_writes_and_a_numba_kernel_reads_back():
@@ -112,13 +120,15 @@ def test_copies_on_a_stream_round_trip():
 
 
 def test_defer_cleanup_holds_frees_back():
+    gc.collect()  # arrays earlier tests dropped are freed now, not inside the context
     before = live()
     with cuda.defer_cleanup():
         d = cuda.device_array(1 << 20, dtype=np.uint8)
         held = address(d)
+        pending = manager().pending_frees()
         del d
         gc.collect()
-        assert manager().pending_frees() == 1 and live() == before + 1
+        assert manager().pending_frees() == pending + 1 and live() == before + 1
         again = cuda.device_array(1 << 20, dtype=np.uint8)
         assert address(again) != held  # the held block is not handed out
         del again
