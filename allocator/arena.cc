@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "allocator/device_allocator.h"
 #include "allocator/format.h"
@@ -168,11 +169,23 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
     Block* first;  // the first free block on the page
   };
   std::vector<Candidate> candidates;
+  absl::flat_hash_set<std::pair<const Segment*, std::size_t>> pinned;  // private pools' pages
   for (auto& [base, seg] : segments_) {
     if (!seg->arena || seg->pages.populated_count() == 0) continue;
     for (Block* b = seg->first; b != nullptr; b = b->next) {
       // A free block's page is in use only as the edge page of a neighbour.
       if (!b->is_free()) continue;
+      // A private pool's free blocks are never discarded: a CUDA graph
+      // replays into the blocks its capture freed, on whatever stream.
+      if (b->mempool != 0) {
+        const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + b->size - 1);
+        if (!candidates.empty() && candidates.back().seg == seg && candidates.back().page >= first &&
+            candidates.back().page <= last) {
+          candidates.back().mixed = true;
+        }
+        for (std::size_t p = first; p <= last; ++p) pinned.insert({seg, p});
+        continue;
+      }
       const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + b->size - 1);
       for (std::size_t p = first; p <= last; ++p) {
         if (seg->pages.edge_users(p) != 0 || !seg->pages.populated(p)) continue;
@@ -188,6 +201,11 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
       }
     }
   }
+  candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
+                                  [&](const Candidate& c) {
+                                    return pinned.contains({c.seg, c.page});
+                                  }),
+                   candidates.end());
   // The populating stream's own pages first (its stream order already puts
   // the discard before the population); then, highest addresses first (best
   // fit takes the lowest address among equal sizes, so the high end is the
@@ -254,6 +272,9 @@ void DeviceAllocator::ForgetIdlePage(Segment* seg, std::size_t page) {
 }
 
 void DeviceAllocator::DiscardPagesInside(Block* b, bool already_discarded) {
+  // A private pool keeps its free blocks' pages (see DiscardIdlePages), but
+  // pages a Sleep has discarded hold nothing whoever owns them.
+  if (b->mempool != 0 && !already_discarded) return;
   // Only pages that lie wholly inside the block: its own stream is then the
   // only one whose work can still touch them.
   Segment* seg = b->segment;

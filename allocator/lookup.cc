@@ -98,7 +98,8 @@ Block* DeviceAllocator::FindCrossStream(std::size_t rounded, PoolKind pool, Stre
       key.stream = s;
       key.size = rounded;
       auto c = p.lower_bound(&key);
-      if (c != p.end() && (*c)->stream == s && CanServe((*c)->size, rounded, *config_)) {
+      if (c != p.end() && (*c)->mempool == 0 && (*c)->stream == s &&
+          CanServe((*c)->size, rounded, *config_)) {
         candidates.push_back(*c);
       }
     }

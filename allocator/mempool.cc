@@ -60,8 +60,10 @@ absl::Status DeviceAllocator::EndAllocateToPool(MemPoolId id) {
         "cma: pool (%d, %d) of device %d is not being allocated to", id.first, id.second,
         device_));
   }
+  const std::uint32_t index = it->index;
   contexts_.erase(it);
   if (contexts_.empty()) RecordDeferredFrees();
+  DissolveIfUnused(index);  // released while it was being allocated to
   // The context's own reference goes with ReleasePool, as in PyTorch.
   return absl::OkStatus();
 }

@@ -24,9 +24,10 @@ std::size_t DeviceAllocator::ReleaseIdleSegments(std::size_t goal) {
   std::vector<Segment*> idle;
   for (auto& [base, seg] : segments_) {
     // Fully free, though possibly in pieces of different streams.
+    // and none of it a private pool's (a graph replays into those).
     bool all_free = true;
     for (const Block* b = seg->first; b != nullptr && all_free; b = b->next) {
-      all_free = b->is_free();
+      all_free = b->is_free() && b->mempool == 0;
     }
     if (all_free) idle.push_back(seg);
   }

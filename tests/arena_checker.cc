@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "policy/size_policy.h"
 
 namespace cma {
 namespace {
@@ -248,6 +249,7 @@ absl::Status ArenaChecker::DoAlloc(StepSource& in) {
     default: size = 8 * kMiB + in.Next(static_cast<std::uint32_t>(capacity_ / 4)); break;
   }
   const Stream s = PickStream(in);
+  const std::uint32_t pool = Route(s);
   absl::StatusOr<void*> got = alloc_->Allocate(size, 0, s);
   Note(absl::StrFormat("alloc %d on %d -> %s", size, s,
                        got.ok() ? absl::StrFormat("%p", *got) : got.status().ToString()));
@@ -271,8 +273,35 @@ absl::Status ArenaChecker::DoAlloc(StepSource& in) {
     }
   }
   if (absl::Status c = CheckPopulation(p, end, s); !c.ok()) return c;
-  if (absl::Status r = CheckResident(p, size); !r.ok()) return r;
+  for (auto& [other, ranges] : pool_free_) {
+    for (auto r = ranges.begin(); r != ranges.end();) {
+      if (!Overlaps(p, end, r->first, r->second)) {
+        ++r;
+        continue;
+      }
+      if (other != pool) {
+        return Violation(absl::StrFormat("%#x (+%d) for pool %d overlaps [%#x, %#x), freed into "
+                                         "pool %d", p, size, pool, r->first, r->second, other));
+      }
+      // Its own pool's free space: what is left of the range stays the pool's.
+      const auto [lo, hi] = *r;
+      r = ranges.erase(r);
+      if (lo < p) r = ranges.insert(r, {lo, p}) + 1;
+      if (end < hi) r = ranges.insert(r, {end, hi}) + 1;
+    }
+  }
+  // While a pool is allocated to, nothing is prefetched: first touch places.
+  if (contexts_.empty()) {
+    if (absl::Status r = CheckResident(p, size); !r.ok()) return r;
+  }
+  // The user's kernel touches the memory, populating what was not
+  // prefetched. It touches the whole rounded block: the allocator counts
+  // the pages of its blocks in use as populated, and a kernel that touched
+  // only the requested bytes would leave a rounding tail counted but empty
+  // (conservative: reserved may exceed the device's use by that tail).
+  backend_->Touch(reinterpret_cast<void*>(p), RoundRequest(size, alloc_->config()), 0);
   Live l{size, s, {}, next_tag_++};
+  l.pool = pool;
   WriteTag(p, l);
   live_.emplace(p, std::move(l));
   return absl::OkStatus();
@@ -286,12 +315,14 @@ absl::Status ArenaChecker::DoFree(std::uintptr_t p) {
     return Violation(absl::StrFormat("the contents of live %#x (+%d) changed", p, l.size));
   }
   live_.erase(it);
+  if (l.pool != 0) pool_free_[l.pool].push_back({p, p + l.size});
   std::vector<Stream> users = l.uses;
   users.push_back(l.stream);
   for (Stream u : users) retired_.push_back({p, p + l.size, u, Submitted(u)});
   if (absl::Status s = alloc_->Free(reinterpret_cast<void*>(p)); !s.ok()) {
     return Violation(absl::StrCat("free failed: ", s.ToString()));
   }
+  ForgetDissolvedPools();
   return CheckCalls();
 }
 
@@ -364,6 +395,74 @@ absl::Status ArenaChecker::DoForget(StepSource& in) {
   return absl::OkStatus();
 }
 
+absl::Status ArenaChecker::ExpectRefused(const absl::Status& s, const char* what) {
+  Note(absl::StrFormat("%s while a pool is allocated to", what));
+  if (s.code() == absl::StatusCode::kFailedPrecondition) return absl::OkStatus();
+  return Violation(absl::StrFormat("%s while a pool is being allocated to returned %s, not a "
+                                   "refusal", what, s.ToString()));
+}
+
+std::uint32_t ArenaChecker::Route(Stream s) const {
+  for (auto c = contexts_.rbegin(); c != contexts_.rend(); ++c) {
+    if (c->all || c->only == s) return c->pool;
+  }
+  return 0;
+}
+
+void ArenaChecker::ForgetDissolvedPools() {
+  for (auto it = pool_free_.begin(); it != pool_free_.end();) {
+    const std::uint32_t pool = it->first;
+    bool alive = pool_refs_[pool] > 0;
+    for (const Context& c : contexts_) alive = alive || c.pool == pool;
+    for (const auto& [p, l] : live_) alive = alive || l.pool == pool;
+    it = alive ? std::next(it) : pool_free_.erase(it);
+  }
+}
+
+absl::Status ArenaChecker::DoPoolStep(StepSource& in) {
+  const std::uint32_t pool = 1 + in.Next(2);
+  const MemPoolId id{pool, 0};
+  switch (in.Next(3)) {
+    case 0: {
+      if (contexts_.size() >= 2) return absl::OkStatus();
+      const bool all = in.Next(3) == 0;
+      const Stream only = streams_[in.Next(kStreams)];
+      Note(absl::StrFormat("begin pool %d for %s", pool,
+                           all ? std::string("every stream") : absl::StrCat("stream ", only)));
+      StreamFilter filter;
+      if (!all) filter = [only](Stream s) { return s == only; };
+      if (absl::Status b = alloc_->BeginAllocateToPool(0, id, std::move(filter)); !b.ok()) {
+        return Violation(absl::StrCat("begin failed: ", b.ToString()));
+      }
+      ++pool_refs_[pool];
+      contexts_.push_back({pool, only, all});
+      return absl::OkStatus();
+    }
+    case 1: {
+      auto c = std::find_if(contexts_.begin(), contexts_.end(),
+                            [&](const Context& x) { return x.pool == pool; });
+      if (c == contexts_.end()) return absl::OkStatus();
+      Note(absl::StrFormat("end pool %d", pool));
+      contexts_.erase(c);
+      if (absl::Status e = alloc_->EndAllocateToPool(0, id); !e.ok()) {
+        return Violation(absl::StrCat("end failed: ", e.ToString()));
+      }
+      ForgetDissolvedPools();
+      return CheckCalls();  // deferred frees record their events now
+    }
+    default: {
+      if (pool_refs_[pool] == 0) return absl::OkStatus();
+      Note(absl::StrFormat("release pool %d", pool));
+      --pool_refs_[pool];
+      if (absl::Status r = alloc_->ReleasePool(0, id); !r.ok()) {
+        return Violation(absl::StrCat("release failed: ", r.ToString()));
+      }
+      ForgetDissolvedPools();
+      return absl::OkStatus();
+    }
+  }
+}
+
 absl::Status ArenaChecker::Step(StepSource& in) {
   ++steps_;
   absl::Status s;
@@ -380,7 +479,7 @@ absl::Status ArenaChecker::Step(StepSource& in) {
     const Stream st = streams_[in.Next(kStreams)];
     Note(absl::StrFormat("complete %d", st));
     s = backend_->CompleteWork(st);
-  } else if (op < 80) {
+  } else if (op < 79) {
     const std::uintptr_t p = PickLive(in);
     const Stream st = PickStream(in);
     if (p != 0) {
@@ -392,9 +491,12 @@ absl::Status ArenaChecker::Step(StepSource& in) {
         l.uses.push_back(st);
       }
     }
+  } else if (op < 81) {  // two in a hundred: begin, end or release a pool
+    s = DoPoolStep(in);
   } else if (op < 83) {
     Note("empty_cache");
     s = alloc_->EmptyCache();
+    if (!contexts_.empty()) s = ExpectRefused(s, "empty_cache");
   } else if (op < 87) {
     static constexpr double kFractions[] = {1.0 / 64, 1.0 / 8, 0.25, 0.5, 0.75, 1.0};
     const double f = kFractions[in.Next(6)];
@@ -410,10 +512,16 @@ absl::Status ArenaChecker::Step(StepSource& in) {
     }
   } else if (op < 94) {
     const Stream st = PickStream(in);
-    if (!asleep_) s = DoSleep(st);
+    if (!contexts_.empty()) {
+      s = ExpectRefused(alloc_->Sleep(0, st).status(), "sleep");
+    } else if (!asleep_) {
+      s = DoSleep(st);
+    }
   } else if (op < 97) {
     const Stream st = PickStream(in);
-    if (asleep_) {
+    if (asleep_ && !contexts_.empty()) {
+      s = ExpectRefused(alloc_->Wake(0, st).status(), "wake");
+    } else if (asleep_) {
       Note(absl::StrFormat("wake on %d", st));
       discarding_ = Discarding::kWake;
       s = alloc_->Wake(0, st).status();
@@ -424,7 +532,11 @@ absl::Status ArenaChecker::Step(StepSource& in) {
       if (s.ok()) s = CheckResident();
     }
   } else if (op < 98) {
-    s = DoForget(in);
+    if (contexts_.empty()) {
+      s = DoForget(in);
+    } else {
+      s = ExpectRefused(alloc_->ForgetStream(streams_[in.Next(kStreams)]), "forget_stream");
+    }
   } else {
     s = DoAlloc(in);
   }
@@ -445,8 +557,7 @@ absl::Status ArenaChecker::AfterStep() {
   if (const auto errors = alloc_->GetStats(0)->num_placement_errors; errors != 0) {
     return Violation(absl::StrFormat("%d backend placement calls failed", errors));
   }
-  const AllocatorConfig& cfg = alloc_->config();
-  if (!asleep_ && (check_placement_ || cfg.segments == SegmentMode::kClassic)) {
+  if (!asleep_) {
     const auto reserved = alloc_->GetStats(0)->reserved_bytes[kAllPools].current;
     std::size_t held = backend_->PopulatedBytes(0);
     if (static_cast<std::size_t>(reserved) != held) {
@@ -480,6 +591,16 @@ absl::Status ArenaChecker::AfterStep() {
 
 absl::Status ArenaChecker::Finish() {
   ++steps_;
+  while (!contexts_.empty()) {
+    const std::uint32_t pool = contexts_.back().pool;
+    contexts_.pop_back();
+    if (absl::Status e = alloc_->EndAllocateToPool(0, {pool, 0}); !e.ok()) return Violation(e.ToString());
+  }
+  for (auto& [pool, refs] : pool_refs_) {
+    for (; refs > 0; --refs) {
+      if (absl::Status r = alloc_->ReleasePool(0, {pool, 0}); !r.ok()) return Violation(r.ToString());
+    }
+  }
   while (!live_.empty()) {
     if (absl::Status s = DoFree(live_.begin()->first); !s.ok()) return s;
   }

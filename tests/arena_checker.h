@@ -3,12 +3,14 @@
 //
 // A step language (alloc, free, work/complete on a stream, record_stream,
 // empty_cache, memory fraction, move, mark disposable, sleep, wake, forget
-// and destroy a stream) is driven by a StepSource: a seeded generator in the
+// and destroy a stream, begin/end allocating to a private pool, release a
+// pool; each new allocation is touched by its "kernel", which populates
+// pages the allocator did not prefetch) is driven by a StepSource: a seeded generator in the
 // test suite, the fuzzer's bytes in fuzz/. After every step the checker
 // asserts:
 //  * the allocator's own CheckInvariants, and no backend call it made failed;
 //  * reserved bytes equal the bytes the backend itself holds populated
-//    (while awake, with prefetch on allocation);
+//    (while awake);
 //  * no block is handed out over a live allocation, or while another stream
 //    may still use it (its last use there has not completed);
 //  * no page is discarded under a live allocation (except what Sleep and a
@@ -16,6 +18,9 @@
 //    it completed, and no page is populated by one stream before another
 //    stream's discard of it has run or been waited for;
 //  * a live block's pages are on the device it was allocated for;
+//  * a block freed into a private pool is handed out to no other pool and
+//    not to the shared cache while the pool lives; while a pool is being
+//    allocated to, sleep, wake, empty_cache and forget are refused;
 //  * the tag written into each allocation is intact when it is freed (the
 //    host backend zero-fills discarded pages, as a GPU loses them).
 //
@@ -99,6 +104,7 @@ class ArenaChecker {
     bool disposable = false;
     bool dead = false;  // contents legitimately thrown away
     bool away = false;  // moved off its device or asleep
+    std::uint32_t pool = 0;  // the private pool it was allocated for (0: shared)
   };
   struct Use {  // a freed block's last use by one stream
     std::uintptr_t lo, hi;
@@ -120,6 +126,15 @@ class ArenaChecker {
   absl::Status DoMove(StepSource& in);
   absl::Status DoSleep(Stream s);
   absl::Status DoForget(StepSource& in);
+  absl::Status DoPoolStep(StepSource& in);
+  // OK when `s` is the refusal a call gets while a pool is allocated to.
+  absl::Status ExpectRefused(const absl::Status& s, const char* what);
+  // The pool an allocation on `s` goes to now (the latest context whose
+  // filter takes it), as the allocator must route it.
+  std::uint32_t Route(Stream s) const;
+  // Forgets the free ranges of pools that are gone (released, empty and not
+  // being allocated to).
+  void ForgetDissolvedPools();
   absl::Status AfterStep();
 
   // Whether work on `s` is ordered after `on` reaching `ticket`: the same
@@ -159,6 +174,17 @@ class ArenaChecker {
   Discarding discarding_ = Discarding::kNone;
   std::uintptr_t dead_move_ = 0;
   absl::flat_hash_map<Stream, std::int64_t> submitted_at_sleep_;
+  // Private pools: open contexts (pool, the one stream its filter takes, or
+  // kDefaultStream meaning every stream), references, and the ranges freed
+  // into each pool that no other pool and not the shared cache may get.
+  struct Context {
+    std::uint32_t pool;
+    Stream only;
+    bool all;
+  };
+  std::vector<Context> contexts_;
+  std::map<std::uint32_t, int> pool_refs_;
+  std::map<std::uint32_t, std::vector<std::pair<std::uintptr_t, std::uintptr_t>>> pool_free_;
   bool asleep_ = false;
   std::uint64_t next_tag_ = 1;
   int steps_ = 0;

@@ -437,6 +437,15 @@ absl::StatusOr<bool> HostBackend::IsCapturing(Stream stream) {
   return (*st)->capturing;
 }
 
+void HostBackend::Touch(const void* ptr, std::size_t bytes, int device) {
+  MutexLock l(&mu_);
+  auto a = FindManaged(const_cast<void*>(ptr), bytes);
+  if (!a.ok() || !(*a)->reserved || !CheckDevice(device).ok()) return;
+  auto it = --managed_.upper_bound(reinterpret_cast<std::uintptr_t>(ptr));
+  PopulatePages(it->second, it->first, {const_cast<void*>(ptr), bytes},
+                PlacementRecord::Op::kPrefetch, Location::Device(device));
+}
+
 void HostBackend::SetCapturing(Stream stream, bool capturing) {
   MutexLock l(&mu_);
   if (auto st = FindStream(stream); st.ok()) (*st)->capturing = capturing;

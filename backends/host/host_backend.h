@@ -179,6 +179,10 @@ class HostBackend final : public Backend {
   // Calls of one method name so far ("AllocateManaged", "RecordEvent", ...).
   std::int64_t CallCount(const std::string& method) const;
   std::int64_t TotalCalls() const;
+  // A kernel on `device` touching [ptr, ptr + bytes) of managed memory: as
+  // on a GPU, unpopulated pages (and pages on the host) are populated there
+  // on first touch. Not recorded: it is the user's access, not a call.
+  void Touch(const void* ptr, std::size_t bytes, int device);
   // Marks `stream` as capturing a CUDA graph (IsCapturing reports it).
   void SetCapturing(Stream stream, bool capturing);
   // Changes a device's capacity (e.g. to create memory pressure mid-test).
