@@ -159,6 +159,29 @@ TEST_F(MemPoolTest, WhileAPoolIsAllocatedToNothingUncapturableIsCalled) {
   EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 0);
 }
 
+// A graph replays into the blocks its capture freed, so a live pool's free
+// blocks are neither discarded nor released, whatever asks.
+TEST_F(MemPoolTest, ALivePoolsFreeBlocksSurviveEmptyCacheAndTheBudget) {
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, nullptr).ok());
+  void* temp = Alloc(16 * kMiB, 0, s1_);
+  ASSERT_TRUE(alloc_->Free(temp).ok());  // freed during "capture"
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  ASSERT_TRUE(alloc_->SetMemoryFraction(1.0 / 1024, 0).ok());
+  ASSERT_TRUE(alloc_->SetMemoryFraction(1.0, 0).ok());
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, static_cast<std::int64_t>(16 * kMiB));
+  for (const PlacementRecord& r : backend_->Records()) {
+    if (r.op != PlacementRecord::Op::kDiscard) continue;
+    const auto lo = reinterpret_cast<std::uintptr_t>(r.ptr);
+    const auto t = reinterpret_cast<std::uintptr_t>(temp);
+    EXPECT_FALSE(lo < t + 16 * kMiB && t < lo + r.bytes) << "discarded the pool's block";
+  }
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());  // gone: the cache may release it now
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 0);
+  ExpectInvariants();
+}
+
 TEST_F(MemPoolTest, ClassicSegmentsKeepPoolsApartToo) {
   Remake("segments:classic");
   ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, nullptr).ok());
