@@ -135,7 +135,9 @@ TEST_F(AllocatorTest, CheckerStepsFromFourThreadsKeepEveryTagAndInvariant) {
     // The threads ran their steps: about a third of them allocate.
     EXPECT_GT(Stats().allocation[kAllPools].allocated, kThreads * kSteps / 5);
     ExpectInvariants();
-    if (asleep) ASSERT_TRUE(alloc_->Wake(0, kDefaultStream).ok());
+    if (asleep) {
+      ASSERT_TRUE(alloc_->Wake(0, kDefaultStream).ok());
+    }
     ASSERT_TRUE(alloc_->EmptyCache().ok());
     EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 0);
     EXPECT_EQ(Stats().num_placement_errors, 0);
