@@ -29,7 +29,8 @@ build fuzz/trace_fuzzer.cc bench/trace.cc -o "$out/trace"
 build fuzz/sequence_fuzzer.cc "${core[@]}" -o "$out/sequence"
 build fuzz/handshake_fuzzer.cc allocator/symmetric/wire.cc -o "$out/handshake"
 build fuzz/collective_fuzzer.cc allocator/symmetric/*.cc "${core[@]}" -o "$out/collective"
-build fuzz/arena_checker_fuzzer.cc tests/arena_checker.cc "${core[@]}" -o "$out/checker"
+build fuzz/arena_checker_fuzzer.cc tests/arena_checker.cc tests/arena_checker_pools.cc "${core[@]}" \
+  -o "$out/checker"
 for name in config trace sequence handshake collective checker; do
   mkdir -p "fuzz/corpus/$name"
   echo "== fuzzing $name for ${seconds}s"

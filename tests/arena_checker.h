@@ -117,6 +117,7 @@ class ArenaChecker {
     std::int64_t ticket;
   };
 
+  static constexpr int kStreams = 3;  // created streams; the default stream is a fourth
   ArenaChecker() = default;
   absl::Status Violation(absl::string_view what) const;
   void Note(std::string line);
