@@ -125,13 +125,13 @@ TEST(RendezvousTest, IntrudersAreTurnedAwayAndTheRendezvousCompletes) {
   c = Connect(path);
   ASSERT_GE(c, 0);
   std::string hello(wire::kHelloBytes, '\0');
-  std::uint32_t head[4] = {0x434d4148, 3, 1, static_cast<std::uint32_t>(getpid() + 1)};
+  std::uint32_t head[4] = {0x434d4148, 4, 1, static_cast<std::uint32_t>(getpid() + 1)};
   std::memcpy(hello.data(), head, sizeof(head));
   ASSERT_EQ(write(c, hello.data(), hello.size()), static_cast<ssize_t>(hello.size()));
   EXPECT_EQ(ReceivedBeforeClose(c), 0);
   // A well-formed hello then a replayed or guessed proof: the challenge is
   // fresh for every connection, so the proof fails and the connector is
-  // closed on with only the challenge.
+  // closed on with only the challenge and a verdict saying why.
   c = Connect(path);
   ASSERT_GE(c, 0);
   head[3] = static_cast<std::uint32_t>(getpid());
@@ -143,6 +143,9 @@ TEST(RendezvousTest, IntrudersAreTurnedAwayAndTheRendezvousCompletes) {
   char challenge[wire::kChallengeBytes];
   ASSERT_TRUE(wire::ReadAll(c, challenge, sizeof(challenge), absl::Now() + kTimeout, "0").ok());
   ASSERT_EQ(write(c, proof.data(), proof.size()), static_cast<ssize_t>(proof.size()));
+  const absl::Status verdict = wire::RecvFrame(c, absl::Now() + kTimeout, "0").status();
+  EXPECT_EQ(verdict.code(), absl::StatusCode::kPermissionDenied) << verdict;
+  EXPECT_THAT(verdict.message(), HasSubstr("wrong token"));
   EXPECT_EQ(ReceivedBeforeClose(c), 0);
   // The real member still gets in.
   const pid_t member = Spawn([&] { return Member(path, 1, token); });

@@ -11,10 +11,12 @@
 #include <cerrno>
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "allocator/symmetric/wire.h"
 
 namespace cma {
@@ -109,9 +111,37 @@ class UnixSocketExchange final : public Exchange {
   }
 
   absl::StatusOr<std::vector<Contribution>> Leaf(const Contribution& mine, absl::Time deadline) {
-    if (absl::Status s = SendFrame(peers_[0], true, mine, deadline, "process 0"); !s.ok()) return s;
+    const absl::Status sent = SendFrame(peers_[0], true, mine, deadline, "process 0");
+    // A send that failed here (not a peer gone) is ours to report.
+    if (!sent.ok() && (welcomed_ || !absl::IsUnavailable(sent))) return sent;
     std::vector<Contribution> all;
-    for (int j = 0; j < count_; ++j) {
+    if (!welcomed_) {
+      // Process 0's first frame is the welcome; in its place may come its
+      // verdict on the rendezvous, which also says best why our send failed
+      // (it went away, or it rejected our proof).
+      const absl::Time by = sent.ok() ? deadline + wire::kVerdictGrace
+                                      : std::min(deadline, absl::Now() + wire::kVerdictGrace);
+      absl::StatusOr<Contribution> first = RecvFrame(peers_[0], by, "process 0");
+      if (!first.ok()) {
+        if (absl::IsUnavailable(first.status())) {
+          absl::StatusOr<ucred> peer = wire::PeerCred(peers_[0]);
+          return wire::ProcessZeroLeft(peer.ok() ? peer->pid : 0, "before welcoming this process");
+        }
+        if (absl::IsDeadlineExceeded(first.status()) && absl::Now() >= by) {
+          return absl::DeadlineExceededError(
+              "symmetric exchange: timed out waiting for process 0 to welcome every member (it "
+              "was still waiting for some to connect)");
+        }
+        return first.status();
+      }
+      welcomed_ = true;
+      if (!sent.ok()) {
+        CloseAll(first->fds);
+        return sent;
+      }
+      all.push_back(std::move(*first));
+    }
+    for (int j = static_cast<int>(all.size()); j < count_; ++j) {
       absl::StatusOr<Contribution> c = RecvFrame(peers_[0], deadline, "process 0");
       if (!c.ok()) {
         for (Contribution& x : all) CloseAll(x.fds);
@@ -127,6 +157,7 @@ class UnixSocketExchange final : public Exchange {
   const absl::Duration timeout_;
   std::vector<int> peers_;  // root: one per process (peers_[0] unused); leaf: peers_[0] is root
   absl::Status broken_;  // the first failed round's status
+  bool welcomed_ = false;  // a member: process 0's first frame came (all are in)
 };
 
 absl::StatusOr<sockaddr_un> Address(const std::string& path) {
@@ -181,8 +212,18 @@ absl::Status AcceptMembers(int listener, int process_count, const std::string& t
   int rejected = 0;
   std::string last_rejection;
   std::vector<Pending> pending;
-  auto reject = [&](std::size_t i, std::string why) {
+  std::vector<pid_t> pids(process_count, 0);  // of the members let in
+  std::string left;  // members that were let in and left
+  // `tell`: the connector sent a well-formed hello of its own, so it is a
+  // member (or one misconfigured): it gets the reason, and so can tell a
+  // rejection from a process 0 that died. A best-effort send: the verdict
+  // is small and the socket's buffer fresh.
+  auto reject = [&](std::size_t i, std::string why, bool tell) {
     ++rejected;
+    if (tell) {
+      const std::string v = wire::Verdict(absl::PermissionDeniedError(why));
+      (void)send(pending[i].fd, v.data(), v.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
     last_rejection = std::move(why);
     close(pending[i].fd);
     pending.erase(pending.begin() + i);
@@ -200,22 +241,33 @@ absl::Status AcceptMembers(int listener, int process_count, const std::string& t
     const ssize_t n = recv(p.fd, buf, want - p.got.size(), 0);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return absl::OkStatus();
     if (n <= 0) {
-      reject(i, p.challenged
-                    ? absl::StrFormat("process %d closed before proving it knows the token "
-                                      "(a wrong token?)",
-                                      p.pid)
-                    : absl::StrFormat("process %d closed before its hello was complete", p.pid));
+      reject(i,
+             p.challenged
+                 ? absl::StrFormat("process %d closed before proving it knows the token "
+                                   "(a wrong token?)",
+                                   p.pid)
+                 : absl::StrFormat("process %d closed before its hello was complete", p.pid),
+             /*tell=*/false);
       return absl::OkStatus();
     }
     p.got.append(buf, static_cast<std::size_t>(n));
     if (p.got.size() < want) return absl::OkStatus();
     if (!p.challenged) {
-      absl::StatusOr<wire::Hello> h = wire::ParseHello(p.got, process_count, p.pid);
-      if (h.ok() && peers[h->index] != -1) {
-        h = absl::PermissionDeniedError(absl::StrFormat("process index %d is taken", h->index));
-      }
+      // Parsed against any count first: a well-formed hello whose index is
+      // out of range or taken is a member's, and is told so.
+      absl::StatusOr<wire::Hello> h =
+          wire::ParseHello(p.got, std::numeric_limits<std::int32_t>::max(), p.pid);
       if (!h.ok()) {
-        reject(i, std::string(h.status().message()));
+        reject(i, std::string(h.status().message()), /*tell=*/false);
+        return absl::OkStatus();
+      }
+      if (h->index >= process_count || peers[h->index] != -1) {
+        reject(i,
+               h->index >= process_count
+                   ? absl::StrFormat("process index %d is out of range (%d processes)", h->index,
+                                     process_count)
+                   : absl::StrFormat("process index %d is taken", h->index),
+               /*tell=*/true);
         return absl::OkStatus();
       }
       absl::StatusOr<std::string> nonce = wire::RandomBytes(wire::kNonceBytes);
@@ -229,7 +281,7 @@ absl::Status AcceptMembers(int listener, int process_count, const std::string& t
       const std::string challenge = wire::Challenge(token, p.hello, p.nonce);
       if (send(p.fd, challenge.data(), challenge.size(), MSG_NOSIGNAL) !=
           static_cast<ssize_t>(challenge.size())) {
-        reject(i, absl::StrFormat("process %d left before its challenge", p.pid));
+        reject(i, absl::StrFormat("process %d left before its challenge", p.pid), /*tell=*/false);
       }
       return absl::OkStatus();
     }
@@ -239,10 +291,11 @@ absl::Status AcceptMembers(int listener, int process_count, const std::string& t
           absl::StrFormat("process index %d is taken", p.hello.index));
     }
     if (!proof.ok()) {
-      reject(i, std::string(proof.message()));
+      reject(i, std::string(proof.message()), /*tell=*/true);
       return absl::OkStatus();
     }
     peers[p.hello.index] = p.fd;
+    pids[p.hello.index] = p.pid;
     ++accepted;
     pending.erase(pending.begin() + i);
     return absl::OkStatus();
@@ -251,15 +304,22 @@ absl::Status AcceptMembers(int listener, int process_count, const std::string& t
     absl::Time now = absl::Now();
     for (std::size_t i = pending.size(); i-- > 0;) {
       if (pending[i].deadline <= now) {
-        reject(i, absl::StrFormat("process %d did not complete the handshake within %s",
-                                  pending[i].pid, absl::FormatDuration(kHelloTime)));
+        reject(i,
+               absl::StrFormat("process %d did not complete the handshake within %s",
+                               pending[i].pid, absl::FormatDuration(kHelloTime)),
+               /*tell=*/pending[i].challenged);
       }
     }
     if (now >= deadline) {
       drop_all();
-      std::string msg = absl::StrFormat(
-          "symmetric exchange: timed out waiting for %d more process(es) to connect",
-          process_count - accepted);
+      std::vector<int> missing;
+      for (int k = 1; k < process_count; ++k) {
+        if (peers[k] == -1) missing.push_back(k);
+      }
+      std::string msg = absl::StrFormat("timed out waiting for process%s %s (of %d) to connect",
+                                        missing.size() > 1 ? "es" : "",
+                                        absl::StrJoin(missing, ", "), process_count);
+      msg += left;
       if (rejected > 0) {
         absl::StrAppendFormat(&msg, "; rejected %d connection(s), the last: %s", rejected,
                               last_rejection);
@@ -272,6 +332,16 @@ absl::Status AcceptMembers(int listener, int process_count, const std::string& t
       fds.push_back({p.fd, POLLIN, 0});
       wake = std::min(wake, p.deadline);
     }
+    // Members already in are watched for a hangup only (their first round
+    // may already be waiting in the socket): one that dies frees its index
+    // (it may come back) and is named if the rendezvous times out.
+    std::vector<int> in;
+    for (int k = 1; k < process_count; ++k) {
+      if (peers[k] != -1) {
+        fds.push_back({peers[k], 0, 0});
+        in.push_back(k);
+      }
+    }
     const std::int64_t ms =
         std::min<std::int64_t>(absl::ToInt64Milliseconds(wake - now), 60'000) + 1;
     const int r = poll(fds.data(), fds.size(), static_cast<int>(ms));
@@ -280,6 +350,16 @@ absl::Status AcceptMembers(int listener, int process_count, const std::string& t
       return Errno("poll");
     }
     if (r <= 0) continue;
+    for (std::size_t j = 0; j < in.size(); ++j) {
+      if (fds[pending.size() + 1 + j].revents & (POLLHUP | POLLERR)) {
+        const int k = in[j];
+        absl::StrAppendFormat(&left, "; process %d (pid %d) had connected and left", k,
+                              pids[k]);
+        close(peers[k]);
+        peers[k] = -1;
+        --accepted;
+      }
+    }
     // Back to front, so that erasing keeps the earlier indices valid.
     for (std::size_t i = pending.size(); i-- > 0;) {
       if (fds[i + 1].revents == 0) continue;
@@ -304,8 +384,10 @@ absl::Status AcceptMembers(int listener, int process_count, const std::string& t
       continue;
     }
     if (pending.size() >= kMaxPending) {
-      reject(0, absl::StrFormat("more than %d connections waited at once; dropped the oldest",
-                                kMaxPending));
+      reject(0,
+             absl::StrFormat("more than %d connections waited at once; dropped the oldest",
+                             kMaxPending),
+             /*tell=*/pending[0].challenged);
     }
     Pending p;
     p.fd = c;
@@ -315,6 +397,19 @@ absl::Status AcceptMembers(int listener, int process_count, const std::string& t
   }
   drop_all();
   return absl::OkStatus();
+}
+
+// When the rendezvous fails, process 0's verdict to every member let in
+// (who never connected, say), so that each member's first AllGather reports
+// the real cause rather than a timeout waiting for process 0. (On success,
+// process 0's first round is the welcome.) Returns process 0's own status.
+absl::Status TellMembers(const absl::Status& failure, const std::vector<int>& peers) {
+  if (failure.ok()) return failure;
+  const std::string v = wire::Verdict(failure);
+  for (std::size_t k = 1; k < peers.size(); ++k) {
+    if (peers[k] != -1) (void)send(peers[k], v.data(), v.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  return absl::Status(failure.code(), absl::StrCat("symmetric exchange: ", failure.message()));
 }
 
 // Refuses a socket whose directory others could write to (an attacker there
@@ -461,6 +556,7 @@ absl::StatusOr<std::unique_ptr<Exchange>> MakeUnixSocketExchange(const std::stri
     absl::Status failure = AcceptMembers(listener, process_count, token, deadline, peers);
     close(listener);
     unlink(path.c_str());
+    failure = TellMembers(failure, peers);
     if (!failure.ok()) {
       CloseAll(peers);
       return failure;

@@ -16,15 +16,25 @@
 // pid SO_PEERCRED reports (no relaying); so the members must share one pid
 // namespace (processes in containers that share only the socket's directory
 // are refused as relays). A rejected connector is closed
-// having received at most a random challenge, and the rendezvous goes on
-// waiting for the real member (an intruder cannot claim an index or abort
-// it). Process 0 reads every pending connector at once, each with its own
+// having received at most a random challenge and, if its hello was a
+// member's, the reason (its index is taken, its proof does not verify); the
+// rendezvous goes on waiting for the real member (an intruder cannot claim
+// an index or abort it). Process 0 reads every pending connector at once, each with its own
 // 2 s deadline and at most 64 pending, so silent connectors cannot hold the
 // real members up. Members connect without blocking (a full backlog times
 // out like a missing process 0). The socket file is made 0600 in a
 // directory others cannot write to (or a sticky one, such as /tmp); the
 // callback bootstrap puts it in a private (0700) directory that every member
 // checks. Frame sizes are bounded before anything is allocated.
+//
+// Process 0 welcomes the members only once all are in. A member's
+// MakeUnixSocketExchange returns once it has proved itself; its first
+// AllGather gets process 0's first round, which is the welcome (so that it
+// costs no message), or process 0's reason when the rendezvous did not
+// complete: the
+// processes that never connected (kDeadlineExceeded), a member that left
+// (kUnavailable), this member's rejection (kPermissionDenied). A process 0
+// that goes away is kUnavailable saying so, never a rejection.
 //
 // Contract: AllGather is collective; every process calls it the same number
 // of times. Every wait is bounded by the exchange's timeout: a process that
@@ -74,7 +84,9 @@ absl::StatusOr<std::string> MakeRendezvousToken();
 // (0, kMaxExchangeTimeout]); kPermissionDenied when process 0 is another
 // user, rejected this process or failed to prove it knows the token, or when
 // the socket's directory is writable by others (and not sticky);
-// kDeadlineExceeded naming what is missing (and any connections rejected).
+// kDeadlineExceeded naming the processes that never connected (and any
+// connections rejected); kUnavailable when process 0 went away, or (on
+// process 0) a member left before everyone was in.
 // An existing file at `path` that is not a socket is never removed, nor a
 // socket something listens on (kAlreadyExists); a stale socket is replaced.
 absl::StatusOr<std::unique_ptr<Exchange>> MakeUnixSocketExchange(const std::string& path,
