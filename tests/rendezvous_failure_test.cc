@@ -2,15 +2,17 @@
 // at fault, and nothing is left behind: a missing member is named to the
 // members already in (not "timed out waiting for process 0"); a process 0
 // that goes away is told apart from one that rejects (kUnavailable, not
-// kPermissionDenied); a rejected member is told why. Real processes (fork)
-// on real Unix sockets.
+// kPermissionDenied); a rejected member is told why; a process 0 killed
+// leaves no file behind. Real processes (fork) on real Unix sockets.
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <string>
 
@@ -182,6 +184,49 @@ TEST(RendezvousFailureTest, ARejectedMemberIsToldWhy) {
   EXPECT_EQ(Wait(first), 0);
   EXPECT_EQ(Wait(last), 0);
   EXPECT_EQ(Wait(root), 0);
+}
+
+
+// Issue 19, item 11: process 0 of the callback bootstrap (the path C and
+// Python use) killed in the middle of the rendezvous leaves nothing behind:
+// no socket file, no directory, no bound name.
+TEST(RendezvousFailureTest, AProcessZeroKilledDuringTheRendezvousLeavesNothingBehind) {
+  int published[2];
+  ASSERT_EQ(pipe(published), 0);
+  const pid_t root = Spawn([&] {
+    // Process 0 of 2: it publishes its entry and waits for a member that
+    // never comes, until it is killed.
+    AllGatherCallback cb = [](void* c, const void* send, size_t len, void* recv) {
+      std::memset(recv, 0, 2 * len);
+      std::memcpy(recv, send, len);
+      const int fd = *static_cast<int*>(c);
+      return write(fd, send, 108) == 108 ? 0 : 1;
+    };
+    return MakeCallbackExchange(cb, &published[1], 0, 2, absl::Seconds(30)).ok();
+  });
+  char entry[108] = {};
+  ASSERT_EQ(read(published[0], entry, sizeof(entry)), 108);
+  absl::SleepFor(absl::Milliseconds(100));  // listening by now
+  kill(root, SIGKILL);
+  EXPECT_EQ(Wait(root), 128 + SIGKILL);
+  close(published[0]);
+  close(published[1]);
+  const std::string name(entry, strnlen(entry, sizeof(entry)));
+  ASSERT_FALSE(name.empty());
+  if (name[0] == '/') {  // a socket file: it and its directory must be gone
+    struct stat st {};
+    EXPECT_NE(stat(name.c_str(), &st), 0) << name << " left behind";
+    const std::string dir = name.substr(0, name.rfind('/'));
+    EXPECT_NE(stat(dir.c_str(), &st), 0) << dir << " left behind";
+    unlink(name.c_str());
+    rmdir(dir.c_str());
+  } else {
+    std::ifstream in("/proc/net/unix");
+    std::string line;
+    bool bound = false;
+    while (std::getline(in, line)) bound = bound || absl::EndsWith(line, name);
+    EXPECT_FALSE(bound) << name << " still bound";
+  }
 }
 
 }  // namespace

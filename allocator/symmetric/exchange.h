@@ -24,8 +24,9 @@
 // real members up. Members connect without blocking (a full backlog times
 // out like a missing process 0). The socket file is made 0600 in a
 // directory others cannot write to (or a sticky one, such as /tmp); the
-// callback bootstrap puts it in a private (0700) directory that every member
-// checks. Frame sizes are bounded before anything is allocated.
+// callback bootstrap uses no file at all but a random abstract socket name
+// that process 0 binds before publishing it, with its pid, which members
+// check. Frame sizes are bounded before anything is allocated.
 //
 // Process 0 welcomes the members only once all are in. A member's
 // MakeUnixSocketExchange returns once it has proved itself; its first
@@ -110,12 +111,16 @@ inline constexpr std::size_t kMaxTokenBytes = 128;
 // on success.
 using AllGatherCallback = int (*)(void* ctx, const void* send, size_t len, void* recv);
 
-// Uses `callback` once, to agree on a socket path in a private directory
-// that process 0 creates and on a fresh token from process 0, then exchanges
-// through a UnixSocketExchange (FDs cannot travel through a framework's
-// communicator). Every member checks that the directory is its user's with
-// mode 0700 (kPermissionDenied otherwise). The directory is removed once
-// everyone has connected. The timeout is checked as above.
+// Uses `callback` once, to hand every member process 0's socket name, a
+// fresh token and process 0's pid, then exchanges through a
+// UnixSocketExchange (FDs cannot travel through a framework's
+// communicator). The socket is in Linux's abstract namespace (so every
+// member must share process 0's network namespace as well as its pid
+// namespace): it has no file, so a process 0 that is killed leaves nothing
+// behind, and process 0 holds the name from before it is published. A
+// member refuses a listener whose pid is not the published one
+// (kPermissionDenied). The index, count and timeout are checked as above;
+// kUnavailable if the callback fails.
 absl::StatusOr<std::unique_ptr<Exchange>> MakeCallbackExchange(AllGatherCallback callback,
                                                                void* ctx, int process_index,
                                                                int process_count,
