@@ -496,7 +496,10 @@ TEST(RendezvousTest, TheCallbackBootstrapChecksProcessZerosPublishedPid) {
 
 TEST(RendezvousTest, InfiniteOrHugeTimeoutsAreRejectedClearly) {
   const std::string token = *MakeRendezvousToken();
-  for (absl::Duration t : {absl::InfiniteDuration(), absl::Hours(1000), absl::ZeroDuration(),
+  // Issue 19, item 12: past 2^31 ms (24.8 days) a timeout once became a
+  // wait without deadline; every one past 24 h is refused, by both bootstraps.
+  for (absl::Duration t : {absl::InfiniteDuration(), absl::Hours(1000), absl::Hours(25 * 24),
+                           kMaxExchangeTimeout + absl::Nanoseconds(1), absl::ZeroDuration(),
                            -absl::Seconds(1)}) {
     auto x = MakeUnixSocketExchange(Path("inf"), 0, 1, t, token);
     EXPECT_EQ(x.status().code(), absl::StatusCode::kInvalidArgument) << t;
@@ -514,24 +517,27 @@ TEST(RendezvousTest, InfiniteOrHugeTimeoutsAreRejectedClearly) {
 // An infinite deadline waits without spinning (it once overflowed poll's
 // timeout to zero and burned a core until the peer spoke).
 TEST(RendezvousTest, AnInfiniteDeadlineWaitsWithoutSpinning) {
-  int sv[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-  std::thread late([&] {
-    absl::SleepFor(absl::Milliseconds(400));
-    ASSERT_EQ(write(sv[1], "x", 1), 1);
-  });
-  rusage before{}, after{};
-  getrusage(RUSAGE_THREAD, &before);
-  EXPECT_TRUE(wire::WaitFor(sv[0], POLLIN, absl::InfiniteFuture(), "peer").ok());
-  getrusage(RUSAGE_THREAD, &after);
-  late.join();
-  const double cpu = (after.ru_utime.tv_sec - before.ru_utime.tv_sec) +
-                     (after.ru_stime.tv_sec - before.ru_stime.tv_sec) +
-                     1e-6 * ((after.ru_utime.tv_usec - before.ru_utime.tv_usec) +
-                             (after.ru_stime.tv_usec - before.ru_stime.tv_usec));
-  EXPECT_LT(cpu, 0.1) << "seconds of CPU spent waiting 0.4 s";
-  close(sv[0]);
-  close(sv[1]);
+  for (absl::Time deadline : {absl::InfiniteFuture(), absl::Now() + absl::Hours(25 * 24)}) {
+    SCOPED_TRACE(deadline);
+    int sv[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    std::thread late([&] {
+      absl::SleepFor(absl::Milliseconds(400));
+      ASSERT_EQ(write(sv[1], "x", 1), 1);
+    });
+    rusage before{}, after{};
+    getrusage(RUSAGE_THREAD, &before);
+    EXPECT_TRUE(wire::WaitFor(sv[0], POLLIN, deadline, "peer").ok());
+    getrusage(RUSAGE_THREAD, &after);
+    late.join();
+    const double cpu = (after.ru_utime.tv_sec - before.ru_utime.tv_sec) +
+                       (after.ru_stime.tv_sec - before.ru_stime.tv_sec) +
+                       1e-6 * ((after.ru_utime.tv_usec - before.ru_utime.tv_usec) +
+                               (after.ru_stime.tv_usec - before.ru_stime.tv_usec));
+    EXPECT_LT(cpu, 0.1) << "seconds of CPU spent waiting 0.4 s";
+    close(sv[0]);
+    close(sv[1]);
+  }
 }
 
 // ---------------------------------------------------------------- frames
