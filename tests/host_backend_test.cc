@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "gmock/gmock.h"
@@ -201,6 +202,55 @@ TEST(HostBackendTest, CountsCalls) {
   EXPECT_EQ(b.CallCount("AllocateManaged"), 1);
   EXPECT_EQ(b.CallCount("FreeManaged"), 1);
   EXPECT_GE(b.TotalCalls(), 2);
+}
+
+// An import takes only what the exporter sends (issue 19: it took any FD
+// that fstat accepted): a sealed memfd of its own making, of the size the
+// exporter announced. Each impostor is refused naming what it is.
+TEST(HostBackendTest, VmmImportAcceptsOnlyTheExportersSealedMemfd) {
+  HostBackend exporter, importer;
+  const std::size_t g = *exporter.VmmGranularity(0);
+  auto refused = [&](int fd, std::size_t bytes, const char* why) {
+    ShareableHandle sh;
+    sh.fd = fd;
+    sh.bytes = bytes;
+    auto h = importer.VmmImport(sh);
+    EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument) << why;
+    EXPECT_THAT(h.status().message(), ::testing::HasSubstr(why));
+    close(fd);
+  };
+  // A regular file of the right size.
+  char path[] = "/tmp/cma-import-XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  unlink(path);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(g)), 0);
+  refused(fd, g, "is a file, not a memfd");
+  // A pipe.
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);
+  close(p[1]);
+  refused(p[0], g, "is not memory");
+  // Another program's memfd, and one named like ours whose size is not sealed.
+  fd = memfd_create("other", MFD_CLOEXEC);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(g)), 0);
+  refused(fd, g, "not a memfd made by the host backend");
+  fd = memfd_create("cma-vmm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(g)), 0);
+  refused(fd, g, "size is not sealed");
+  // A real export, announced at another size.
+  PhysicalHandle h = *exporter.VmmCreate(0, g, HandleType::kPosixFd);
+  auto shared = exporter.VmmExport(h, HandleType::kPosixFd);
+  ASSERT_TRUE(shared.ok());
+  refused(dup(shared->fd), 2 * g, "expected");
+  // The real one is taken, and no holder can shrink it under the mappings.
+  EXPECT_NE(ftruncate(shared->fd, 0), 0);
+  auto imported = importer.VmmImport(*shared);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  close(shared->fd);
+  ASSERT_TRUE(importer.VmmRelease(*imported).ok());
+  ASSERT_TRUE(exporter.VmmRelease(h).ok());
+  EXPECT_EQ(importer.LiveResources(), HostResourceCounts{});
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -125,13 +126,13 @@ TEST(RendezvousTest, IntrudersAreTurnedAwayAndTheRendezvousCompletes) {
   c = Connect(path);
   ASSERT_GE(c, 0);
   std::string hello(wire::kHelloBytes, '\0');
-  std::uint32_t head[4] = {0x434d4148, 3, 1, static_cast<std::uint32_t>(getpid() + 1)};
+  std::uint32_t head[4] = {0x434d4148, 4, 1, static_cast<std::uint32_t>(getpid() + 1)};
   std::memcpy(hello.data(), head, sizeof(head));
   ASSERT_EQ(write(c, hello.data(), hello.size()), static_cast<ssize_t>(hello.size()));
   EXPECT_EQ(ReceivedBeforeClose(c), 0);
   // A well-formed hello then a replayed or guessed proof: the challenge is
   // fresh for every connection, so the proof fails and the connector is
-  // closed on with only the challenge.
+  // closed on with only the challenge and a verdict saying why.
   c = Connect(path);
   ASSERT_GE(c, 0);
   head[3] = static_cast<std::uint32_t>(getpid());
@@ -143,6 +144,9 @@ TEST(RendezvousTest, IntrudersAreTurnedAwayAndTheRendezvousCompletes) {
   char challenge[wire::kChallengeBytes];
   ASSERT_TRUE(wire::ReadAll(c, challenge, sizeof(challenge), absl::Now() + kTimeout, "0").ok());
   ASSERT_EQ(write(c, proof.data(), proof.size()), static_cast<ssize_t>(proof.size()));
+  const absl::Status verdict = wire::RecvFrame(c, absl::Now() + kTimeout, "0").status();
+  EXPECT_EQ(verdict.code(), absl::StatusCode::kPermissionDenied) << verdict;
+  EXPECT_THAT(verdict.message(), HasSubstr("wrong token"));
   EXPECT_EQ(ReceivedBeforeClose(c), 0);
   // The real member still gets in.
   const pid_t member = Spawn([&] { return Member(path, 1, token); });
@@ -244,25 +248,38 @@ TEST(RendezvousTest, TheSocketIsOwnerOnlyWhileListening) {
   EXPECT_NE(stat(path.c_str(), &st), 0);  // removed once everyone is in
 }
 
-TEST(RendezvousTest, CallbackBootstrapUsesAPrivateDirectoryAndRemovesIt) {
+// Whether a socket is bound to the abstract `name` ("@..."), as the kernel
+// lists them.
+bool AbstractNameBound(const std::string& name) {
+  std::ifstream in("/proc/net/unix");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.size() >= name.size() && line.compare(line.size() - name.size(), name.size(), name) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The callback bootstrap listens under a random abstract name, bound before
+// it is published: no file, no directory, nothing left once it is done.
+TEST(RendezvousTest, CallbackBootstrapListensUnderAnAbstractNameAndLeavesNothing) {
   struct Ctx {
-    std::string dir;
-    mode_t mode = 0;
+    std::string name;
+    bool bound = false;
   } ctx;
   AllGatherCallback cb = [](void* c, const void* send, size_t len, void* recv) {
     auto* x = static_cast<Ctx*>(c);
     std::memcpy(recv, send, len);  // a world of one
-    std::string path(static_cast<const char*>(send));
-    x->dir = path.substr(0, path.rfind('/'));
-    struct stat st {};
-    if (stat(x->dir.c_str(), &st) == 0) x->mode = st.st_mode & 0777;
+    x->name = static_cast<const char*>(send);
+    x->bound = AbstractNameBound(x->name);
     return 0;
   };
   auto x = MakeCallbackExchange(cb, &ctx, 0, 1, kTimeout);
   ASSERT_TRUE(x.ok()) << x.status();
-  EXPECT_EQ(ctx.mode, 0700u) << ctx.dir;
-  struct stat st {};
-  EXPECT_NE(stat(ctx.dir.c_str(), &st), 0) << ctx.dir << " left behind";
+  EXPECT_THAT(ctx.name, ::testing::StartsWith("@cma-symmetric-"));
+  EXPECT_TRUE(ctx.bound) << ctx.name << " was not listening when published";
+  EXPECT_FALSE(AbstractNameBound(ctx.name)) << ctx.name << " left behind";
 }
 
 // ------------------------------------------------ mutual authentication
@@ -441,32 +458,48 @@ TEST(RendezvousTest, ADirectoryOthersCanWriteIsRefused) {
   rmdir(dir.c_str());
 }
 
-// The callback bootstrap's members check that process 0's directory is
-// private before they connect.
-TEST(RendezvousTest, TheCallbackBootstrapRefusesADirectoryThatIsNotPrivate) {
-  const std::string dir = absl::StrFormat("/tmp/cma-rdv-shared-%d", getpid());
-  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
-  ASSERT_EQ(chmod(dir.c_str(), 0755), 0);
+// The callback bootstrap's members connect only to the process 0 whose pid
+// the framework's all-gather published, and only under an abstract name.
+TEST(RendezvousTest, TheCallbackBootstrapChecksProcessZerosPublishedPid) {
+  const std::string name = absl::StrFormat("@cma-rdv-pid-%d", getpid());
+  const int l = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path + 1, name.data() + 1, name.size() - 1);
+  ASSERT_EQ(bind(l, reinterpret_cast<sockaddr*>(&a),
+                 static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size())),
+            0);
+  ASSERT_EQ(listen(l, 4), 0);
   struct Ctx {
-    std::string path;
-  } ctx{dir + "/rendezvous.sock"};
-  // Member 1 of 2: the "all-gather" hands it process 0's entry (path, token).
+    std::string name;
+    std::int32_t pid;
+  } ctx{name, getpid() + 1};  // not the listener's pid
+  // Member 1 of 2: the "all-gather" hands it process 0's entry (name, token, pid).
   AllGatherCallback cb = [](void* c, const void*, size_t len, void* recv) {
     auto* x = static_cast<Ctx*>(c);
     std::memset(recv, 0, 2 * len);
-    std::memcpy(recv, x->path.c_str(), x->path.size());
+    std::memcpy(recv, x->name.c_str(), x->name.size());
     std::memset(static_cast<char*>(recv) + sizeof(sockaddr_un::sun_path), 'k', 64);
+    std::memcpy(static_cast<char*>(recv) + sizeof(sockaddr_un::sun_path) + kMaxTokenBytes,
+                &x->pid, sizeof(x->pid));
     return 0;
   };
-  auto x = MakeCallbackExchange(cb, &ctx, 1, 2, absl::Milliseconds(300));
+  auto x = MakeCallbackExchange(cb, &ctx, 1, 2, absl::Seconds(2));
   EXPECT_EQ(x.status().code(), absl::StatusCode::kPermissionDenied) << x.status();
-  EXPECT_THAT(x.status().message(), HasSubstr("mode 0700"));
-  rmdir(dir.c_str());
+  EXPECT_THAT(x.status().message(), HasSubstr("as the framework's all-gather says"));
+  // A path instead of an abstract name is not what process 0 publishes.
+  ctx.name = "/tmp/rendezvous.sock";
+  x = MakeCallbackExchange(cb, &ctx, 1, 2, absl::Seconds(2));
+  EXPECT_EQ(x.status().code(), absl::StatusCode::kInvalidArgument) << x.status();
+  close(l);
 }
 
 TEST(RendezvousTest, InfiniteOrHugeTimeoutsAreRejectedClearly) {
   const std::string token = *MakeRendezvousToken();
-  for (absl::Duration t : {absl::InfiniteDuration(), absl::Hours(1000), absl::ZeroDuration(),
+  // Issue 19, item 12: past 2^31 ms (24.8 days) a timeout once became a
+  // wait without deadline; every one past 24 h is refused, by both bootstraps.
+  for (absl::Duration t : {absl::InfiniteDuration(), absl::Hours(1000), absl::Hours(25 * 24),
+                           kMaxExchangeTimeout + absl::Nanoseconds(1), absl::ZeroDuration(),
                            -absl::Seconds(1)}) {
     auto x = MakeUnixSocketExchange(Path("inf"), 0, 1, t, token);
     EXPECT_EQ(x.status().code(), absl::StatusCode::kInvalidArgument) << t;
@@ -484,24 +517,27 @@ TEST(RendezvousTest, InfiniteOrHugeTimeoutsAreRejectedClearly) {
 // An infinite deadline waits without spinning (it once overflowed poll's
 // timeout to zero and burned a core until the peer spoke).
 TEST(RendezvousTest, AnInfiniteDeadlineWaitsWithoutSpinning) {
-  int sv[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-  std::thread late([&] {
-    absl::SleepFor(absl::Milliseconds(400));
-    ASSERT_EQ(write(sv[1], "x", 1), 1);
-  });
-  rusage before{}, after{};
-  getrusage(RUSAGE_THREAD, &before);
-  EXPECT_TRUE(wire::WaitFor(sv[0], POLLIN, absl::InfiniteFuture(), "peer").ok());
-  getrusage(RUSAGE_THREAD, &after);
-  late.join();
-  const double cpu = (after.ru_utime.tv_sec - before.ru_utime.tv_sec) +
-                     (after.ru_stime.tv_sec - before.ru_stime.tv_sec) +
-                     1e-6 * ((after.ru_utime.tv_usec - before.ru_utime.tv_usec) +
-                             (after.ru_stime.tv_usec - before.ru_stime.tv_usec));
-  EXPECT_LT(cpu, 0.1) << "seconds of CPU spent waiting 0.4 s";
-  close(sv[0]);
-  close(sv[1]);
+  for (absl::Time deadline : {absl::InfiniteFuture(), absl::Now() + absl::Hours(25 * 24)}) {
+    SCOPED_TRACE(deadline);
+    int sv[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    std::thread late([&] {
+      absl::SleepFor(absl::Milliseconds(400));
+      ASSERT_EQ(write(sv[1], "x", 1), 1);
+    });
+    rusage before{}, after{};
+    getrusage(RUSAGE_THREAD, &before);
+    EXPECT_TRUE(wire::WaitFor(sv[0], POLLIN, deadline, "peer").ok());
+    getrusage(RUSAGE_THREAD, &after);
+    late.join();
+    const double cpu = (after.ru_utime.tv_sec - before.ru_utime.tv_sec) +
+                       (after.ru_stime.tv_sec - before.ru_stime.tv_sec) +
+                       1e-6 * ((after.ru_utime.tv_usec - before.ru_utime.tv_usec) +
+                               (after.ru_stime.tv_usec - before.ru_stime.tv_usec));
+    EXPECT_LT(cpu, 0.1) << "seconds of CPU spent waiting 0.4 s";
+    close(sv[0]);
+    close(sv[1]);
+  }
 }
 
 // ---------------------------------------------------------------- frames

@@ -8,7 +8,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -172,6 +174,44 @@ TEST(SymmetricCollectiveTest, AMemberWhoseExchangeBreaksShutsItSoTheOthersLearnA
     close(fd);
     return !all.ok() && later.status().code() == absl::StatusCode::kFailedPrecondition &&
            absl::StrContains(later.status().message(), "too many FDs");
+  });
+  EXPECT_THAT(codes, ::testing::Each(0));
+}
+
+
+// Statistics never wait on a collective: while one thread's Allocate waits
+// for a member that stalls 2 s, another thread's GetStats and Snapshot
+// return at once, with the state as of before that Allocate (issue 19,
+// item 13: cma_stats_json waited behind the heap's lock).
+TEST(SymmetricCollectiveTest, StatisticsDoNotWaitForAStalledCollective) {
+  const std::string path = SocketPath("stats-stall");
+  auto codes = RunProcesses(2, [&](int r) {
+    HostBackend host({.device_count = 1});
+    auto heap = ProcessHeap(host, path, r, 2);
+    if (!heap) return false;
+    auto first = heap->Allocate(4096);
+    if (!first.ok()) return false;
+    if (r == 1) {
+      absl::SleepFor(absl::Seconds(2));  // the stall
+      return heap->Allocate(1 << 20).ok();
+    }
+    absl::StatusOr<const SymmetricAllocation*> second = absl::UnknownError("not run");
+    std::thread collective([&] { second = heap->Allocate(1 << 20); });
+    absl::SleepFor(absl::Milliseconds(200));  // it is waiting for member 1 by now
+    const absl::Time t0 = absl::Now();
+    const SymmetricStats stats = heap->GetStats();
+    const std::vector<SymmetricSnapshot> snap = heap->Snapshot();
+    const absl::Duration took = absl::Now() - t0;
+    collective.join();
+    if (took > absl::Milliseconds(300)) {
+      std::fprintf(stderr, "statistics took %s\n", absl::FormatDuration(took).c_str());
+      return false;
+    }
+    // The state between the two Allocates: one allocation, one live entry.
+    if (stats.allocations != 1 || snap.size() != 1 || snap[0].bytes != 4096 || snap[0].cached) {
+      return false;
+    }
+    return second.ok() && heap->GetStats().allocations == 2 && heap->Snapshot().size() == 2;
   });
   EXPECT_THAT(codes, ::testing::Each(0));
 }

@@ -256,7 +256,7 @@ TEST(ExchangeTest, MissingProcessTimesOutWithAClearError) {
   const auto t0 = absl::Now();
   auto x = MakeUnixSocketExchange(SocketPath("missing"), 0, 2, absl::Milliseconds(300), Token());
   EXPECT_EQ(x.status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(x.status().message(), HasSubstr("1 more process(es) to connect"));
+  EXPECT_THAT(x.status().message(), HasSubstr("timed out waiting for process 1 (of 2) to connect"));
   EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
   auto leaf = MakeUnixSocketExchange(SocketPath("nobody"), 1, 2, absl::Milliseconds(200), Token());
   EXPECT_THAT(leaf.status().message(), HasSubstr("process 0 never listened"));
@@ -399,7 +399,9 @@ TEST(SymmetricProcessErrors, AMemberDyingMidRendezvousFailsTheOthers) {
   auto codes = RunProcesses(3, [&](int r) {
     HostBackend b({.device_count = 1});
     auto heap = ProcessHeap(b, path, r, 3, absl::Seconds(3));
-    if (!heap) return false;
+    // Process 0 may see it leave while others are still connecting: then its
+    // rendezvous fails, naming it, and so does the others' first Allocate.
+    if (!heap) return r == 0;
     if (r == 2) _exit(42);  // dies after connecting, before the collective
     auto a = heap->Allocate(1 << 20);
     const bool failed = !a.ok();

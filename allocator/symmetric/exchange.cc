@@ -9,12 +9,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
+#include "allocator/symmetric/socket_rendezvous.h"
 #include "allocator/symmetric/wire.h"
 
 namespace cma {
@@ -109,9 +111,38 @@ class UnixSocketExchange final : public Exchange {
   }
 
   absl::StatusOr<std::vector<Contribution>> Leaf(const Contribution& mine, absl::Time deadline) {
-    if (absl::Status s = SendFrame(peers_[0], true, mine, deadline, "process 0"); !s.ok()) return s;
+    const absl::Status sent = SendFrame(peers_[0], true, mine, deadline, "process 0");
+    // A send that failed here (not a peer gone) is ours to report.
+    if (!sent.ok() && (welcomed_ || !absl::IsUnavailable(sent))) return sent;
     std::vector<Contribution> all;
-    for (int j = 0; j < count_; ++j) {
+    if (!welcomed_) {
+      // Process 0's first frame is the welcome; in its place may come its
+      // verdict on the rendezvous, which also says best why our send failed
+      // (it went away, or it rejected our proof).
+      const absl::Time by = sent.ok() ? deadline + wire::kVerdictGrace
+                                      : std::min(deadline, absl::Now() + wire::kVerdictGrace);
+      absl::StatusOr<Contribution> first = RecvFrame(peers_[0], by, "process 0");
+      if (!first.ok()) {
+        if (absl::IsUnavailable(first.status())) {
+          absl::StatusOr<ucred> peer = wire::PeerCred(peers_[0]);
+          return wire::ProcessZeroLeft(peer.ok() ? peer->pid : 0, "before welcoming this process");
+        }
+        if (absl::IsDeadlineExceeded(first.status()) && absl::Now() >= by) {
+          return absl::DeadlineExceededError(
+              "symmetric exchange: timed out waiting for process 0's first round, which is its "
+              "welcome once every member is in (were some still connecting, or did process 0 "
+              "never call AllGather?)");
+        }
+        return first.status();
+      }
+      welcomed_ = true;
+      if (!sent.ok()) {
+        CloseAll(first->fds);
+        return sent;
+      }
+      all.push_back(std::move(*first));
+    }
+    for (int j = static_cast<int>(all.size()); j < count_; ++j) {
       absl::StatusOr<Contribution> c = RecvFrame(peers_[0], deadline, "process 0");
       if (!c.ok()) {
         for (Contribution& x : all) CloseAll(x.fds);
@@ -127,19 +158,31 @@ class UnixSocketExchange final : public Exchange {
   const absl::Duration timeout_;
   std::vector<int> peers_;  // root: one per process (peers_[0] unused); leaf: peers_[0] is root
   absl::Status broken_;  // the first failed round's status
+  bool welcomed_ = false;  // a member: process 0's first frame came (all are in)
 };
 
-absl::StatusOr<sockaddr_un> Address(const std::string& path) {
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  if (path.empty() || path.size() >= sizeof(a.sun_path)) {
+}  // namespace
+
+namespace rendezvous {
+
+absl::StatusOr<SocketAddress> Address(const std::string& path) {
+  SocketAddress s;
+  s.addr.sun_family = AF_UNIX;
+  if (path.size() < 2 || path.size() >= sizeof(s.addr.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("bad Unix socket path '", path, "'"));
   }
-  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
-  return a;
+  std::memcpy(s.addr.sun_path, path.data(), path.size());
+  if (path[0] == '@') {
+    // The abstract namespace: the name's bytes, without a terminating NUL.
+    s.addr.sun_path[0] = '\0';
+    s.len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size());
+  } else {
+    s.len = sizeof(s.addr);  // NUL-terminated: the rest is zero
+  }
+  return s;
 }
 
-}  // namespace
+}  // namespace rendezvous
 
 std::unique_ptr<Exchange> MakeSingleProcessExchange() {
   return std::make_unique<SingleProcessExchange>();
@@ -153,175 +196,10 @@ absl::StatusOr<std::string> MakeRendezvousToken() {
 
 namespace {
 
-// Process 0's view of a connector that has not yet proved itself.
-struct Pending {
-  int fd = -1;
-  pid_t pid = 0;
-  absl::Time deadline;  // its own: a silent connector only ever costs itself
-  std::string got;      // the part of its hello, then of its proof, read so far
-  bool challenged = false;
-  wire::Hello hello;
-  std::string nonce;  // the challenge we sent it
-};
-
-// A connector gets this long to complete the handshake; at most kMaxPending
-// wait at once (past that the oldest is dropped), so that a flood of
-// connections can neither hold up the real members nor exhaust our FDs.
-constexpr absl::Duration kHelloTime = absl::Seconds(2);
-constexpr std::size_t kMaxPending = 64;
-
-// Process 0: accepts until every member has proved it knows the token and
-// claimed a free index. Every pending connector is read at once, each
-// against its own deadline; anything else is closed and the wait goes on.
-// A connector is sent nothing until its hello is well formed and comes from
-// the process it names; then only our challenge and proof.
-absl::Status AcceptMembers(int listener, int process_count, const std::string& token,
-                           absl::Time deadline, std::vector<int>& peers) {
-  const uid_t me = geteuid();
-  int rejected = 0;
-  std::string last_rejection;
-  std::vector<Pending> pending;
-  auto reject = [&](std::size_t i, std::string why) {
-    ++rejected;
-    last_rejection = std::move(why);
-    close(pending[i].fd);
-    pending.erase(pending.begin() + i);
-  };
-  auto drop_all = [&] {
-    for (Pending& p : pending) close(p.fd);
-    pending.clear();
-  };
-  // Reads what connector i sent and moves it on (it may leave `pending`);
-  // an error only for a failure of our own (no randomness).
-  auto step = [&](std::size_t i, int& accepted) -> absl::Status {
-    Pending& p = pending[i];
-    const std::size_t want = p.challenged ? wire::kProofBytes : wire::kHelloBytes;
-    char buf[wire::kHelloBytes > wire::kProofBytes ? wire::kHelloBytes : wire::kProofBytes];
-    const ssize_t n = recv(p.fd, buf, want - p.got.size(), 0);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return absl::OkStatus();
-    if (n <= 0) {
-      reject(i, p.challenged
-                    ? absl::StrFormat("process %d closed before proving it knows the token "
-                                      "(a wrong token?)",
-                                      p.pid)
-                    : absl::StrFormat("process %d closed before its hello was complete", p.pid));
-      return absl::OkStatus();
-    }
-    p.got.append(buf, static_cast<std::size_t>(n));
-    if (p.got.size() < want) return absl::OkStatus();
-    if (!p.challenged) {
-      absl::StatusOr<wire::Hello> h = wire::ParseHello(p.got, process_count, p.pid);
-      if (h.ok() && peers[h->index] != -1) {
-        h = absl::PermissionDeniedError(absl::StrFormat("process index %d is taken", h->index));
-      }
-      if (!h.ok()) {
-        reject(i, std::string(h.status().message()));
-        return absl::OkStatus();
-      }
-      absl::StatusOr<std::string> nonce = wire::RandomBytes(wire::kNonceBytes);
-      if (!nonce.ok()) return nonce.status();
-      p.hello = std::move(*h);
-      p.nonce = std::move(*nonce);
-      p.got.clear();
-      p.challenged = true;
-      // A fresh socket's buffer takes the whole challenge: a short send
-      // means the connector is already gone.
-      const std::string challenge = wire::Challenge(token, p.hello, p.nonce);
-      if (send(p.fd, challenge.data(), challenge.size(), MSG_NOSIGNAL) !=
-          static_cast<ssize_t>(challenge.size())) {
-        reject(i, absl::StrFormat("process %d left before its challenge", p.pid));
-      }
-      return absl::OkStatus();
-    }
-    absl::Status proof = wire::CheckProof(p.got, token, p.hello, p.nonce);
-    if (proof.ok() && peers[p.hello.index] != -1) {
-      proof = absl::PermissionDeniedError(
-          absl::StrFormat("process index %d is taken", p.hello.index));
-    }
-    if (!proof.ok()) {
-      reject(i, std::string(proof.message()));
-      return absl::OkStatus();
-    }
-    peers[p.hello.index] = p.fd;
-    ++accepted;
-    pending.erase(pending.begin() + i);
-    return absl::OkStatus();
-  };
-  for (int accepted = 1; accepted < process_count;) {
-    absl::Time now = absl::Now();
-    for (std::size_t i = pending.size(); i-- > 0;) {
-      if (pending[i].deadline <= now) {
-        reject(i, absl::StrFormat("process %d did not complete the handshake within %s",
-                                  pending[i].pid, absl::FormatDuration(kHelloTime)));
-      }
-    }
-    if (now >= deadline) {
-      drop_all();
-      std::string msg = absl::StrFormat(
-          "symmetric exchange: timed out waiting for %d more process(es) to connect",
-          process_count - accepted);
-      if (rejected > 0) {
-        absl::StrAppendFormat(&msg, "; rejected %d connection(s), the last: %s", rejected,
-                              last_rejection);
-      }
-      return absl::DeadlineExceededError(msg);
-    }
-    absl::Time wake = deadline;
-    std::vector<pollfd> fds{{listener, POLLIN, 0}};
-    for (const Pending& p : pending) {
-      fds.push_back({p.fd, POLLIN, 0});
-      wake = std::min(wake, p.deadline);
-    }
-    const std::int64_t ms =
-        std::min<std::int64_t>(absl::ToInt64Milliseconds(wake - now), 60'000) + 1;
-    const int r = poll(fds.data(), fds.size(), static_cast<int>(ms));
-    if (r < 0 && errno != EINTR) {
-      drop_all();
-      return Errno("poll");
-    }
-    if (r <= 0) continue;
-    // Back to front, so that erasing keeps the earlier indices valid.
-    for (std::size_t i = pending.size(); i-- > 0;) {
-      if (fds[i + 1].revents == 0) continue;
-      if (absl::Status s = step(i, accepted); !s.ok()) {
-        drop_all();
-        return s;
-      }
-    }
-    if (fds[0].revents == 0) continue;
-    const int c = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (c < 0) {
-      if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) continue;
-      drop_all();
-      return Errno("accept");
-    }
-    absl::StatusOr<ucred> cred = wire::PeerCred(c);
-    if (!cred.ok() || cred->uid != me) {
-      ++rejected;
-      last_rejection = cred.ok() ? absl::StrFormat("uid %d is not this user (%d)", cred->uid, me)
-                                 : std::string(cred.status().message());
-      close(c);
-      continue;
-    }
-    if (pending.size() >= kMaxPending) {
-      reject(0, absl::StrFormat("more than %d connections waited at once; dropped the oldest",
-                                kMaxPending));
-    }
-    Pending p;
-    p.fd = c;
-    p.pid = cred->pid;
-    p.deadline = std::min(deadline, absl::Now() + kHelloTime);
-    pending.push_back(std::move(p));
-  }
-  drop_all();
-  return absl::OkStatus();
-}
-
 // Refuses a socket whose directory others could write to (an attacker there
 // could swap the socket between our check and our connect): the directory
 // must be ours or root's, and writable by no one else unless sticky (/tmp).
-// `strict` (the callback bootstrap's own directory): ours and 0700 exactly.
-absl::Status CheckDirectory(const std::string& path, bool strict) {
+absl::Status CheckDirectory(const std::string& path) {
   const std::size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   struct stat st {};
@@ -330,12 +208,6 @@ absl::Status CheckDirectory(const std::string& path, bool strict) {
   if (!S_ISDIR(st.st_mode)) {
     return absl::PermissionDeniedError(absl::StrCat(
         "symmetric exchange: ", dir, " (the socket's directory) is not a directory (a symlink?)"));
-  }
-  if (strict && (st.st_uid != me || (st.st_mode & 0777) != 0700)) {
-    return absl::PermissionDeniedError(absl::StrFormat(
-        "symmetric exchange: the rendezvous directory %s must be this user's (%d) with mode 0700; "
-        "it is owned by %d with mode %04o",
-        dir, me, st.st_uid, st.st_mode & 0777));
   }
   if (st.st_uid != me && st.st_uid != 0) {
     return absl::PermissionDeniedError(absl::StrFormat(
@@ -354,13 +226,13 @@ absl::Status CheckDirectory(const std::string& path, bool strict) {
 
 // A member's connection to process 0, retried until process 0 listens;
 // non-blocking, so that a full backlog cannot hold us past the deadline.
-absl::StatusOr<int> ConnectToRoot(const std::string& path, const sockaddr_un& addr,
+absl::StatusOr<int> ConnectToRoot(const std::string& path, const rendezvous::SocketAddress& to,
                                   absl::Time deadline) {
   for (;;) {
     const int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (c < 0) return Errno("socket");
     int err = 0;
-    if (connect(c, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) return c;
+    if (connect(c, reinterpret_cast<const sockaddr*>(&to.addr), to.len) == 0) return c;
     err = errno;
     if (err == EINPROGRESS) {
       absl::Status s = WaitFor(c, POLLOUT, deadline, absl::StrCat("process 0 at ", path));
@@ -387,6 +259,18 @@ absl::StatusOr<int> ConnectToRoot(const std::string& path, const sockaddr_un& ad
   }
 }
 
+}  // namespace
+
+namespace rendezvous {
+
+absl::Status CheckMember(int process_index, int process_count) {
+  if (process_count < 1 || process_index < 0 || process_index >= process_count) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "symmetric exchange: process %d of %d is not a valid member", process_index, process_count));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckTimeout(absl::Duration timeout) {
   if (timeout <= absl::ZeroDuration() || timeout > kMaxExchangeTimeout) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -397,8 +281,56 @@ absl::Status CheckTimeout(absl::Duration timeout) {
   return absl::OkStatus();
 }
 
-absl::Status Listen(const std::string& path, const sockaddr_un& addr, int process_count,
-                    int* listener) {
+absl::StatusOr<std::unique_ptr<Exchange>> AsRoot(int listener, int process_count,
+                                                 absl::Duration timeout, const std::string& token,
+                                                 absl::Time deadline) {
+  std::vector<int> peers(process_count, -1);
+  absl::Status failure = AcceptMembers(listener, process_count, token, deadline, peers);
+  close(listener);
+  failure = TellMembers(failure, peers);
+  if (!failure.ok()) {
+    CloseAll(peers);
+    return failure;
+  }
+  return std::unique_ptr<Exchange>(
+      new UnixSocketExchange(0, process_count, timeout, std::move(peers)));
+}
+
+absl::StatusOr<std::unique_ptr<Exchange>> AsMember(const std::string& path,
+                                                   const SocketAddress& root, int process_index,
+                                                   int process_count, absl::Duration timeout,
+                                                   const std::string& token, absl::Time deadline,
+                                                   pid_t root_pid) {
+  absl::StatusOr<int> c = ConnectToRoot(path, root, deadline);
+  if (!c.ok()) return c.status();
+  if (root_pid != 0) {
+    absl::StatusOr<ucred> peer = wire::PeerCred(*c);
+    if (!peer.ok() || peer->pid != root_pid) {
+      close(*c);
+      return peer.ok() ? absl::PermissionDeniedError(absl::StrFormat(
+                             "symmetric exchange: the process listening at %s is process %d, not "
+                             "process 0 (%d) as the framework's all-gather says",
+                             path, peer->pid, root_pid))
+                       : peer.status();
+    }
+  }
+  if (absl::Status s = wire::MemberHandshake(*c, process_index, token, deadline); !s.ok()) {
+    close(*c);
+    return s;
+  }
+  std::vector<int> peers(process_count, -1);
+  peers[0] = *c;
+  return std::unique_ptr<Exchange>(
+      new UnixSocketExchange(process_index, process_count, timeout, std::move(peers)));
+}
+
+}  // namespace rendezvous
+
+namespace {
+
+absl::Status Listen(const std::string& path, const rendezvous::SocketAddress& at,
+                    int process_count, int* listener) {
+  const sockaddr_un& addr = at.addr;
   struct stat st {};
   if (lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
@@ -443,78 +375,26 @@ absl::StatusOr<std::unique_ptr<Exchange>> MakeUnixSocketExchange(const std::stri
                                                                   int process_count,
                                                                   absl::Duration timeout,
                                                                   const std::string& token) {
-  if (process_count < 1 || process_index < 0 || process_index >= process_count) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "symmetric exchange: process %d of %d is not a valid member", process_index, process_count));
-  }
+  if (absl::Status s = rendezvous::CheckMember(process_index, process_count); !s.ok()) return s;
   if (absl::Status s = wire::CheckToken(token); !s.ok()) return s;
-  if (absl::Status s = CheckTimeout(timeout); !s.ok()) return s;
+  if (absl::Status s = rendezvous::CheckTimeout(timeout); !s.ok()) return s;
   if (absl::Status s = wire::CryptoReady(); !s.ok()) return s;
-  absl::StatusOr<sockaddr_un> addr = Address(path);
+  if (!path.empty() && path[0] == '@') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "symmetric exchange: '", path, "' is an abstract socket name; a path is needed here"));
+  }
+  absl::StatusOr<rendezvous::SocketAddress> addr = rendezvous::Address(path);
   if (!addr.ok()) return addr.status();
-  if (absl::Status s = CheckDirectory(path, /*strict=*/false); !s.ok()) return s;
+  if (absl::Status s = CheckDirectory(path); !s.ok()) return s;
   const absl::Time deadline = absl::Now() + timeout;
-  std::vector<int> peers(process_count, -1);
-  if (process_index == 0) {
-    int listener = -1;
-    if (absl::Status s = Listen(path, *addr, process_count, &listener); !s.ok()) return s;
-    absl::Status failure = AcceptMembers(listener, process_count, token, deadline, peers);
-    close(listener);
-    unlink(path.c_str());
-    if (!failure.ok()) {
-      CloseAll(peers);
-      return failure;
-    }
-  } else {
-    absl::StatusOr<int> c = ConnectToRoot(path, *addr, deadline);
-    if (!c.ok()) return c.status();
-    if (absl::Status s = wire::MemberHandshake(*c, process_index, token, deadline); !s.ok()) {
-      close(*c);
-      return s;
-    }
-    peers[0] = *c;
+  if (process_index != 0) {
+    return rendezvous::AsMember(path, *addr, process_index, process_count, timeout, token,
+                                deadline, /*root_pid=*/0);
   }
-  return std::unique_ptr<Exchange>(
-      new UnixSocketExchange(process_index, process_count, timeout, std::move(peers)));
-}
-
-absl::StatusOr<std::unique_ptr<Exchange>> MakeCallbackExchange(AllGatherCallback callback,
-                                                               void* ctx, int process_index,
-                                                               int process_count,
-                                                               absl::Duration timeout) {
-  if (callback == nullptr) return absl::InvalidArgumentError("symmetric exchange: null callback");
-  if (absl::Status s = CheckTimeout(timeout); !s.ok()) return s;
-  // Process 0's entry: the socket path, then the token, each NUL-padded.
-  constexpr std::size_t kPath = sizeof(sockaddr_un::sun_path);
-  constexpr std::size_t kLen = kPath + kMaxTokenBytes;
-  std::string mine(kLen, '\0');
-  std::string dir;
-  if (process_index == 0) {
-    char tmpl[] = "/tmp/cma-symmetric-XXXXXX";
-    if (mkdtemp(tmpl) == nullptr) return Errno("mkdtemp");  // 0700: ours alone
-    dir = tmpl;
-    const std::string path = dir + "/rendezvous.sock";
-    absl::StatusOr<std::string> token = MakeRendezvousToken();
-    if (!token.ok()) {
-      rmdir(dir.c_str());
-      return token.status();
-    }
-    std::memcpy(mine.data(), path.data(), path.size());
-    std::memcpy(mine.data() + kPath, token->data(), token->size());
-  }
-  std::string all(kLen * static_cast<std::size_t>(process_count), '\0');
-  absl::StatusOr<std::unique_ptr<Exchange>> x =
-      absl::UnavailableError("symmetric exchange: the framework's all-gather failed");
-  if (callback(ctx, mine.data(), kLen, all.data()) == 0) {
-    const std::string path(all.data(), strnlen(all.data(), kPath));
-    const std::string token(all.data() + kPath, strnlen(all.data() + kPath, kMaxTokenBytes));
-    // Process 0 made the directory private; everyone checks that it still is.
-    absl::Status private_dir = CheckDirectory(path, /*strict=*/true);
-    x = private_dir.ok()
-            ? MakeUnixSocketExchange(path, process_index, process_count, timeout, token)
-            : private_dir;
-  }
-  if (!dir.empty()) rmdir(dir.c_str());  // the socket itself is gone already
+  int listener = -1;
+  if (absl::Status s = Listen(path, *addr, process_count, &listener); !s.ok()) return s;
+  auto x = rendezvous::AsRoot(listener, process_count, timeout, token, deadline);
+  unlink(path.c_str());
   return x;
 }
 

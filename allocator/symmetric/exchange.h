@@ -16,15 +16,26 @@
 // pid SO_PEERCRED reports (no relaying); so the members must share one pid
 // namespace (processes in containers that share only the socket's directory
 // are refused as relays). A rejected connector is closed
-// having received at most a random challenge, and the rendezvous goes on
-// waiting for the real member (an intruder cannot claim an index or abort
-// it). Process 0 reads every pending connector at once, each with its own
+// having received at most a random challenge and, if its hello was a
+// member's, the reason (its index is taken, its proof does not verify); the
+// rendezvous goes on waiting for the real member (an intruder cannot claim
+// an index or abort it). Process 0 reads every pending connector at once, each with its own
 // 2 s deadline and at most 64 pending, so silent connectors cannot hold the
 // real members up. Members connect without blocking (a full backlog times
 // out like a missing process 0). The socket file is made 0600 in a
 // directory others cannot write to (or a sticky one, such as /tmp); the
-// callback bootstrap puts it in a private (0700) directory that every member
-// checks. Frame sizes are bounded before anything is allocated.
+// callback bootstrap uses no file at all but a random abstract socket name
+// that process 0 binds before publishing it, with its pid, which members
+// check. Frame sizes are bounded before anything is allocated.
+//
+// Process 0 welcomes the members only once all are in. A member's
+// MakeUnixSocketExchange returns once it has proved itself; its first
+// AllGather gets process 0's first round, which is the welcome (so that it
+// costs no message), or process 0's reason when the rendezvous did not
+// complete: the
+// processes that never connected (kDeadlineExceeded), a member that left
+// (kUnavailable), this member's rejection (kPermissionDenied). A process 0
+// that goes away is kUnavailable saying so, never a rejection.
 //
 // Contract: AllGather is collective; every process calls it the same number
 // of times. Every wait is bounded by the exchange's timeout: a process that
@@ -74,7 +85,9 @@ absl::StatusOr<std::string> MakeRendezvousToken();
 // (0, kMaxExchangeTimeout]); kPermissionDenied when process 0 is another
 // user, rejected this process or failed to prove it knows the token, or when
 // the socket's directory is writable by others (and not sticky);
-// kDeadlineExceeded naming what is missing (and any connections rejected).
+// kDeadlineExceeded naming the processes that never connected (and any
+// connections rejected); kUnavailable when process 0 went away, or (on
+// process 0) a member left before everyone was in.
 // An existing file at `path` that is not a socket is never removed, nor a
 // socket something listens on (kAlreadyExists); a stale socket is replaced.
 absl::StatusOr<std::unique_ptr<Exchange>> MakeUnixSocketExchange(const std::string& path,
@@ -98,12 +111,16 @@ inline constexpr std::size_t kMaxTokenBytes = 128;
 // on success.
 using AllGatherCallback = int (*)(void* ctx, const void* send, size_t len, void* recv);
 
-// Uses `callback` once, to agree on a socket path in a private directory
-// that process 0 creates and on a fresh token from process 0, then exchanges
-// through a UnixSocketExchange (FDs cannot travel through a framework's
-// communicator). Every member checks that the directory is its user's with
-// mode 0700 (kPermissionDenied otherwise). The directory is removed once
-// everyone has connected. The timeout is checked as above.
+// Uses `callback` once, to hand every member process 0's socket name, a
+// fresh token and process 0's pid, then exchanges through a
+// UnixSocketExchange (FDs cannot travel through a framework's
+// communicator). The socket is in Linux's abstract namespace (so every
+// member must share process 0's network namespace as well as its pid
+// namespace): it has no file, so a process 0 that is killed leaves nothing
+// behind, and process 0 holds the name from before it is published. A
+// member refuses a listener whose pid is not the published one
+// (kPermissionDenied). The index, count and timeout are checked as above;
+// kUnavailable if the callback fails.
 absl::StatusOr<std::unique_ptr<Exchange>> MakeCallbackExchange(AllGatherCallback callback,
                                                                void* ctx, int process_index,
                                                                int process_count,

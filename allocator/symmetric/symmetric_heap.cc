@@ -135,9 +135,7 @@ const SymmetricAllocation* SymmetricHeap::FromCache(std::size_t bytes, std::size
   cache_.erase(it);
   e->a.bytes = bytes;  // the signal areas stay where they are: at the stride's end
   const SymmetricAllocation* a = &e->a;
-  stats_.cached_bytes -= static_cast<std::int64_t>(e->own_bytes);
-  ++stats_.cache_hits;
-  ++stats_.allocations;
+  PublishHit(*e);
   live_[a] = std::move(e);
   return a;
 }
@@ -182,7 +180,10 @@ absl::StatusOr<std::vector<Contribution>> SymmetricHeap::Round(Op op, const absl
     mine.fds.clear();  // nothing to hand out: the caller closes its own
   }
   mine.bytes = std::move(tagged);
-  ++stats_.exchanges;
+  {
+    MutexLock s(&stats_mu_);
+    ++stats_.exchanges;
+  }
   absl::StatusOr<std::vector<Contribution>> all = exchange_->AllGather(mine);
   if (!all.ok()) {
     broken_ = all.status();
@@ -328,11 +329,13 @@ absl::StatusOr<const SymmetricAllocation*> SymmetricHeap::Allocate(std::size_t b
   const std::uint64_t mine = Candidate(stride);
   if (AllName(mine, agreed->candidates)) return FromCache(agreed->bytes, stride, mine);
   absl::StatusOr<std::unique_ptr<Entry>> e = Build(agreed->bytes, stride);
-  if (!e.ok()) return e.status();
+  if (!e.ok()) {
+    MutexLock s(&stats_mu_);
+    stats_.last_miss_seconds = miss_seconds_;  // where the failed miss spent its time
+    return e.status();
+  }
   const SymmetricAllocation* a = &(*e)->a;
-  stats_.symmetric_bytes += static_cast<std::int64_t>((*e)->own_bytes);
-  stats_.symmetric_bytes_peak = std::max(stats_.symmetric_bytes_peak, stats_.symmetric_bytes);
-  ++stats_.allocations;
+  PublishMiss(**e);
   live_[a] = std::move(*e);
   return a;
 }
@@ -341,7 +344,7 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
                                                                             std::size_t stride) {
   const int world = group_.world_size;
   const bool multi_process = exchange_->process_count() > 1;
-  StepClock clock(stats_.last_miss_seconds);
+  StepClock clock(miss_seconds_);
   auto e = std::make_unique<Entry>();
   SymmetricAllocation& a = e->a;
   // Taken first, so that ids stay in step on every member even when a build
@@ -543,7 +546,7 @@ absl::Status SymmetricHeap::Free(const SymmetricAllocation* allocation) {
   }
   std::unique_ptr<Entry> e = std::move(it->second);
   live_.erase(it);
-  stats_.cached_bytes += static_cast<std::int64_t>(e->own_bytes);
+  PublishFree(*e);
   const std::pair<std::size_t, std::uint64_t> key{e->a.stride, e->a.id};
   cache_.emplace(key, std::move(e));
   return absl::OkStatus();
@@ -555,12 +558,11 @@ absl::Status SymmetricHeap::EmptyCache() {
   absl::StatusOr<std::vector<Contribution>> barrier =
       Round(Op::kEmptyCache, absl::OkStatus(), Contribution{});
   if (!barrier.ok()) return barrier.status();
+  PublishEmptied();
   for (auto& [key, e] : cache_) {
-    stats_.symmetric_bytes -= static_cast<std::int64_t>(e->own_bytes);
     if (!Destroy(*e)) leftovers_.push_back(std::move(e));
   }
   cache_.clear();
-  stats_.cached_bytes = 0;
   return absl::OkStatus();
 }
 
@@ -582,22 +584,6 @@ bool SymmetricHeap::Destroy(Entry& e) {
   }
   e.unreleased = std::move(still);
   return a.base == nullptr && a.device_peers == nullptr && !a.multicast && e.unreleased.empty();
-}
-
-SymmetricStats SymmetricHeap::GetStats() {
-  MutexLock l(&mu_);
-  return stats_;
-}
-
-std::vector<SymmetricSnapshot> SymmetricHeap::Snapshot() {
-  MutexLock l(&mu_);
-  std::vector<SymmetricSnapshot> out;
-  auto add = [&out](const Entry& e, bool cached) {
-    out.push_back({e.a.id, e.a.bytes, e.a.stride, cached, e.a.peers});
-  };
-  for (const auto& [a, e] : live_) add(*e, false);
-  for (const auto& [key, e] : cache_) add(*e, true);
-  return out;
 }
 
 }  // namespace cma

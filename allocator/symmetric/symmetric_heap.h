@@ -121,8 +121,13 @@ class SymmetricHeap {
                                                       bool make_symmetric = false);
   absl::Status Free(const SymmetricAllocation* allocation);
   absl::Status EmptyCache();
+  // Statistics and the snapshot never wait on a collective (another
+  // thread's Allocate or EmptyCache may be waiting on other processes for up
+  // to the exchange's timeout): they return at once the state as of the end
+  // of the last Allocate, Free or EmptyCache, except `exchanges`, which
+  // counts rounds as they start. Any thread may call them at any time.
   SymmetricStats GetStats();
-  // Live allocations, then cached ones.
+  // Live allocations, then cached ones, each in collective-id order.
   std::vector<SymmetricSnapshot> Snapshot();
 
  private:
@@ -158,6 +163,12 @@ class SymmetricHeap {
 
   absl::StatusOr<std::unique_ptr<Entry>> Build(std::size_t bytes, std::size_t stride)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What statistics and snapshots see: each called under mu_ once an
+  // operation is over, updates them in one step under stats_mu_.
+  void PublishHit(const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishMiss(const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishFree(const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishEmptied() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Agreed> AgreeOnSize(std::size_t bytes, bool make_symmetric)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The cached allocation Allocate would reuse for `stride` (the oldest, by
@@ -193,7 +204,15 @@ class SymmetricHeap {
   std::uint64_t rounds_ ABSL_GUARDED_BY(mu_) = 0;  // collective rounds so far
   absl::Status broken_ ABSL_GUARDED_BY(mu_);       // why the group is out of step, if it is
   std::size_t group_granularity_ ABSL_GUARDED_BY(mu_) = 0;  // 0 until the first exchange
-  SymmetricStats stats_ ABSL_GUARDED_BY(mu_);
+  // The last miss's step times, as Build measures them (published at the
+  // end of the Allocate).
+  std::map<std::string, double> miss_seconds_ ABSL_GUARDED_BY(mu_);
+
+  // mu_ is held across collectives, so readers of statistics use their own
+  // lock, taken (after mu_) only for the few assignments of a Publish*.
+  absl::Mutex stats_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  SymmetricStats stats_ ABSL_GUARDED_BY(stats_mu_);
+  std::map<std::uint64_t, SymmetricSnapshot> views_ ABSL_GUARDED_BY(stats_mu_);  // by id
 };
 
 }  // namespace cma

@@ -26,7 +26,8 @@ constexpr std::uint32_t kMagic = 0x434d4158;       // "CMAX": a frame
 constexpr std::uint32_t kHelloMagic = 0x434d4148;  // "CMAH": a member's hello
 constexpr std::uint32_t kChallengeMagic = 0x434d4143;  // "CMAC": process 0's challenge and proof
 constexpr std::uint32_t kProofMagic = 0x434d4150;      // "CMAP": a member's proof
-constexpr std::uint32_t kVersion = 3;  // 3: mutual HMAC challenge-response
+constexpr std::uint32_t kVerdictMagic = 0x434d4156;    // "CMAV": process 0's verdict
+constexpr std::uint32_t kVersion = 4;  // 3: mutual HMAC challenge-response; 4: verdicts
 
 struct Header {
   std::uint32_t magic;
@@ -45,6 +46,9 @@ void Get(const std::string& in, std::size_t& pos, T& v) {
   std::memcpy(&v, in.data() + pos, sizeof(v));  // callers size `in` first
   pos += sizeof(v);
 }
+
+// Reads the rest of a verdict whose header is `header`: its status (below).
+absl::Status VerdictAfter(int sock, const std::string& header, absl::Time deadline, pid_t pid);
 
 }  // namespace
 
@@ -74,7 +78,9 @@ absl::Status WaitFor(int fd, short events, absl::Time deadline, const std::strin
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return Errno("poll");
     if (r == 0) continue;  // re-check the deadline
-    if (p.revents & (POLLERR | POLLNVAL)) {
+    // An error (a peer that closed with our bytes unread) but data still
+    // queued: the read gets the data first (a verdict sent before the close).
+    if ((p.revents & events) == 0 && (p.revents & (POLLERR | POLLNVAL))) {
       return absl::UnavailableError(absl::StrCat("symmetric exchange: ", who, " disconnected"));
     }
     return absl::OkStatus();
@@ -187,6 +193,13 @@ absl::StatusOr<Contribution> RecvFrame(int sock, absl::Time deadline, const std:
       return s;
     }
     r = sizeof(h);
+  }
+  if (r == static_cast<ssize_t>(sizeof(h)) && h.magic == kVerdictMagic) {
+    // Process 0 ends the rendezvous for us instead of welcoming us.
+    CloseAll(c.fds);
+    absl::StatusOr<ucred> peer = PeerCred(sock);
+    return VerdictAfter(sock, std::string(reinterpret_cast<const char*>(&h), sizeof(h)), deadline,
+                        peer.ok() ? peer->pid : 0);
   }
   if (r != static_cast<ssize_t>(sizeof(h)) || h.magic != kMagic || c.fds.size() != h.fds) {
     CloseAll(c.fds);
@@ -309,6 +322,52 @@ constexpr char kMemberLabel[] = "cma-memb";
 
 }  // namespace
 
+absl::Status ProcessZeroLeft(pid_t pid, absl::string_view when) {
+  return absl::UnavailableError(absl::StrFormat(
+      "symmetric exchange: process 0 (pid %d) closed the connection %s without a verdict: it "
+      "exited or was killed (a rejection would have said why)",
+      pid, when));
+}
+
+namespace {
+
+// The rest of a verdict whose header (kVerdictHeaderBytes) is in `header`.
+absl::Status VerdictAfter(int sock, const std::string& header, absl::Time deadline, pid_t pid) {
+  std::size_t pos = 0;
+  std::uint32_t magic = 0, version = 0, code = 0, len = 0;
+  Get(header, pos, magic);
+  Get(header, pos, version);
+  Get(header, pos, code);
+  Get(header, pos, len);
+  if (magic != kVerdictMagic || version != kVersion || len > kMaxReasonBytes ||
+      code == 0 || code > static_cast<std::uint32_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::DataLossError(absl::StrFormat(
+        "symmetric exchange: a malformed verdict from process 0 (magic %#x, version %d, code %d, "
+        "%d bytes)",
+        magic, version, code, len));
+  }
+  std::string reason(len, '\0');
+  absl::Status s = ReadAll(sock, reason.data(), len, deadline, "process 0");
+  if (absl::IsUnavailable(s)) return ProcessZeroLeft(pid, "in the middle of its verdict");
+  if (!s.ok()) return s;
+  return absl::Status(static_cast<absl::StatusCode>(code),
+                      absl::StrCat("symmetric exchange: process 0 (pid ", pid,
+                                   ") ended the rendezvous for this process: ", reason));
+}
+
+}  // namespace
+
+std::string Verdict(const absl::Status& status) {
+  const std::string reason(status.message().substr(0, kMaxReasonBytes));
+  std::string out;
+  Put(out, kVerdictMagic);
+  Put(out, kVersion);
+  // An OK status is no verdict: it would read as malformed.
+  Put(out, static_cast<std::uint32_t>(status.code()));
+  Put(out, static_cast<std::uint32_t>(reason.size()));
+  return out + reason;
+}
+
 absl::Status MemberHandshake(int sock, int index, const std::string& token, absl::Time deadline) {
   // Our handles go only to a process 0 of our own user that knows the token.
   absl::StatusOr<ucred> peer = PeerCred(sock);
@@ -329,13 +388,20 @@ absl::Status MemberHandshake(int sock, int index, const std::string& token, absl
   hello += *nonce;
   absl::Status s = WriteAll(sock, hello.data(), hello.size(), deadline, "process 0");
   if (!s.ok()) return s;
+  // A challenge, or a verdict in its place (a rejection) with the same
+  // header size; a close without either is process 0 going away.
   std::string challenge(kChallengeBytes, '\0');
-  s = ReadAll(sock, challenge.data(), challenge.size(), deadline, "process 0");
-  if (absl::IsUnavailable(s)) {
-    return absl::PermissionDeniedError(
-        "symmetric exchange: process 0 rejected this process (its index is taken or out of "
-        "range, or it is not the process connected)");
+  s = ReadAll(sock, challenge.data(), kVerdictHeaderBytes, deadline, "process 0");
+  if (absl::IsUnavailable(s)) return ProcessZeroLeft(peer->pid, "before answering our hello");
+  if (!s.ok()) return s;
+  std::uint32_t first = 0;
+  std::memcpy(&first, challenge.data(), sizeof(first));
+  if (first == kVerdictMagic) {
+    return VerdictAfter(sock, challenge, deadline, peer->pid);
   }
+  s = ReadAll(sock, challenge.data() + kVerdictHeaderBytes, kChallengeBytes - kVerdictHeaderBytes,
+              deadline, "process 0");
+  if (absl::IsUnavailable(s)) return ProcessZeroLeft(peer->pid, "in the middle of its challenge");
   if (!s.ok()) return s;
   std::size_t pos = 0;
   std::uint32_t magic = 0, version = 0;

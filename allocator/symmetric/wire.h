@@ -14,6 +14,16 @@
 //   member -> process 0:  proof      {magic,
 //                                     HMAC-SHA256(token, "cma-memb" version index pid1
 //                                                 nonce0 nonce1)}
+// The welcome is process 0's first round of frames (process 0 gathers only
+// once every member is in): it costs no message of its own. In its place,
+// process 0 may send a verdict, the reason it ends the rendezvous for this
+// member, the same size as a frame header:
+//   process 0 -> member:  verdict    {magic, version, status code, reason length, reason}
+// instead of a challenge or of the welcome: a rejection (its index is taken,
+// its proof does not verify) or a failed rendezvous (who never connected).
+// So a member tells a rejection from a process 0 that went away (a closed
+// connection without a verdict). Connectors that do not speak the protocol,
+// or relay another process's hello, get nothing.
 // Each side checks with SO_PEERCRED that the process at the other end of
 // the socket runs as this user and is the one whose pid the MAC covers (a
 // same-user relay that forwards a real member's messages is refused). The
@@ -49,6 +59,8 @@ inline constexpr std::size_t kMacBytes = 32;  // HMAC-SHA256 (libsodium's)
 inline constexpr std::size_t kHelloBytes = 16 + kNonceBytes;
 inline constexpr std::size_t kChallengeBytes = 16 + kNonceBytes + kMacBytes;
 inline constexpr std::size_t kProofBytes = 4 + kMacBytes;
+inline constexpr std::size_t kVerdictHeaderBytes = 16;
+inline constexpr std::size_t kMaxReasonBytes = 512;  // longer reasons are cut
 
 void CloseAll(std::vector<int>& fds);
 absl::Status Errno(const std::string& what);
@@ -60,6 +72,7 @@ absl::Status ReadAll(int fd, void* data, std::size_t n, absl::Time deadline,
 
 // One frame: a header (carrying the FDs) then the bytes. `ok` false sends an
 // error frame whose bytes are the reason (the receiver gets kAborted).
+// RecvFrame returns a verdict received in place of a frame as its status.
 absl::Status SendFrame(int sock, bool ok, const Contribution& c, absl::Time deadline,
                        const std::string& who);
 absl::StatusOr<Contribution> RecvFrame(int sock, absl::Time deadline, const std::string& who);
@@ -75,11 +88,23 @@ absl::StatusOr<std::string> RandomBytes(std::size_t n);
 
 // Member side, on a connected socket: checks that process 0 runs as this
 // user and knows the token, then sends this process's proof.
-// kPermissionDenied when process 0 closes instead (it rejected us) or fails
-// to prove it knows the token; kDataLoss for a peer that does not speak the
-// protocol. Process 0 may still reject the proof (a duplicate index, say): it
-// then closes, which the member's first AllGather reports.
+// kPermissionDenied when process 0 rejects us (its verdict's reason) or fails
+// to prove it knows the token; kUnavailable when process 0 closes without a
+// word (it exited or was killed); kDataLoss for a peer that does not speak
+// the protocol. Process 0's verdict on the proof comes with its first
+// round (RecvFrame).
 absl::Status MemberHandshake(int sock, int index, const std::string& token, absl::Time deadline);
+
+// Process 0's verdict for a member: the failed `status`'s code and message
+// (cut to kMaxReasonBytes).
+std::string Verdict(const absl::Status& status);
+// A member's error for a process 0 (`pid`) that closed without a verdict.
+absl::Status ProcessZeroLeft(pid_t pid, absl::string_view when);
+// How long past its own timeout a member waits for the welcome: process 0
+// gives its verdict at its own deadline, which comes first but by as little
+// as a connection's set-up, so a loaded host could let the member's pass
+// first and lose the reason.
+inline constexpr absl::Duration kVerdictGrace = absl::Seconds(1);
 
 // Process 0 side, in pure steps so that it can serve many connectors at once
 // without blocking on any: parse a complete hello (kHelloBytes) from the

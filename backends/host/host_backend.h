@@ -143,6 +143,11 @@ class HostBackend final : public Backend {
   absl::Status VmmSetAccess(void* address, std::size_t bytes,
                             absl::Span<const int> devices) override;
   absl::StatusOr<ShareableHandle> VmmExport(PhysicalHandle handle, HandleType type) override;
+  // Accepts only what VmmExport sends: a memfd made by a host backend's
+  // VmmCreate (named "cma-vmm", its size sealed against shrinking and
+  // growing) of `shared.bytes` bytes when that is set; anything else (a
+  // regular file, a pipe, another program's memfd, one whose size is not
+  // sealed) is kInvalidArgument saying what it is.
   absl::StatusOr<PhysicalHandle> VmmImport(const ShareableHandle& shared) override;
 
   absl::StatusOr<MulticastHandle> MulticastCreate(absl::Span<const int> devices,

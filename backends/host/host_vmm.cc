@@ -1,12 +1,18 @@
 // HostBackend's virtual memory management and multicast emulation: physical
 // memory is a memfd, reservations are PROT_NONE mappings, exported handles are
-// dup'ed FDs that cross processes with SCM_RIGHTS.
+// dup'ed FDs that cross processes with SCM_RIGHTS. The memfd's size is sealed
+// once set, so that no holder of an exported FD can shrink it under another
+// process's mappings (which would turn their accesses into SIGBUS), and an
+// import accepts only such a memfd.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "absl/strings/str_format.h"
 #include "backends/host/host_backend.h"
@@ -17,6 +23,51 @@ namespace {
 
 absl::Status Errno(const char* call) {
   return absl::InternalError(absl::StrFormat("%s failed: %s", call, std::strerror(errno)));
+}
+
+constexpr char kMemfdName[] = "cma-vmm";
+constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+
+// What an imported descriptor must be: a memfd of ours (by its name) whose
+// size is sealed, of `bytes` bytes (when the exporter said). kInvalidArgument
+// naming what it is instead: a regular file, a pipe, a memfd another program
+// made, one that could still shrink.
+absl::Status CheckImported(int fd, const struct stat& st, std::size_t bytes,
+                           std::size_t granularity) {
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "VmmImport: descriptor %d is not memory (file type %#o): the host backend exports memfds",
+        fd, st.st_mode & S_IFMT));
+  }
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "VmmImport: descriptor %d is a file, not a memfd (F_GET_SEALS: %s)", fd,
+        std::strerror(errno)));
+  }
+  char link[64];
+  char target[256] = {};
+  std::snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+  const ssize_t n = readlink(link, target, sizeof(target) - 1);
+  const std::string expected = absl::StrFormat("/memfd:%s ", kMemfdName);  // then "(deleted)"
+  if (n < 0 || std::strncmp(target, expected.c_str(), expected.size()) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "VmmImport: descriptor %d (%s) is not a memfd made by the host backend (%s)", fd,
+        n < 0 ? "unnamed" : target, expected + "(deleted)"));
+  }
+  if ((seals & kSizeSeals) != kSizeSeals) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "VmmImport: descriptor %d is a memfd whose size is not sealed (seals %#x): its holders "
+        "could shrink it under our mappings",
+        fd, seals));
+  }
+  const auto size = static_cast<std::size_t>(st.st_size);
+  if (size == 0 || size % granularity != 0 || (bytes != 0 && size != bytes)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "VmmImport: descriptor %d holds %d bytes; expected %d (a multiple of the granularity %d)",
+        fd, size, bytes, granularity));
+  }
+  return absl::OkStatus();
 }
 
 bool Overlaps(std::uintptr_t a, std::size_t an, std::uintptr_t b, std::size_t bn) {
@@ -51,11 +102,13 @@ absl::StatusOr<PhysicalHandle> HostBackend::VmmCreate(int device, std::size_t by
     return absl::ResourceExhaustedError(
         absl::StrFormat("VmmCreate: out of memory on device %d", device));
   }
-  const int fd = memfd_create("cma-vmm", MFD_CLOEXEC);
+  const int fd = memfd_create(kMemfdName, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Errno("memfd_create");
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, kSizeSeals) != 0) {
+    const absl::Status s = Errno("ftruncate or F_ADD_SEALS");
     close(fd);
-    return Errno("ftruncate");
+    return s;
   }
   used_[device] += bytes;
   const PhysicalHandle h = next_id_++;
@@ -215,6 +268,10 @@ absl::StatusOr<PhysicalHandle> HostBackend::VmmImport(const ShareableHandle& sha
   struct stat st;
   if (shared.fd < 0 || fstat(shared.fd, &st) != 0) {
     return absl::InvalidArgumentError(absl::StrFormat("VmmImport: bad descriptor %d", shared.fd));
+  }
+  if (absl::Status s = CheckImported(shared.fd, st, shared.bytes, options_.vmm_granularity);
+      !s.ok()) {
+    return s;
   }
   const int fd = dup(shared.fd);
   if (fd < 0) return Errno("dup");

@@ -111,7 +111,11 @@ void cma_torch_record_stream(void* ptr, void* stream);
  * `allgather` (a framework's all-gather of fixed-size byte buffers: send's
  * len bytes from every process land in recv in process order; 0 on success)
  * bootstraps the authenticated Unix-socket rendezvous once; NULL when every
- * member is in this process. `options`: "signal_bytes:N,multicast:0|1".
+ * member is in this process. `timeout_seconds` bounds the rendezvous and
+ * every collective: in (0, 86400]; infinite, NaN, larger or non-positive
+ * values are refused (NULL, cma_last_error says why), because every wait
+ * must end in an error naming a dead member rather than a hang.
+ * `options`: "signal_bytes:N,multicast:0|1".
  * Allocation, free and empty_cache are collective (same order everywhere).
  * Memory comes from the process-wide backend (cma_init / CMA_BACKEND). */
 typedef struct cma_symmetric_heap cma_symmetric_heap;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -126,10 +127,21 @@ cma_symmetric_heap* cma_symmetric_create(int world_size, const int* local_ranks,
   cma::CachingManagedAllocator* a = cma::capi::Get();
   if (a == nullptr) return nullptr;
   if (world_size < 1 || n_local < 1 || n_local > world_size || local_ranks == nullptr ||
-      local_devices == nullptr || !(timeout_seconds > 0)) {
+      local_devices == nullptr) {
     Fail(absl::InvalidArgumentError(
-        "cma_symmetric_create: needs world_size >= 1, 1..world_size local members with their "
-        "ranks and devices, and a positive timeout"));
+        "cma_symmetric_create: needs world_size >= 1 and 1..world_size local members with their "
+        "ranks and devices"));
+    return nullptr;
+  }
+  // Checked here as a double, before any conversion (NaN compares false;
+  // absl::Seconds of a huge double saturates to infinity), and for every
+  // kind of heap, so that one timeout means the same everywhere.
+  const double max_seconds = absl::ToDoubleSeconds(cma::kMaxExchangeTimeout);
+  if (!(timeout_seconds > 0) || !(timeout_seconds <= max_seconds)) {
+    Fail(absl::InvalidArgumentError(absl::StrFormat(
+        "cma_symmetric_create: the timeout must be positive and at most 24h (%g s; got %g s): "
+        "every wait is bounded, so that a dead member is reported, never waited for",
+        max_seconds, timeout_seconds)));
     return nullptr;
   }
   absl::StatusOr<cma::SymmetricOptions> opts = cma::capi::ParseOptions(options);

@@ -80,9 +80,21 @@ TEST_F(SymmetricCApiTest, BadArgumentsAreClearErrors) {
     std::memcpy(recv, send, len);
     return 0;
   };
-  EXPECT_EQ(cma_symmetric_create(1, ranks, devices, 1, 0, 1, echo, nullptr, INFINITY, ""),
-            nullptr);
-  EXPECT_THAT(cma_last_error(), HasSubstr("timeout must be positive and at most 24h"));
+  // So would one above 2^31 ms (24.8 days), once an int: every timeout past
+  // 24 h, NaN and non-positive ones are refused, with or without a callback
+  // (issue 19, item 12).
+  for (double t : {double{INFINITY}, -double{INFINITY}, double{NAN}, 25.0 * 86400, 86400.0 + 1e-3,
+                   0.0, -1.0}) {
+    for (cma_allgather_fn cb : {echo, static_cast<cma_allgather_fn>(nullptr)}) {
+      EXPECT_EQ(cma_symmetric_create(1, ranks, devices, 1, 0, 1, cb, nullptr, t, ""), nullptr)
+          << t;
+      EXPECT_THAT(cma_last_error(), HasSubstr("timeout must be positive and at most 24h")) << t;
+    }
+  }
+  cma_symmetric_heap* day = cma_symmetric_create(1, ranks, devices, 1, 0, 1, echo, nullptr,
+                                                 86400.0, "");
+  EXPECT_NE(day, nullptr) << cma_last_error();  // 24 h itself is allowed
+  cma_symmetric_destroy(day);
   EXPECT_EQ(cma_symmetric_alloc(nullptr, 10, 0), nullptr);
   EXPECT_EQ(cma_symmetric_free(nullptr, nullptr), -1);
   cma_symmetric_heap* h = cma_symmetric_create(1, ranks, devices, 1, 0, 1, nullptr, nullptr, 1, "");

@@ -91,6 +91,15 @@ def _rank(rank, conn, q):
         q.put((rank, repr(e), 0))
 
 
+def test_timeouts_beyond_a_day_are_refused(host):
+    # Issue 19, item 12: past 2**31 ms (24.8 days) a timeout once became a
+    # wait without deadline; Python's floats reach the C ABI unchanged.
+    for t in (float("inf"), float("nan"), 25 * 86400.0, 86400.001, 0.0, -1.0):
+        with pytest.raises(Exception, match="timeout must be positive and at most 24h"):
+            sym.Heap(SoloComm(), timeout=t)
+    sym.Heap(SoloComm(), timeout=86400.0).close()  # a day itself is allowed
+
+
 def test_two_processes_write_into_each_others_buffers():
     ctx = multiprocessing.get_context("fork")
     a, b = ctx.Pipe()
