@@ -57,7 +57,11 @@ absl::StatusOr<Block*> DeviceAllocator::NewArena(std::size_t rounded, PoolKind p
   b->segment->pages = PageMap(round / kPageSize);
   stats_.virtual_bytes += static_cast<std::int64_t>(round);
   // Config advice once for the whole range; pages are placed as populated.
-  ApplyAdvice(SegmentAdvice(*config_, device_, device_count_), b->ptr(), b->size);
+  if (quiet()) {
+    unadvised_.push_back(b->segment->base);  // advised when the last pool context ends
+  } else {
+    ApplyAdvice(SegmentAdvice(*config_, device_, device_count_), b->ptr(), b->size);
+  }
   return b;
 }
 
@@ -234,14 +238,8 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
     // the discard has run: the populating stream waits for it on the GPU (no
     // host sync), or both pages would be populated at once.
     if (populating != nullptr && stream != *populating) {
-      absl::StatusOr<Event> ev = TakeEvent();
-      if (ev.ok()) {
-        if (backend_->RecordEvent(*ev, stream).ok() &&
-            backend_->StreamWaitEvent(*populating, *ev).ok()) {
-          ++stats_.num_discard_waits;
-        }
-        spare_events_.push_back(*ev);
-      }
+      // An event wait, or a host sync if no event can be had.
+      if (OrderAfter(*populating, stream).ok()) ++stats_.num_discard_waits;
     }
   }
   // The discard is queued behind the work on its stream: a block on a

@@ -181,7 +181,21 @@ absl::StatusOr<int> CachingManagedAllocator::DeviceOf(void* ptr) {
       absl::StrFormat("cma: %p is not an allocation of this allocator", ptr));
 }
 
+absl::Status CachingManagedAllocator::RefuseWhileAnyPoolContext(const char* what) {
+  // Checked on every device first, so that a refusal changes nothing.
+  for (auto& d : devices_) {
+    if (d->AllocatingToPool()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "cma: %s while a private pool of device %d is being allocated to (a CUDA graph "
+          "capture may be under way); end the pool context first",
+          what, d->device()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CachingManagedAllocator::EmptyCache() {
+  if (absl::Status s = RefuseWhileAnyPoolContext("empty_cache"); !s.ok()) return s;
   for (auto& d : devices_) {
     if (absl::Status s = d->EmptyCache(); !s.ok()) return s;
   }
@@ -228,6 +242,10 @@ absl::StatusOr<bool> CachingManagedAllocator::CheckPoolLiveAllocations(
 }
 
 absl::Status CachingManagedAllocator::ForgetStream(Stream stream) {
+  if (stream == kDefaultStream) {
+    return absl::InvalidArgumentError("cma: the default stream cannot be forgotten");
+  }
+  if (absl::Status s = RefuseWhileAnyPoolContext("forget_stream"); !s.ok()) return s;
   for (auto& d : devices_) {
     if (absl::Status s = d->ForgetStream(stream); !s.ok()) return s;
   }

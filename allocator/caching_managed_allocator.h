@@ -106,9 +106,12 @@ class CachingManagedAllocator {
   // capture may be under way, so that device's allocator makes no query,
   // event, sync, placement or discard call: allocations come from cached
   // or new pages without prefetch (first touch places them), frees that
-  // need events on other streams are recorded when the last context ends,
-  // and EmptyCache, Sleep, Wake and ForgetStream return
-  // kFailedPrecondition. Errors: kInvalidArgument for a bad device, an end
+  // need events, syncs or advice are finished when the last context ends,
+  // and EmptyCache, ForgetStream (any device's context), Sleep, Wake, Move,
+  // SetHints and Allocate with hints (that device's) return
+  // kFailedPrecondition and change nothing. No memory is freed meanwhile.
+  // A live pool's free blocks are never discarded or released (a graph
+  // replays into them). Errors: kInvalidArgument for a bad device, an end
   // without a begin, a release without a reference, an unknown pool.
   absl::Status CreateOrIncrefPool(int device, MemPoolId id);
   absl::Status BeginAllocateToPool(int device, MemPoolId id, StreamFilter filter);
@@ -145,6 +148,8 @@ class CachingManagedAllocator {
       : backend_(backend), config_(std::move(config)) {}
   absl::StatusOr<DeviceAllocator*> Device(int device);
   absl::Status BadDevice(int device) const;
+  // kFailedPrecondition naming `what` if any device has a pool context open.
+  absl::Status RefuseWhileAnyPoolContext(const char* what);
   absl::Status CheckHints(const AllocationHints& hints) const;
 
   Backend& backend_;

@@ -120,6 +120,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   MutexLock l(&mu_);
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
   const bool quiet = ABSL_PREDICT_FALSE(this->quiet());
+  if (quiet && hints != nullptr) return RefuseWhileQuiet("advice for an allocation");
   const std::uint32_t mempool = quiet ? RouteToPool(stream) : 0;
   if (!pending_.empty() && !quiet) ProcessPendingFrees(/*synchronize=*/false);
   BoundUnmerged();
@@ -202,7 +203,9 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
         // rival to the populated arenas that the retry should reuse. Any
         // other arena may still be touched by queued work (a discard): only
         // ReleaseIdleSegments, which synchronises, frees those.
-        if (made != nullptr) ReleaseSegment(made);
+        // Quiet, no memory is freed (cudaFree breaks a capture): it stays
+        // cached until the next release.
+        if (made != nullptr && !quiet) ReleaseSegment(made);
         cause = s;
         continue;
       }
@@ -254,7 +257,11 @@ absl::StatusOr<Block*> DeviceAllocator::NewSegment(std::size_t rounded, PoolKind
   if (!mem.ok()) return mem.status();
   Block* b = AddSegment(*mem, size, pool, stream);
   UpdateStat(stats_.reserved_bytes, pool, size);
-  PrepareSegment(b, stream);
+  if (quiet()) {
+    unadvised_.push_back(b->segment->base);  // advised when the last pool context ends
+  } else {
+    PrepareSegment(b, stream);
+  }
   return b;
 }
 
@@ -331,9 +338,12 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   // each and keep the block out of the pools until they complete. If an event
   // cannot be recorded, wait for the stream instead; if even that fails the
   // free is refused and the block stays allocated.
-  // While quiet no event may be recorded (a capture may be under way): the
-  // block waits, out of the pools, until the last pool context ends.
-  const bool defer = ABSL_PREDICT_FALSE(quiet()) && !b->stream_uses.empty();
+  // While quiet no event, sync or advice call may be made (a capture may be
+  // under way): a block whose free needs one (events on other streams, the
+  // order after a Sleep's discard, withdrawing its advice) waits, out of
+  // the pools, until the last pool context ends.
+  const bool defer = ABSL_PREDICT_FALSE(quiet()) &&
+                     (!b->stream_uses.empty() || b->pages_discarded || b->hints != nullptr);
   absl::InlinedVector<Event, 2> events;
   absl::Status failure;
   for (Stream s : defer ? absl::Span<const Stream>() : absl::Span<const Stream>(b->stream_uses)) {
@@ -363,8 +373,10 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   }
 
   allocated_.erase(it);
-  if (b->hints) ApplyAdvice(WithdrawHintAdvice(*b->hints), b->ptr(), b->size);
-  b->hints.reset();
+  if (b->hints && !defer) {
+    ApplyAdvice(WithdrawHintAdvice(*b->hints), b->ptr(), b->size);
+    b->hints.reset();
+  }
   UpdateStat(stats_.allocation, size_class, -1);
   UpdateStat(stats_.allocated_bytes, size_class, -static_cast<std::int64_t>(b->size));
   UpdateStat(stats_.requested_bytes, size_class, -static_cast<std::int64_t>(b->requested));

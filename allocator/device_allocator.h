@@ -338,6 +338,9 @@ class DeviceAllocator {
   // Freed while quiet but used on other streams: out of the pools, counted
   // as awaiting one event, until RecordDeferredFrees.
   std::vector<Block*> deferred_ ABSL_GUARDED_BY(mu_);
+  // Segments made while quiet: their config advice waits for the last pool
+  // context's end.
+  std::vector<std::uintptr_t> unadvised_ ABSL_GUARDED_BY(mu_);  // segment bases
 };
 
 }  // namespace cma

@@ -160,7 +160,26 @@ void DeviceAllocator::RecordDeferredFrees() {
       if (!backend_->SynchronizeStream(s).ok()) ++stats_.num_placement_errors;
     }
     b->stream_uses.clear();
+    if (b->hints) {  // advice withdrawn now that calls may be made again
+      ApplyAdvice(WithdrawHintAdvice(*b->hints), b->ptr(), b->size);
+      b->hints.reset();
+    }
     if (b->pending_events == 0) BecameFree(b);
+  }
+  // Segments made while quiet get the config's advice and placement now.
+  std::vector<std::uintptr_t> bases;
+  bases.swap(unadvised_);
+  for (std::uintptr_t base : bases) {
+    auto found = segments_.find(base);
+    if (found == segments_.end()) continue;  // released meanwhile
+    Segment* seg = found->second;
+    if (seg->arena) {
+      ApplyAdvice(SegmentAdvice(*config_, device_, device_count_), seg->ptr_base(), seg->size);
+    } else if (seg->first->next == nullptr && seg->first->is_free()) {
+      PrepareSegment(seg->first, seg->first->stream);
+    } else {
+      ApplyAdvice(SegmentAdvice(*config_, device_, device_count_), seg->ptr_base(), seg->size);
+    }
   }
 }
 

@@ -119,7 +119,8 @@ void DeviceAllocator::PlaceSegmentBlock(Block* b, Stream stream, Location target
 }
 
 void DeviceAllocator::OnFreed(Block* b) {
-  if (!config_->discard_on_free || quiet()) return;
+  // A private pool keeps its blocks' contents: a graph replays into them.
+  if (!config_->discard_on_free || quiet() || b->mempool != 0) return;
   if (b->segment->arena) {
     DiscardPagesInside(b);
     return;
@@ -142,6 +143,7 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
         "cma: move to invalid device %d (%d devices)", target.device, device_count_));
   }
   MutexLock l(&mu_);
+  if (absl::Status s = RefuseWhileQuiet("move"); !s.ok()) return s;
   std::vector<Block*> blocks;
   blocks.reserve(ptrs.size());
   for (void* p : ptrs) {
@@ -328,6 +330,7 @@ absl::Status DeviceAllocator::SetHints(void* ptr, const AllocationHints& hints) 
   MutexLock l(&mu_);
   auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == allocated_.end()) return NotMine();
+  if (absl::Status s = RefuseWhileQuiet("set_hints"); !s.ok()) return s;
   Block* b = it->second;
   if (b->hints) ApplyAdvice(WithdrawHintAdvice(*b->hints), b->ptr(), b->size);
   ApplyAdvice(HintAdvice(hints), b->ptr(), b->size);

@@ -331,6 +331,9 @@ absl::Status ArenaChecker::DoMove(StepSource& in) {
   Live& l = live_.at(p);
   const Location target = in.Next(2) == 0 ? Location::Host() : Location::Device(0);
   const bool dead = in.Next(4) == 0;
+  if (!contexts_.empty()) {
+    return ExpectRefused(alloc_->Move(reinterpret_cast<void*>(p), target, l.stream, dead), "move");
+  }
   Note(absl::StrFormat("move %#x to %s%s", p, LocationName(target), dead ? " (dead)" : ""));
   dead_move_ = dead ? p : 0;
   absl::Status s = alloc_->Move(reinterpret_cast<void*>(p), target, l.stream, dead);

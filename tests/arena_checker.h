@@ -20,7 +20,7 @@
 //  * a live block's pages are on the device it was allocated for;
 //  * a block freed into a private pool is handed out to no other pool and
 //    not to the shared cache while the pool lives; while a pool is being
-//    allocated to, sleep, wake, empty_cache and forget are refused;
+//    allocated to, sleep, wake, empty_cache, forget and move are refused;
 //  * the tag written into each allocation is intact when it is freed (the
 //    host backend zero-fills discarded pages, as a GPU loses them).
 //

@@ -132,7 +132,7 @@ TEST_F(MemPoolTest, WhileAPoolIsAllocatedToNothingUncapturableIsCalled) {
   ASSERT_TRUE(alloc_->Free(a).ok());       // needs an event on s2: deferred
   ASSERT_TRUE(alloc_->Free(c).ok());
   EXPECT_EQ(UncapturableCalls(), before);
-  EXPECT_THAT(alloc_->EmptyCache().message(), HasSubstr("private pool is being allocated to"));
+  EXPECT_THAT(alloc_->EmptyCache().message(), HasSubstr("is being allocated to"));
   EXPECT_EQ(alloc_->Sleep(0, s2_).status().code(), absl::StatusCode::kFailedPrecondition);
   ExpectInvariants();
   backend_->SetCapturing(s1_, false);
