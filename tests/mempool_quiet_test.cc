@@ -4,7 +4,7 @@
 // adversarial review of the private pools, named after the rule it protects;
 // each failed on the code before its fix.
 #include "gmock/gmock.h"
-#include "tests/test_util.h"
+#include "tests/mempool_test_util.h"
 
 namespace cma {
 namespace {
@@ -12,34 +12,7 @@ namespace {
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr MemPoolId kPool{1, 0};
 
-class PoolQuietTest : public AllocatorTest {
- protected:
-  void SetUp() override { Remake(""); }
-  void Remake(const std::string& config, int devices = 1) {
-    Make({.device_count = devices, .device_capacity = std::size_t{1} << 30,
-          .manual_completion = true},
-         config);
-    s1_ = *backend_->CreateStream(0);
-    s2_ = *backend_->CreateStream(0);
-  }
-  void TearDown() override {
-    for (Stream s : {s1_, s2_}) (void)backend_->CompleteWork(s);
-    AllocatorTest::TearDown();
-  }
-  StreamFilter Only(Stream s) {
-    return [s](Stream t) { return t == s; };
-  }
-  std::int64_t UncapturableCalls() {
-    std::int64_t n = 0;
-    for (const char* m : {"QueryStream", "QueryEvent", "RecordEvent", "SynchronizeStream",
-                          "SynchronizeEvent", "StreamWaitEvent", "Prefetch", "PrefetchBatch",
-                          "DiscardBatch", "DiscardAndPrefetchBatch", "Advise"}) {
-      n += backend_->CallCount(m);
-    }
-    return n;
-  }
-  Stream s1_ = 0, s2_ = 0;
-};
+using PoolQuietTest = MemPoolFixture;
 
 // Review bug 1 (fixed): freeing a block whose pages a Sleep discarded, while a pool is being
 // allocated to, records an event and makes a stream wait (OrderAfter in

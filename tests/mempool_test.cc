@@ -4,7 +4,7 @@
 // allocator (no query, event, sync, placement or discard) while a pool is
 // being allocated to, as a CUDA graph capture needs.
 #include "gmock/gmock.h"
-#include "tests/test_util.h"
+#include "tests/mempool_test_util.h"
 
 namespace cma {
 namespace {
@@ -14,34 +14,7 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr MemPoolId kPool{1, 0};
 constexpr MemPoolId kOther{2, 0};
 
-class MemPoolTest : public AllocatorTest {
- protected:
-  void SetUp() override { Remake(""); }
-  void Remake(const std::string& config) {
-    Make({.device_count = 1, .device_capacity = std::size_t{1} << 30, .manual_completion = true},
-         config);
-    s1_ = *backend_->CreateStream(0);
-    s2_ = *backend_->CreateStream(0);
-  }
-  void TearDown() override {
-    for (Stream s : {s1_, s2_}) ASSERT_TRUE(backend_->CompleteWork(s).ok());
-    AllocatorTest::TearDown();
-  }
-  StreamFilter Only(Stream s) {
-    return [s](Stream t) { return t == s; };
-  }
-  // Calls that would break a CUDA graph capture.
-  std::int64_t UncapturableCalls() {
-    std::int64_t n = 0;
-    for (const char* m : {"QueryStream", "QueryEvent", "RecordEvent", "SynchronizeStream",
-                          "SynchronizeEvent", "StreamWaitEvent", "Prefetch", "PrefetchBatch",
-                          "DiscardBatch", "DiscardAndPrefetchBatch", "Advise"}) {
-      n += backend_->CallCount(m);
-    }
-    return n;
-  }
-  Stream s1_ = 0, s2_ = 0;
-};
+using MemPoolTest = MemPoolFixture;
 
 TEST_F(MemPoolTest, APoolsBlocksServeOnlyThatPool) {
   ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, Only(s1_)).ok());
