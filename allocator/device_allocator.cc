@@ -411,7 +411,9 @@ void DeviceAllocator::BecameFree(Block* b, bool keep_recent) {
   UpdateStat(stats_.active, b->size_class, -1);
   UpdateStat(stats_.active_bytes, b->size_class, -static_cast<std::int64_t>(b->size));
   if (b->segment->arena) ReleasePages(b);
+  bool forgot_pages = false;
   if (ABSL_PREDICT_FALSE(b->pages_discarded)) {
+    forgot_pages = true;
     // A Sleep discarded its pages on sleep_wake_stream_: whoever populates them
     // next is ordered after that (the block's stream waits for it), and
     // the page map learns they hold nothing.
@@ -421,8 +423,9 @@ void DeviceAllocator::BecameFree(Block* b, bool keep_recent) {
   }
   OnFreed(b);
   b->free_seq = ++free_seq_;
-  // discard_on_free has just discarded its pages: not the steady-state case.
-  if (!keep_recent || config_->discard_on_free) {
+  // discard_on_free has just discarded its pages, or a Sleep had: not the
+  // steady-state case (the last-freed slot holds only wholly populated blocks).
+  if (!keep_recent || config_->discard_on_free || forgot_pages) {
     ReturnBlock(b);
     if (ABSL_PREDICT_FALSE(b->mempool != 0)) PoolBlockFreed(b->mempool);
     return;

@@ -208,5 +208,21 @@ TEST_F(ArenaRegressionTest, SleepWaitsForEachAllocationsStreamsAndDiscardsWholeP
   EXPECT_EQ(BackendPopulated(), Reserved());
 }
 
+// Found by the arena checker's fuzzer: a disposable block freed while
+// asleep has lost its pages, so it must not wait in the last-freed slot,
+// whose blocks are handed out again as wholly populated.
+TEST_F(ArenaRegressionTest, ABlockFreedAsleepIsNotReusedAsPopulated) {
+  Remake("arena_size:8M");
+  void* kv = Alloc(25034237, 0, s2_);
+  ASSERT_TRUE(alloc_->SetDisposable(kv, true).ok());
+  ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
+  ASSERT_TRUE(alloc_->Free(kv).ok());
+  void* again = Alloc(25034237, 0, s2_);
+  EXPECT_EQ(again, kv);
+  ExpectInvariants();  // every page of a block in use is populated
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, BackendPopulated() + 0);
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+}
+
 }  // namespace
 }  // namespace cma
