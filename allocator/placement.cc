@@ -291,6 +291,19 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
     }
     bytes += b->size;
   }
+  // A block's stream may have a discard of its pages still queued (the
+  // cache's idle pages released by the Sleep): the wake waits for those
+  // streams too before it populates.
+  absl::flat_hash_set<Stream> owners;
+  for (auto& [addr, b] : allocated_) {
+    if (!(b->placed && b->location == here) && b->stream != stream) owners.insert(b->stream);
+  }
+  for (Stream u : owners) {
+    if (absl::Status w = OrderAfter(stream, u); !w.ok()) {
+      return absl::Status(w.code(), absl::StrCat("cma: wake could not order after a stream "
+                                                 "that owns an allocation: ", w.message()));
+    }
+  }
   absl::Status s = Execute(PlacementAction::kPrefetch, migrate, here, stream);
   if (s.ok()) s = Execute(PlacementAction::kDiscardAndPrefetch, repopulate, here, stream);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("cma: wake failed: ", s.message()));
