@@ -387,43 +387,5 @@ char* cma_snapshot_json(void) {
 
 void cma_string_free(char* s) { std::free(s); }
 
-// ---- torch.cuda.memory.CUDAPluggableAllocator ----
-// PyTorch treats a null return as out of memory; the reason is in
-// cma_last_error().
-
-void* cma_torch_alloc(size_t size, int device, void* stream) {
-  if (size == 0) return nullptr;  // PyTorch never dereferences empty storage
-  // Graph capture: cma's placement calls and cross-stream event queries are
-  // not capturable, and blocks freed during capture would be reused behind
-  // the graph's back. Refuse clearly (capture the graph under the pool
-  // route, whose pool PyTorch's own allocator manages).
-  if (CachingManagedAllocator* a = Get(); a != nullptr && stream != nullptr) {
-    absl::StatusOr<bool> capturing = a->backend().IsCapturing(AsStream(stream));
-    // A capture that PyTorch announced (beginAllocateToPool) is served from
-    // its private pool, with no call that would break it.
-    if (capturing.ok() && *capturing && !a->AllocatingToPool(device)) {
-      Fail(absl::FailedPreconditionError(
-          "caching_managed_allocator: an allocation on a capturing stream with no private pool "
-          "being allocated to (capture through torch.cuda.graph, which routes the capture's "
-          "allocations to its pool)"));
-      return nullptr;
-    }
-  }
-  return cma_malloc(size, device, stream);
-}
-
-void cma_torch_free(void* ptr, size_t, int, void*) {
-  if (ptr != nullptr) cma_free(ptr);
-}
-
-void cma_torch_init(int) { Get(); }
-
-void cma_torch_reset(void) { cma_empty_cache(); }
-
-void cma_torch_memory_fraction(double fraction, int device) {
-  cma_set_memory_fraction(fraction, device);
-}
-
-void cma_torch_record_stream(void* ptr, void* stream) { cma_record_stream(ptr, stream); }
 
 }  // extern "C"

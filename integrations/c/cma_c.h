@@ -1,9 +1,10 @@
 /* cma_c.h: the C ABI of caching_managed_allocator, for frameworks (PyTorch's
- * CUDAPluggableAllocator and MemPool, CuPy, anything with ctypes).
+ * allocator class in cma/torch_allocator.cc, CuPy, Numba, anything with
+ * ctypes).
  *
  * One process-wide allocator. cma_init creates it (later calls with the same
- * arguments are no-ops; different ones fail); the cma_torch_* entry points
- * create it on first use from CMA_ALLOC_CONF and CMA_BACKEND.
+ * arguments are no-ops; different ones fail); every other entry point
+ * creates it on first use from CMA_ALLOC_CONF and CMA_BACKEND.
  *
  * Streams are the vendor's stream handles (cudaStream_t) passed as void*;
  * NULL is the default stream. A location is a device index, or -1 for the
@@ -96,13 +97,46 @@ void cma_string_free(char* s);
 int cma_record_history(int enabled, int max_entries);
 char* cma_history_json(void);
 
-/* torch.cuda.memory.CUDAPluggableAllocator entry points. */
-void* cma_torch_alloc(size_t size, int device, void* stream);
-void cma_torch_free(void* ptr, size_t size, int device, void* stream);
-void cma_torch_init(int device_count);
-void cma_torch_reset(void);
-void cma_torch_memory_fraction(double fraction, int device);
-void cma_torch_record_stream(void* ptr, void* stream);
+/* ---- introspection for frameworks' allocator interfaces (PyTorch's c10
+ * CUDAAllocator: getDeviceStats, snapshot) ---- */
+typedef struct cma_stat_pair {
+  const char* key; /* cma_stats_json's keys: "allocated_bytes.all.current", ... */
+  long long value;
+} cma_stat_pair;
+/* The managed statistics of `device` (-1: all devices) as key/value pairs:
+ * writes min(count, cap) pairs to `out` and returns count (call with cap 0 to
+ * size the array), or -1. The keys stay valid until this thread's next call
+ * of cma_stats_pairs. */
+long long cma_stats_pairs(int device, cma_stat_pair* out, size_t cap);
+
+typedef struct cma_segment_info {
+  int device;
+  int is_large; /* large-block segment (not the small-block pool's) */
+  int is_arena; /* an arena: address space populated on demand */
+  size_t address;
+  size_t total_size; /* the sum of its blocks' sizes; an arena (address space)
+                      * is reported up to its last block in use, rounded up to
+                      * a page: what memory ever held there */
+  size_t allocated_size;
+  size_t requested_size;
+  size_t populated_bytes;
+  size_t n_blocks;
+} cma_segment_info;
+typedef struct cma_block_info {
+  size_t address;
+  size_t size;
+  size_t requested_size;
+  int allocated; /* handed to a caller */
+  int active;    /* allocated, or freed and still awaiting another stream */
+  void* stream;
+  unsigned long long pool0, pool1; /* owning private pool; 0, 0: the shared cache */
+} cma_block_info;
+/* Visits a consistent copy of every segment: on_segment(ctx, segment), then
+ * on_block(ctx, block) for each of its n_blocks blocks in address order.
+ * Callbacks run with no cma lock held and may call cma. 0, or -1. */
+int cma_snapshot_visit(void (*on_segment)(void* ctx, const cma_segment_info* segment),
+                       void (*on_block)(void* ctx, const cma_block_info* block), void* ctx);
+
 
 /* ---- symmetric memory (allocator/symmetric/symmetric_heap.h) ----
  * A heap serves `n_local` members of a group of `world_size` (rank
