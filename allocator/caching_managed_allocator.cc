@@ -241,6 +241,32 @@ absl::StatusOr<bool> CachingManagedAllocator::CheckPoolLiveAllocations(
   return (*d)->CheckPoolLiveAllocations(id, expected);
 }
 
+absl::StatusOr<int> CachingManagedAllocator::GetPoolUseCount(int device, MemPoolId id) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->GetPoolUseCount(id);
+}
+
+absl::Status CachingManagedAllocator::EmptyPoolCache(int device, MemPoolId id) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->EmptyPoolCache(id);
+}
+
+absl::StatusOr<PoolCheckpoint> CachingManagedAllocator::TakePoolCheckpoint(int device,
+                                                                          MemPoolId id) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->TakePoolCheckpoint(id);
+}
+
+absl::StatusOr<PoolRestoreResult> CachingManagedAllocator::RestorePoolCheckpoint(
+    const PoolCheckpoint& checkpoint) {
+  absl::StatusOr<DeviceAllocator*> d = Device(checkpoint.device);
+  if (!d.ok()) return d.status();
+  return (*d)->RestorePoolCheckpoint(checkpoint);
+}
+
 absl::Status CachingManagedAllocator::ForgetStream(Stream stream) {
   if (stream == kDefaultStream) {
     return absl::InvalidArgumentError("cma: the default stream cannot be forgotten");

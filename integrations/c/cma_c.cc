@@ -321,6 +321,21 @@ int cma_reset_peak_stats(int device) {
   return s.ok() ? 0 : Fail(s);
 }
 
+int cma_reset_accumulated_stats(int device) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  if (device < -1 || device >= a->device_count()) {
+    return Fail(absl::InvalidArgumentError(absl::StrFormat(
+        "cma_reset_accumulated_stats: invalid device %d (%d devices; -1 for all)", device,
+        a->device_count())));
+  }
+  absl::Status s;
+  for (int d = 0; d < a->device_count(); ++d) {
+    if (device == -1 || d == device) s.Update(a->ResetAccumulatedStats(d));
+  }
+  return s.ok() ? 0 : Fail(s);
+}
+
 int cma_device_of(void* ptr) {
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return -1;
@@ -370,7 +385,8 @@ char* cma_snapshot_json(void) {
                         {"requested_size", b.requested},
                         {"state", b.state},
                         {"stream", b.stream},
-                        {"location", b.location}});
+                        {"location", b.location},
+                        {"pool", {b.pool.first, b.pool.second}}});
     }
     out.push_back({{"device", seg.device},
                    {"address", seg.address},
