@@ -31,7 +31,8 @@ def check(name):
 
 @check("allocator_is_cma")
 def _():
-    return cma.device_of(torch.empty(10, device="cuda").data_ptr()) == 0
+    t = torch.empty(10, device="cuda")
+    return cma.device_of(t.data_ptr()) == 0
 
 
 @check("caching_allocator_alloc")
@@ -54,9 +55,13 @@ def _():
             return f"use_count inside the context {pool.use_count()}"
     if pool.use_count() != 1:
         return f"use_count after the context {pool.use_count()}"
-    addrs = {b["address"] for s in pool.snapshot() for b in s["blocks"] if b["state"] != "inactive"}
+    segs = pool.snapshot()
+    addrs = {b["address"] for s in segs for b in s["blocks"] if b["state"] != "inactive"}
     if inside.data_ptr() not in addrs or outside.data_ptr() in addrs:
-        return "the pool's snapshot does not hold exactly its blocks"
+        return ("the pool's snapshot does not hold exactly its blocks", pool.id,
+                inside.data_ptr(), outside.data_ptr(), sorted(addrs)[:8],
+                [(s["address"], s["total_size"], s.get("segment_pool_id"),
+                  [(b["address"], b["size"], b["state"]) for b in s["blocks"]][:6]) for s in segs][:4])
     freed = inside.data_ptr()
     del inside
     again = torch.empty(2 * MiB, dtype=torch.uint8, device="cuda")  # outside the pool
