@@ -33,6 +33,7 @@ import time
 ROUTES = ("native", "expandable", "cma")
 RESULT_PREFIX = "BENCH_RESULT "
 HERE = os.path.dirname(os.path.abspath(__file__))
+STARTED = time.monotonic()  # a script's --budget counts from here: its preparation included
 
 
 # ---------------------------------------------------------------- routes
@@ -80,15 +81,16 @@ def rotated(routes, k):
 
 
 def run_rounds(argv_for, routes, rounds, timeout_s, budget_s=0, env_for=route_env,
-               log=sys.stderr, clock=time.monotonic):
+               log=sys.stderr, clock=time.monotonic, started=None):
     """Runs argv_for(route, k) in a fresh process per route and round, the
     order rotated each round. A process that fails, times out or prints no
     result is recorded and the rest go on. With budget_s, a process is not
     started when the time spent plus the longest process so far would pass
-    the budget, and no process may run past it (its timeout is cut).
+    the budget, and no process may run past it (its timeout is cut); the
+    budget counts from `started` (default: now).
     Returns {"order", "results": {route: [result]}, "failures": {route:
     [..]}, "skipped": [[k, route]], "wall_s"}."""
-    start = clock()
+    start = clock() if started is None else started
     results = {r: [] for r in routes}
     failures = {r: [] for r in routes}
     skipped, order, longest = [], [], 0.0
@@ -130,6 +132,14 @@ def run_rounds(argv_for, routes, rounds, timeout_s, budget_s=0, env_for=route_en
             print("[bench] round %d %s: done in %.1f s" % (k, route, took), file=log)
     return {"order": order, "results": results, "failures": failures, "skipped": skipped,
             "wall_s": round(clock() - start, 2)}
+
+
+def remaining(budget_s, default_s):
+    """Seconds left of a script's budget (counted from STARTED), at least 5;
+    default_s when there is no budget."""
+    if not budget_s:
+        return default_s
+    return max(5.0, min(default_s, budget_s - (time.monotonic() - STARTED)))
 
 
 def prepare_routes(routes, timeout_s=300, log=sys.stderr):
@@ -267,7 +277,8 @@ def add_common_args(ap, rounds, timeout_s, budget_s, routes=ROUTES):
     ap.add_argument("--json", default="", help="write every figure here (and NAME.txt: the table)")
     ap.add_argument("--timeout", type=float, default=timeout_s, help="seconds per process")
     ap.add_argument("--budget", type=float, default=budget_s,
-                    help="seconds for the whole comparison: no process starts that would pass it")
+                    help="seconds for the whole script, its preparation included: no route "
+                    "process starts that would pass it (skipped rounds are reported)")
     ap.add_argument("--quick", action="store_true", help="a short run to check the script works")
     ap.add_argument("--route", default="", help=argparse.SUPPRESS)  # in a route's process
     ap.add_argument("--round-index", type=int, default=0, help=argparse.SUPPRESS)

@@ -108,6 +108,15 @@ class RoutesTest(unittest.TestCase):
         done = sum(len(v) for v in run["results"].values())
         self.assertEqual(done + len(run["skipped"]), 30)
 
+    def test_budget_counts_from_started(self):
+        run = torch_routes.run_rounds(
+            lambda route, k: [sys.executable, self.fake, route, str(k), "ok"], ["native"], 2,
+            20, budget_s=5, log=self.log, started=time.monotonic() - 10)
+        self.assertEqual(run["order"], [])
+        self.assertEqual(run["skipped"], [[0, "native"], [1, "native"]])
+        self.assertGreaterEqual(torch_routes.remaining(1, 100), 5.0)
+        self.assertEqual(torch_routes.remaining(0, 100), 100)
+
     def test_check_and_problems(self):
         s = torch_routes.summarize(self.run_fake("differ", rounds=1), list(torch_routes.ROUTES),
                                    [("t", "ms")])
