@@ -47,7 +47,7 @@ QUICK = dict(vocab=8192, dim=512, layers=2, heads=8, ffn=1408, batch=4,
              prompts=(32, 96), new_tokens=16, requests=2)
 
 
-def build(torch, cfg, max_len):
+def build(torch, cfg, max_len, device="cuda", dtype=None):
     nn, F = torch.nn, torch.nn.functional
     hd = cfg["dim"] // cfg["heads"]
 
@@ -119,13 +119,12 @@ def build(torch, cfg, max_len):
             logits = self.lm_head(self.norm(x[:, -1])).float()
             return logits.argmax(-1)
 
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Decoder()
-    model = model.to(torch.bfloat16).eval()
-    for layer in model.layers:  # what a static cache needs under cudagraphs
-        torch._dynamo.mark_static_address(layer.k_cache)
-        torch._dynamo.mark_static_address(layer.v_cache)
+    torch.manual_seed(0)  # built on the CPU: the same weights whatever the device
+    model = Decoder().to(device=device, dtype=dtype or torch.bfloat16).eval()
+    if device == "cuda":
+        for layer in model.layers:  # what a static cache needs under cudagraphs
+            torch._dynamo.mark_static_address(layer.k_cache)
+            torch._dynamo.mark_static_address(layer.v_cache)
     return model
 
 

@@ -11,7 +11,7 @@
 #   torch_train.json/.txt        the BERT training loop: step time, sampled physical peak
 #   torch_decoder.json/.txt      torch.compile(reduce-overhead) decoder, static KV cache: tokens/s, peak
 #   suite.log                    everything the three printed
-set -u
+set -u -o pipefail
 cd "$(dirname "$0")"
 out="${1:?usage: torch_alloc_suite.sh OUTDIR [--quick]}"
 quick="${2:-}"
