@@ -146,7 +146,7 @@ def route_main(a):
             captures[0] += 1
             return orig_end(self, *args, **kw)
         graph_cls.capture_end = counted_end
-    except AttributeError:
+    except (AttributeError, TypeError):  # not a Python class here: the count is unknown
         captures[0] = None
     max_len = max(cfg["prompts"]) + cfg["new_tokens"]
     model = build(torch, cfg, max_len)
