@@ -82,12 +82,14 @@ absl::StatusOr<DeviceFacts> HostBackend::GetDeviceFacts(int device) {
   f.total_bytes = capacity_[device];
   f.concurrent_managed_access = true;
   f.pageable_memory_access = true;
-  f.page_fault_migration = true;
+  f.page_fault_migration = options_.page_fault_migration;
+  if (!f.page_fault_migration) f.managed_memory_note = "emulated: no migration on fault";
   f.vmm_supported = true;
   f.posix_fd_handles = true;
   f.fabric_handles = options_.fabric_handles;
   f.multicast_supported = options_.multicast_supported;
   f.vmm_granularity = options_.vmm_granularity;
+  f.runtime = "host emulation";
   return f;
 }
 

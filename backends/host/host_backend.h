@@ -37,6 +37,10 @@ struct HostBackendOptions {
   std::size_t vmm_granularity = std::size_t{2} << 20;
   bool multicast_supported = false;
   bool fabric_handles = false;
+  // Reported in DeviceFacts only: false stands for a GPU whose managed
+  // memory does not migrate on fault (ROCm without XNACK), so that the
+  // allocator's refusals can be tested; the emulation itself is unchanged.
+  bool page_fault_migration = true;
 };
 
 // One recorded placement call.
