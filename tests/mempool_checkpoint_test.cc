@@ -167,6 +167,27 @@ TEST_P(PoolCheckpointTest, AnIdenticalAllocationStaysInPlaceWithTheCheckpointsSi
   ExpectInvariants();
 }
 
+// A checkpoint allocation over free blocks of two streams becomes one block
+// of its stream, whose work waits (on the GPU) for the other stream's.
+TEST_P(PoolCheckpointTest, CarvingAcrossStreamsOrdersAfterTheStreamsThatFreed) {
+  ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
+  std::vector<void*> p = InPool({{4 * kMiB, s1_}, {4 * kMiB, s2_}});
+  ASSERT_EQ(static_cast<char*>(p[1]), static_cast<char*>(p[0]) + 4 * kMiB);
+  for (void* x : p) ASSERT_TRUE(alloc_->Free(x).ok());
+  ASSERT_TRUE(backend_->EnqueueWork(s2_).ok());  // s2 still runs: s1 must wait for it
+  PoolCheckpoint cp{0, kPool, {{p[0], 8 * kMiB, 8 * kMiB - 7, s1_}}};
+  const std::int64_t waits = backend_->CallCount("StreamWaitEvent");
+  absl::StatusOr<PoolRestoreResult> r = alloc_->RestorePoolCheckpoint(cp);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(backend_->CallCount("StreamWaitEvent"), waits + 1);
+  const BlockSnapshot* b = BlockAt(p[0]);
+  EXPECT_EQ(b->size, 8 * kMiB);
+  EXPECT_EQ(b->stream, s1_);
+  ExpectInvariants();
+  ASSERT_TRUE(alloc_->Free(p[0]).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+}
+
 TEST_P(PoolCheckpointTest, AnImpossibleRestoreIsRefusedAndChangesNothing) {
   ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
   std::vector<void*> p = InPool({{4 * kMiB, s1_}, {6 * kMiB, s1_}});
