@@ -170,6 +170,10 @@ TEST_P(PoolCheckpointTest, AnIdenticalAllocationStaysInPlaceWithTheCheckpointsSi
 // A checkpoint allocation over free blocks of two streams becomes one block
 // of its stream, whose work waits (on the GPU) for the other stream's.
 TEST_P(PoolCheckpointTest, CarvingAcrossStreamsOrdersAfterTheStreamsThatFreed) {
+  if (std::string(GetParam()) == "segments:classic") {
+    GTEST_SKIP() << "classic segments: while quiet no other stream's block is lent, so two "
+                    "streams' pool blocks are not neighbours";
+  }
   ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
   std::vector<void*> p = InPool({{4 * kMiB, s1_}, {4 * kMiB, s2_}});
   ASSERT_EQ(static_cast<char*>(p[1]), static_cast<char*>(p[0]) + 4 * kMiB);
