@@ -17,7 +17,8 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr MemPoolId kPool{1, 0};
 constexpr MemPoolId kOther{2, 0};
 
-class PoolCheckpointTest : public MemPoolFixture, public ::testing::WithParamInterface<const char*> {
+class PoolCheckpointTest : public MemPoolFixture,
+                           public ::testing::WithParamInterface<const char*> {
  protected:
   void SetUp() override { Remake(GetParam()); }
   // Allocations made in the pool (every stream), as a graph recording would.
@@ -102,9 +103,10 @@ TEST_P(PoolCheckpointTest, RestoreAfterFreesRecreatesTheCheckpointsAllocations) 
     EXPECT_EQ(b->pool, kPool);
   }
   const DeviceStats now = Stats();
-  EXPECT_EQ(now.allocated_bytes[kAllPools].current, at_checkpoint.allocated_bytes[kAllPools].current);
-  EXPECT_EQ(now.requested_bytes[kAllPools].current, at_checkpoint.requested_bytes[kAllPools].current);
-  EXPECT_EQ(now.reserved_bytes[kAllPools].current, at_checkpoint.reserved_bytes[kAllPools].current);
+  for (auto stat : {&DeviceStats::allocated_bytes, &DeviceStats::requested_bytes,
+                     &DeviceStats::reserved_bytes}) {
+    EXPECT_EQ((now.*stat)[kAllPools].current, (at_checkpoint.*stat)[kAllPools].current);
+  }
   // The new owners free them; the pool's blocks serve it again.
   for (void* q : p) ASSERT_TRUE(alloc_->Free(q).ok());
   ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
@@ -252,7 +254,8 @@ TEST_P(PoolCheckpointTest, BadCheckpointsAndStatesAreClearErrorsThatChangeNothin
   EXPECT_EQ(Fingerprint(*alloc_), before);
   // A context of the device is open.
   ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kOther, Only(s2_)).ok());
-  EXPECT_EQ(alloc_->RestorePoolCheckpoint(cp).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(alloc_->RestorePoolCheckpoint(cp).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(alloc_->EndAllocateToPool(0, kOther).ok());
   ASSERT_TRUE(alloc_->ReleasePool(0, kOther).ok());
   // Released with p live: a freeable pool, which PyTorch does not checkpoint.
