@@ -33,8 +33,10 @@ std::uint32_t ByteSource::Next(std::uint32_t bound) {
 }
 
 absl::StatusOr<std::unique_ptr<ArenaChecker>> ArenaChecker::Create(absl::string_view config,
-                                                                   std::size_t capacity) {
+                                                                   std::size_t capacity,
+                                                                   bool pool_checkpoints) {
   std::unique_ptr<ArenaChecker> c(new ArenaChecker);
+  c->pool_checkpoints_ = pool_checkpoints;
   c->capacity_ = capacity;
   c->backend_ = std::make_unique<HostBackend>(HostBackendOptions{
       .device_count = 1, .device_capacity = capacity, .manual_completion = true});
@@ -425,7 +427,8 @@ absl::Status ArenaChecker::Step(StepSource& in) {
         l.uses.push_back(st);
       }
     }
-  } else if (op < 81) {  // two in a hundred: begin, end or release a pool
+  } else if (op < 81 || (pool_checkpoints_ && op >= 98)) {
+    // Two in a hundred (four with checkpoints): begin, end or release a pool.
     s = DoPoolStep(in);
   } else if (op < 83) {
     Note("empty_cache");
