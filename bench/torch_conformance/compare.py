@@ -75,13 +75,20 @@ def markdown(results):
         row += [str(s.get(o, 0)) for o in core.OUTCOMES]
         row += [str(r.get("restarts", 0)), str(r.get("wall_s", "?"))]
         out.append("| " + " | ".join(row) + " |")
+    shown = set()
     for r in results:
         if r.get("fatal"):
             out += ["", f"**{r['route']} could not run:** {_cell(r['fatal'])}"]
         fb = (r.get("meta") or {}).get("fallbacks") or []
-        if fb:
-            out += ["", f"{r['route']}: stand-ins for names this torch lacks: " + ", ".join(
-                f"`{f['module']}.{f['name']}` ({f['stand_in']})" for f in fb)]
+        text = ", ".join(f"`{f['module']}.{f['name']}` ({f['stand_in']})" for f in fb)
+        if text and text not in shown:
+            shown.add(text)
+            out += ["", f"Stand-ins for names this torch lacks ({r['route']}): {text}"]
+        if r.get("context_restarts"):
+            out += ["", f"{r['route']}: CUDA unusable after {len(r['context_restarts'])} "
+                    "test(s); each was followed by a fresh process: " + "; ".join(
+                        f"{core.test_key(c['after'])} ({_cell(c['reason'])})"
+                        for c in r["context_restarts"])]
     for other in results[1:]:
         lost, gained, only_base = differences(base, other)
         b, o = base["route"], other["route"]
@@ -102,6 +109,24 @@ def markdown(results):
         if only_base:
             out += ["", f"{len(only_base)} tests selected under {b} were not selected under {o}."]
     return "\n".join(out) + "\n"
+
+
+def brief(report):
+    """The report without its long per-test tables: the summary, the notes,
+    and the grouped reasons (for a terminal with little scrollback)."""
+    keep, skipping = [], False
+    for line in report.splitlines():
+        if line.startswith("## "):
+            skipping = False
+            keep.append(line)
+            continue
+        if line.startswith("| test |"):
+            skipping = True
+        elif line.startswith("### "):
+            skipping = False
+        if not skipping:
+            keep.append(line)
+    return "\n".join(keep)
 
 
 def main(argv=None):

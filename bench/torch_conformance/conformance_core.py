@@ -12,6 +12,7 @@ a child killed mid-test leaves every finished test on disk:
   {"ev": "selected", "ids": [...]}            the tests this child will run
   {"ev": "start", "id": ID, "t": EPOCH}       before a test's setup
   {"ev": "end", "id": ID, "outcome": O, "reason": R, "dur": S}
+  {"ev": "restart", "after": ID, "reason": R} CUDA broke; the process ends
   {"ev": "fatal", "msg": M}                   the run cannot mean anything
 A start without its end names the test that killed the process.
 """
@@ -154,6 +155,9 @@ class EventWriter:
         self._f.write(json.dumps(fields, default=str) + "\n")
         self._f.flush()
         os.fsync(self._f.fileno())
+
+    def close(self):
+        self._f.close()
 
     def start(self, nodeid):
         self.write("start", id=nodeid, t=time.time())

@@ -102,6 +102,12 @@ def pytest_collection_modifyitems(session, config, items):
     EVENTS.write("selected", ids=[i.nodeid for i in keep], collected=len(keep) + len(dropped))
 
 
+def pytest_collectreport(report):
+    if report.failed:
+        EVENTS.write("fatal", msg="collecting the test file failed: "
+                     + core.reason_from_longrepr(report.longrepr))
+
+
 def pytest_collection_finish(session):
     import torch
     meta = dict(ROUTE_INFO)
@@ -175,6 +181,33 @@ def pytest_runtest_protocol(item, nextitem):
         faulthandler.cancel_dump_traceback_later()
         outcome, reason = _ACC.pop(item.nodeid).final()
         EVENTS.end(item.nodeid, outcome, reason, time.time() - began)
+        if outcome not in core.OK_OUTCOMES and outcome not in ("skipped", "not_run"):
+            broken = _cuda_context_broken()
+            if broken:
+                # A sticky CUDA error or an unfinished capture would fail every
+                # later test for this one's sake: end the process; the driver
+                # resumes with the next test in a fresh one.
+                EVENTS.write("restart", after=item.nodeid, reason=core.one_line(broken))
+                os._exit(RESTART_STATUS)
+
+
+RESTART_STATUS = 75
+
+
+def _cuda_context_broken():
+    """A one-line reason when CUDA can no longer be used in this process
+    (torch.cuda.synchronize() raises), else None."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    faulthandler.dump_traceback_later(30.0, exit=True, file=sys.__stderr__)
+    try:
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.hookimpl(tryfirst=True)

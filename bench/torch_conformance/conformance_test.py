@@ -81,6 +81,7 @@ class CoreTest(unittest.TestCase):
             events = core.read_events(path)
             self.assertEqual([e["ev"] for e in events], ["start", "end", "start"])
             self.assertEqual(core.in_flight(events)[0], "b")
+            w.close()
 
 
 class FallbackTest(unittest.TestCase):
@@ -174,7 +175,7 @@ class DriverTest(unittest.TestCase):
         try:
             return run_conformance.run_route(
                 "cma", child, d, budget, soft_s=0.5, hard_s=1.0,
-                command=[sys.executable, child], slow={}, poll_s=0.1), d
+                command=[sys.executable, child], slow={}, poll_s=0.1, kill_grace_s=1.0), d
         finally:
             os.environ.clear()
             os.environ.update(old)
@@ -260,6 +261,10 @@ FAKE_TORCH = {
             return route
         def empty_cache():
             pass
+        broken = False
+        def synchronize():
+            if broken:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
         """,
     "torch/testing/__init__.py": "",
     "torch/testing/_internal/__init__.py": "",
@@ -330,6 +335,13 @@ class TestFake(TestCase):
 a
 b''')
 
+    def test_graph_breaks_the_context(self):
+        torch.cuda.broken = True
+        raise RuntimeError("illegal memory access")
+
+    def test_graph_runs_in_a_fresh_context(self):
+        self.assertFalse(torch.cuda.broken)
+
     def test_streams_is_not_selected(self):
         pass
 
@@ -370,7 +382,7 @@ class PluginUnderPytestTest(unittest.TestCase):
         self.assertIsNone(r["fatal"], log[-3000:])
         t = {core.test_key(k).split("::")[-1]: v for k, v in r["tests"].items()}
         self.assertNotIn("test_streams_is_not_selected", t)
-        self.assertEqual(len(t), 10, t)
+        self.assertEqual(len(t), 12, t)
         expect = {
             "test_memory_route_installed_before_import": "passed",
             "test_graph_fails": "failed",
@@ -382,17 +394,43 @@ class PluginUnderPytestTest(unittest.TestCase):
             "test_memory_uses_a_missing_decorator": "skipped",
             "test_memory_expect_inline": "passed",
             "test_anything": "passed",
+            "test_graph_breaks_the_context": "failed",
+            "test_graph_runs_in_a_fresh_context": "passed",
         }
         self.assertEqual({k: v["outcome"] for k, v in t.items()}, expect, log[-3000:])
         self.assertIn("graph capture refused", t["test_graph_fails"]["reason"])
         self.assertIn("SIGABRT", t["test_out_of_memory_kills_the_process"]["reason"])
         self.assertIn("brandNewDecorator is missing",
                       t["test_memory_uses_a_missing_decorator"]["reason"])
-        self.assertEqual(r["restarts"], 2)
+        self.assertEqual(r["restarts"], 3)
+        self.assertEqual([c["after"].split("::")[-1] for c in r["context_restarts"]],
+                         ["test_graph_breaks_the_context"])
+        self.assertIn("illegal memory access", r["context_restarts"][0]["reason"])
         meta = r["meta"]
         self.assertEqual(meta["device"], "FakeGPU")
         self.assertIs(meta["cma_owns_tensors"], True)
         self.assertEqual({f["name"] for f in meta["fallbacks"]}, {"TEST_BRAND_NEW", "brandNewDecorator"})
+
+    def test_a_file_that_does_not_import_is_fatal(self):
+        d = tempfile.mkdtemp()
+        test_file = os.path.join(d, "test_cuda.py")
+        with open(test_file, "w") as f:
+            f.write("import no_such_module_anywhere\n\ndef test_memory():\n    pass\n")
+        site = os.path.join(d, "site")
+        for rel, text in FAKE_TORCH.items():
+            path = os.path.join(site, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(textwrap.dedent(text))
+        old = dict(os.environ)
+        os.environ["PYTHONPATH"] = site
+        try:
+            r = run_conformance.run_route("native", test_file, os.path.join(d, "out"), 60,
+                                          soft_s=1.0, hard_s=3.0, slow={}, poll_s=0.1)
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+        self.assertIn("no_such_module_anywhere", r["fatal"] or "")
 
     def test_cma_install_failure_is_fatal(self):
         d = tempfile.mkdtemp()

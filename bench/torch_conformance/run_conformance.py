@@ -21,6 +21,9 @@ Robustness, so that one run on the GPU machine is enough:
 - a test that kills the process (a segfault, an abort, CUDA's sticky
   errors) is recorded as "crashed" with the last telling line of the log,
   and a new process resumes after it;
+- after a test that did not pass, the plugin checks that CUDA still works
+  (torch.cuda.synchronize()); a sticky error or an unfinished capture ends
+  the process and the next test runs in a fresh one (context_restarts);
 - a test is stopped after --soft-s (SIGALRM, recorded as "timeout"); one
   stuck in C is ended by faulthandler or, failing that, killed by this driver
   after --hard-s, and the run resumes after it;
@@ -112,7 +115,7 @@ def _kill(proc):
 
 
 def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
-              slow=None, max_restarts=MAX_RESTARTS, poll_s=0.5):
+              slow=None, max_restarts=MAX_RESTARTS, poll_s=0.5, kill_grace_s=KILL_GRACE_S):
     """Runs one route to completion across as many processes as crashes
     need. Returns the route's result dict (also written to <route>.json)."""
     started = time.time()
@@ -125,7 +128,7 @@ def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
     result = {"route": route, "test_file": test_file, "budget_s": budget_s,
               "soft_timeout_s": soft_s, "hard_timeout_s": hard_s, "command": command,
               "meta": {}, "order": None, "tests": {}, "restarts": 0, "fatal": None,
-              "collected": None}
+              "collected": None, "context_restarts": []}
     tests = result["tests"]
     only_path = None
     attempt = 0
@@ -156,9 +159,9 @@ def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
             if len(events) != last_count:
                 last_count, last_progress = len(events), now
             flight = core.in_flight(events)
-            if now > deadline + KILL_GRACE_S:
+            if now > deadline + kill_grace_s:
                 killed = ("not_run", core.BUDGET_MARK + " (the driver stopped the process)")
-            elif flight and now - flight[1] > _limit(flight[0], slow, soft_s, hard_s) + KILL_GRACE_S:
+            elif flight and now - flight[1] > _limit(flight[0], slow, soft_s, hard_s) + kill_grace_s:
                 killed = ("timeout", f"{core.TIMEOUT_MARK}: no result after "
                           f"{now - flight[1]:.0f} s; the driver killed the process")
             elif not flight and now - last_progress > STARTUP_LIMIT_S:
@@ -170,6 +173,7 @@ def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
             log.seek(log_offset)
             attempt_log = log.read()
         events = core.read_events(events_path)
+        progress = any(ev.get("ev") == "end" for ev in events)
         for ev in events:
             kind = ev.get("ev")
             if kind == "meta" and not result["meta"]:
@@ -182,12 +186,15 @@ def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
                                    "dur": ev.get("dur")}
             elif kind == "fatal":
                 result["fatal"] = ev["msg"]
+            elif kind == "restart":
+                result["context_restarts"].append({"after": ev["after"], "reason": ev["reason"]})
         flight = core.in_flight(events)
         if flight:
             nodeid, t0 = flight
             if killed:
                 outcome, reason = killed
-            elif "Timeout (" in attempt_log and time.time() - t0 >= soft_s:
+            elif ("Timeout (" in attempt_log or core.TIMEOUT_MARK in attempt_log) \
+                    and time.time() - t0 >= soft_s:
                 outcome, reason = "timeout", (f"{core.TIMEOUT_MARK}: stuck past the hard limit; "
                                               "faulthandler ended the process")
             else:
@@ -197,8 +204,8 @@ def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
                              "dur": round(time.time() - t0, 3)}
         if result["fatal"]:
             break
-        if result["order"] is None:
-            result["fatal"] = (f"collection did not finish ({describe_exit(code)}): "
+        if not result["order"]:
+            result["fatal"] = (f"no test was selected (collection {describe_exit(code)}): "
                                f"{telling_line(attempt_log)}")
             break
         remaining = [i for i in result["order"] if i not in tests]
@@ -207,8 +214,9 @@ def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
         why = None
         if time.time() > deadline:
             why = core.BUDGET_MARK
-        elif not flight:
-            why = f"not run: the process ended ({describe_exit(code)}) without starting it"
+        elif not flight and not progress:
+            # Nothing ran in this process: restarting would loop.
+            why = f"not run: the process ended ({describe_exit(code)}) without running a test"
         elif attempt >= max_restarts:
             why = f"not run: {max_restarts} restarts used"
         if why:
@@ -247,7 +255,7 @@ def main(argv=None):
     ap.add_argument("--test-file", default=DEFAULT_TEST_FILE)
     ap.add_argument("--total-s", type=float, default=560.0,
                     help="time for all routes together (one 10-minute command)")
-    ap.add_argument("--route-s", type=float, default=200.0, help="most time one route gets")
+    ap.add_argument("--route-s", type=float, default=230.0, help="most time one route gets")
     ap.add_argument("--soft-s", type=float, default=40.0, help="per-test limit (SIGALRM)")
     ap.add_argument("--hard-s", type=float, default=60.0,
                     help="per-test limit for a test stuck in C (process ended, run resumed)")
@@ -282,7 +290,7 @@ def main(argv=None):
         f.write(report)
     with tarfile.open(os.path.join(args.out, "logs.tar.gz"), "w:gz") as tar:
         tar.add(os.path.join(args.out, "work"), arcname="work")
-    print(report.split("\n## ")[0], flush=True)
+    print(compare.brief(report), flush=True)
     return 2 if any(r["fatal"] for r in results) else 0
 
 
