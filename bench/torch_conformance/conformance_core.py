@@ -61,6 +61,14 @@ def select(nodeids, keywords=KEYWORDS, only=None):
     return keep
 
 
+def excluded(nodeids, patterns):
+    """The ids containing any of `patterns` (the driver's --exclude)."""
+    return [n for n in nodeids if any(p in n for p in patterns)]
+
+
+EXCLUDED_MARK = "excluded by --exclude"
+
+
 def one_line(text, limit=REASON_MAX):
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[:limit - 3] + "..."

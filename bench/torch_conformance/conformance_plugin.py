@@ -17,7 +17,8 @@ writes every test's outcome to the event log as soon as it is known.
 Environment (set by the driver): CMA_CONF_ROUTE, CMA_CONF_EVENTS (event log),
 CMA_CONF_TEST_FILE, CMA_CONF_ONLY (optional file: JSON list of ids to keep),
 CMA_CONF_DEADLINE (epoch seconds), CMA_CONF_SOFT_TIMEOUT, CMA_CONF_HARD_TIMEOUT,
-CMA_CONF_SLOW (JSON {substring: soft seconds} for tests known to compile).
+CMA_CONF_SLOW (JSON {substring: soft seconds} for tests known to compile),
+CMA_CONF_EXCLUDE (JSON list of substrings: selected tests not to run).
 """
 import faulthandler
 import hashlib
@@ -44,6 +45,7 @@ DEADLINE = float(os.environ.get("CMA_CONF_DEADLINE", "inf"))
 SOFT = float(os.environ.get("CMA_CONF_SOFT_TIMEOUT", "40"))
 HARD = float(os.environ.get("CMA_CONF_HARD_TIMEOUT", "60"))
 SLOW = json.loads(os.environ.get("CMA_CONF_SLOW", "{}"))
+EXCLUDE = json.loads(os.environ.get("CMA_CONF_EXCLUDE", "[]"))
 
 
 class ConformanceTimeout(Exception):
@@ -93,13 +95,15 @@ def pytest_collection_modifyitems(session, config, items):
     if only_file:
         with open(only_file, encoding="utf-8") as f:
             only = json.load(f)
-    keep_ids = set(core.select([i.nodeid for i in items], only=only))
+    selected = core.select([i.nodeid for i in items], only=only)
+    excluded = core.excluded(selected, EXCLUDE)
+    keep_ids = set(selected) - set(excluded)
     keep = [i for i in items if i.nodeid in keep_ids]
     dropped = [i for i in items if i.nodeid not in keep_ids]
     items[:] = keep
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-    EVENTS.write("selected", ids=[i.nodeid for i in keep], collected=len(keep) + len(dropped))
+    EVENTS.write("selected", ids=selected, excluded=excluded, collected=len(items) + len(dropped))
 
 
 def pytest_collectreport(report):
@@ -117,11 +121,12 @@ def pytest_collection_finish(session):
         test_file=TEST_FILE,
         test_file_sha256=hashlib.sha256(_SOURCE.encode("utf-8")).hexdigest(),
         alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
-    try:
-        meta["device"] = torch.cuda.get_device_name(0)
-        meta["allocator_backend"] = torch.cuda.get_allocator_backend()
-    except Exception as e:
-        meta["device"] = f"unknown ({type(e).__name__}: {e})"
+    for key, query in (("device", lambda: torch.cuda.get_device_name(0)),
+                       ("allocator_backend", torch.cuda.get_allocator_backend)):
+        try:
+            meta[key] = query()
+        except Exception as e:
+            meta[key] = f"unknown ({type(e).__name__}: {e})"
     if ROUTE == "cma":
         meta["cma_owns_tensors"] = _cma_owns_a_tensor(torch)
     EVENTS.write("meta", **meta)

@@ -342,6 +342,9 @@ b''')
     def test_graph_runs_in_a_fresh_context(self):
         self.assertFalse(torch.cuda.broken)
 
+    def test_memory_excluded(self):
+        os.abort()
+
     def test_streams_is_not_selected(self):
         pass
 
@@ -373,7 +376,8 @@ class PluginUnderPytestTest(unittest.TestCase):
         os.environ["PYTHONPATH"] = site
         try:
             r = run_conformance.run_route("cma", test_file, os.path.join(d, "out"), 120,
-                                          soft_s=1.0, hard_s=3.0, slow={}, poll_s=0.1)
+                                          soft_s=1.0, hard_s=3.0, slow={}, poll_s=0.1,
+                                          exclude=["test_memory_excluded"])
         finally:
             os.environ.clear()
             os.environ.update(old)
@@ -382,7 +386,7 @@ class PluginUnderPytestTest(unittest.TestCase):
         self.assertIsNone(r["fatal"], log[-3000:])
         t = {core.test_key(k).split("::")[-1]: v for k, v in r["tests"].items()}
         self.assertNotIn("test_streams_is_not_selected", t)
-        self.assertEqual(len(t), 12, t)
+        self.assertEqual(len(t), 13, t)
         expect = {
             "test_memory_route_installed_before_import": "passed",
             "test_graph_fails": "failed",
@@ -396,6 +400,7 @@ class PluginUnderPytestTest(unittest.TestCase):
             "test_anything": "passed",
             "test_graph_breaks_the_context": "failed",
             "test_graph_runs_in_a_fresh_context": "passed",
+            "test_memory_excluded": "not_run",
         }
         self.assertEqual({k: v["outcome"] for k, v in t.items()}, expect, log[-3000:])
         self.assertIn("graph capture refused", t["test_graph_fails"]["reason"])
