@@ -86,7 +86,10 @@ try:
         _SOURCE = _f.read()
 except OSError as _e:
     _fatal(f"cannot read the test file {TEST_FILE!r}: {_e}")
-FALLBACKS = import_fallbacks.apply(_SOURCE)
+try:
+    FALLBACKS = import_fallbacks.apply(_SOURCE)
+except Exception as _e:
+    _fatal(f"preparing the test file's imports failed: {type(_e).__name__}: {_e}")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -93,6 +93,13 @@ class FallbackTest(unittest.TestCase):
         self.addCleanup(lambda: [sys.modules.pop(m, None)
                                  for m in ("fakepkg", "fakepkg.helpers", "fakepkg.gone")])
 
+    def test_a_module_missing_a_dependency_is_an_error(self):
+        def importer(name):
+            raise ModuleNotFoundError("No module named 'yaml'", name="yaml")
+        with self.assertRaisesRegex(import_fallbacks.MissingDependency, "needs the package 'yaml'"):
+            import_fallbacks.apply("from fakepkg.helpers import x\n", prefixes=("fakepkg",),
+                                   importer=importer)
+
     def test_missing_names_get_stand_ins(self):
         source = textwrap.dedent("""
             import os

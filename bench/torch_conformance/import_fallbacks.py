@@ -103,6 +103,10 @@ def stand_in(name):
     return MissingName(name), "skips what uses it"
 
 
+class MissingDependency(ImportError):
+    pass
+
+
 def imports_of(source):
     """(module, [names]) of every top-level `from M import a, b` of `source`."""
     found = []
@@ -114,8 +118,9 @@ def imports_of(source):
 
 def apply(source, prefixes=("torch",), importer=importlib.import_module):
     """Installs stand-ins for the names `source` imports from modules under
-    `prefixes` that are missing. A module that cannot be imported at all is
-    replaced by an empty one holding stand-ins. Returns a list of
+    `prefixes` that are missing. A module that does not exist is replaced by
+    an empty one holding stand-ins; one that exists but needs a package that
+    is not installed raises MissingDependency. Returns a list of
     {"module", "name", "stand_in"} for every stand-in installed."""
     applied = []
     for module_name, names in imports_of(source):
@@ -124,6 +129,13 @@ def apply(source, prefixes=("torch",), importer=importlib.import_module):
         try:
             module = importer(module_name)
         except ImportError as e:
+            missing = getattr(e, "name", None)
+            if missing and not (module_name + ".").startswith(missing + "."):
+                # The module exists but needs a package this machine lacks:
+                # standing in for all of it would skip every test silently.
+                raise MissingDependency(
+                    f"{module_name} needs the package {missing!r}, which is not installed "
+                    f"(add a stand-in under shims/ or install it)") from e
             module = types.ModuleType(module_name)
             sys.modules[module_name] = module
             applied.append({"module": module_name, "name": "*",

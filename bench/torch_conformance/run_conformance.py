@@ -14,7 +14,8 @@ Per route it writes DIR/<route>.json (every test's outcome and one-line
 reason, torch/device facts, stand-ins used); then DIR/compare.md (the
 comparison) and DIR/logs.tar.gz (pytest's output per route, the event logs,
 and <route>_outcomes.txt, the lists to commit; compare.py --lists rebuilds
-them from the JSON files). Five files at most: the GPU machine returns eight.
+them from the JSON files; they are written to a temporary folder first).
+Five files at most: the GPU machine returns eight.
 
 Robustness, so that one run on the GPU machine is enough:
 - the route is installed by a pytest plugin before CUDA initialises;
@@ -39,6 +40,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -116,14 +118,15 @@ def _kill(proc):
 
 def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
               slow=None, max_restarts=MAX_RESTARTS, poll_s=0.5, kill_grace_s=KILL_GRACE_S,
-              exclude=()):
+              exclude=(), work_dir=None):
     """Runs one route to completion across as many processes as crashes
     need. Returns the route's result dict (also written to <route>.json)."""
     started = time.time()
     deadline = started + budget_s
     command = command or pytest_command(test_file)
-    work = os.path.join(out_dir, "work")
+    work = work_dir or os.path.join(out_dir, "work")
     os.makedirs(work, exist_ok=True)
+    os.makedirs(out_dir, exist_ok=True)
     log_path = os.path.join(work, f"{route}.log")
     open(log_path, "w").close()
     result = {"route": route, "test_file": test_file, "budget_s": budget_s,
@@ -280,6 +283,9 @@ def main(argv=None):
     if not os.path.isfile(test_file):
         ap.error(f"no test file at {test_file} (see bench/torch_conformance/README.md)")
     os.makedirs(args.out, exist_ok=True)
+    # Logs and event files live outside --out: the GPU machine returns few files.
+    work = tempfile.mkdtemp(prefix="cma_conformance_")
+    print(f"[conformance] logs in {work}; results in {args.out}", flush=True)
     end = time.time() + args.total_s
     results = []
     for i, route in enumerate(routes):
@@ -287,7 +293,7 @@ def main(argv=None):
         budget = max(min(args.route_s, share), 1.0)
         print(f"[conformance] route {route}: budget {budget:.0f} s", flush=True)
         r = run_route(route, test_file, args.out, budget, args.soft_s, args.hard_s,
-                      exclude=args.exclude)
+                      exclude=args.exclude, work_dir=work)
         results.append(r)
         s = r["summary"]
         print(f"[conformance] {route}: {r['selected']} selected, "
@@ -298,7 +304,7 @@ def main(argv=None):
     with open(os.path.join(args.out, "compare.md"), "w") as f:
         f.write(report)
     with tarfile.open(os.path.join(args.out, "logs.tar.gz"), "w:gz") as tar:
-        tar.add(os.path.join(args.out, "work"), arcname="work")
+        tar.add(work, arcname="work")
     print(compare.brief(report), flush=True)
     return 2 if any(r["fatal"] for r in results) else 0
 
