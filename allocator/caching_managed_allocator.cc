@@ -311,9 +311,9 @@ DeviceStats CachingManagedAllocator::GetStats() {
 absl::Status CachingManagedAllocator::SetMemoryFraction(double fraction, int device) {
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();
-  if (!(fraction > 0.0 && fraction <= 1.0)) {
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {  // also NaN
     return absl::InvalidArgumentError(
-        absl::StrFormat("cma: memory fraction %g is not in (0, 1]", fraction));
+        absl::StrFormat("cma: memory fraction %g is not in [0, 1]", fraction));
   }
   (*d)->SetBudget(static_cast<std::size_t>(fraction * static_cast<double>((*d)->device_total())));
   return absl::OkStatus();

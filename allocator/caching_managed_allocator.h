@@ -170,8 +170,9 @@ class CachingManagedAllocator {
 
   absl::StatusOr<DeviceStats> GetStats(int device);
   DeviceStats GetStats();  // summed over devices
-  // Managed-memory budget of one device: `fraction` in (0, 1] of its total
-  // memory (PyTorch's set_per_process_memory_fraction).
+  // Managed-memory budget of one device: `fraction` in [0, 1] of its total
+  // memory (PyTorch's set_per_process_memory_fraction; 0 refuses every
+  // allocation, as PyTorch's does).
   absl::Status SetMemoryFraction(double fraction, int device);
   absl::Status ResetPeakStats(int device);
   // Zeroes each statistic's allocated and freed totals and the counters

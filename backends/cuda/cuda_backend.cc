@@ -39,6 +39,24 @@ class DeviceGuard {
   absl::Status status_;
 };
 
+// Relaxes this thread's stream-capture mode for its lifetime. Under a CUDA
+// graph capture in global mode (torch.cuda.graph's default), a call that
+// is not capturable (cudaMallocManaged, cudaStreamGetDevice) made on any
+// thread fails and invalidates the capture, unless the calling thread has
+// relaxed its mode: what PyTorch's own allocator does around cudaMalloc.
+// Such calls are not captured; they simply run.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() : ok_(cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess) {}
+  ~RelaxedCaptureMode() {
+    if (ok_) cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool ok_;
+};
+
 #define CMA_RETURN_IF_ERROR(expr)            \
   do {                                       \
     const absl::Status cma_s_ = (expr);      \
@@ -151,14 +169,8 @@ class CudaBackend final : public Backend {
     DeviceGuard g(device);
     CMA_RETURN_IF_ERROR(g.status());
     void* p = nullptr;
-    // Under a CUDA graph capture in global mode, cudaMallocManaged on any
-    // thread breaks the capture unless this thread relaxes the mode (what
-    // PyTorch's allocator does around cudaMalloc); the call is not captured.
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    CMA_CUDA_RETURN_IF_ERROR(cudaThreadExchangeStreamCaptureMode(&mode));
-    const cudaError_t e = cudaMallocManaged(&p, bytes, cudaMemAttachGlobal);
-    CMA_CUDA_RETURN_IF_ERROR(cudaThreadExchangeStreamCaptureMode(&mode));
-    CMA_CUDA_RETURN_IF_ERROR(e);
+    RelaxedCaptureMode relaxed;
+    CMA_CUDA_RETURN_IF_ERROR(cudaMallocManaged(&p, bytes, cudaMemAttachGlobal));
     return p;
   }
 
@@ -310,6 +322,7 @@ class CudaBackend final : public Backend {
     CMA_RETURN_IF_ERROR(CheckDevice(device));
     if (stream == kDefaultStream) return absl::OkStatus();
     int owner = -1;
+    RelaxedCaptureMode relaxed;  // a stream first seen during a capture (PyTorch's side streams)
     CMA_CUDA_RETURN_IF_ERROR(cudaStreamGetDevice(AsStream(stream), &owner));
     if (owner != device) {
       return absl::InvalidArgumentError(absl::StrFormat(

@@ -1,5 +1,6 @@
 // The C ABI on the host backend: lifecycle, errors through cma_last_error,
 // JSON stats and snapshot, moves and advice, the PyTorch entry points.
+#include <cmath>
 #include "integrations/c/cma_c.h"
 
 #include <cstring>
@@ -44,7 +45,9 @@ TEST_F(CApiTest, ErrorsReachLastError) {
   EXPECT_EQ(cma_move(&local, -5, nullptr, 0), -1);
   EXPECT_EQ(cma_stats_json(7), nullptr);
   EXPECT_EQ(cma_set_memory_fraction(1.5, 0), -1);
-  EXPECT_THAT(cma_last_error(), HasSubstr("not in (0, 1]"));
+  EXPECT_THAT(cma_last_error(), HasSubstr("not in [0, 1]"));
+  EXPECT_EQ(cma_set_memory_fraction(-0.1, 0), -1);
+  EXPECT_EQ(cma_set_memory_fraction(std::nan(""), 0), -1);
   EXPECT_EQ(cma_advise(&local, 1, -3, nullptr, 0), -1);
 }
 
@@ -82,6 +85,9 @@ TEST_F(CApiTest, MoveAdviseAndSnapshot) {
 }
 
 TEST_F(CApiTest, MemoryFractionCapsTheBudget) {
+  ASSERT_EQ(cma_set_memory_fraction(0, 0), 0);  // PyTorch's 0: nothing fits
+  EXPECT_EQ(cma_malloc(512, 0, nullptr), nullptr);
+  EXPECT_THAT(cma_last_error(), HasSubstr("managed budget"));
   ASSERT_EQ(cma_set_memory_fraction(0.001, 0), 0);  // 8 GiB host device -> ~8 MiB
   EXPECT_EQ(cma_malloc(32 << 20, 0, nullptr), nullptr);
   EXPECT_THAT(cma_last_error(), HasSubstr("managed budget"));

@@ -55,7 +55,9 @@ echo "== import from the installed package"
 "$vpy" - "$site" <<'PY'
 import os, sys
 site = sys.argv[1]
-import cma, cma.numba, cma.symmetric, cma.torch_format
+import cma, cma.numba, cma.symmetric, cma.torch_allocator
+assert os.path.exists(os.path.join(os.path.dirname(cma.torch_allocator.__file__), "torch_allocator.cc"))
+assert cma.torch_allocator._header_dir() == os.path.join(site, "cma", "include")
 pkg = os.path.join(site, "cma")
 assert os.path.dirname(cma.__file__) == pkg, cma.__file__
 assert cma.library_path() == os.path.join(pkg, "libcma.so"), cma.library_path()

@@ -206,15 +206,17 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   bool isEnabled() const override { return true; }
   std::string name() override { return "caching_managed_allocator"; }
 
+  // PyTorch's fraction as the user set it (1.0 until then); cma's budget is
+  // that fraction of the device's total memory.
   double getMemoryFraction(c10::DeviceIndex device) override {
-    size_t free_bytes = 0, total = 0;
-    if (api.mem_info(device, &free_bytes, &total) != 0) Fail("getMemoryFraction");
-    const int64_t budget = Get(Stats(device), "managed_budget_bytes");
-    if (budget <= 0 || total == 0) return 1.0;
-    return static_cast<double>(budget) / static_cast<double>(total);
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = fractions_.find(device);
+    return it == fractions_.end() ? 1.0 : it->second;
   }
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
     if (api.set_memory_fraction(fraction, device) != 0) Fail("setMemoryFraction");
+    std::lock_guard<std::mutex> l(mu_);
+    fractions_[device] = fraction;
   }
 
   std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override {
@@ -503,6 +505,9 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
 
   void* Allocate(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream, const char* what) {
     if (nbytes == 0) return nullptr;  // PyTorch never dereferences empty storage
+    // PyTorch's own answer (and message) for absurd sizes, before any arithmetic.
+    TORCH_CHECK_WITH(OutOfMemoryError, nbytes < (size_t{1} << 60),
+                     "CUDA out of memory. Tried to allocate more than 1EB memory.");
     void* p = api.malloc(nbytes, device, stream);
     if (p == nullptr) RaiseAllocationError(nbytes, device, stream, what);
     if (Tracking()) RecordAlloc(p, nbytes, device, stream);
@@ -531,6 +536,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   std::vector<std::string> compile_context_;
   std::string user_metadata_;
   std::unordered_map<void*, Live> live_;
+  std::unordered_map<int, double> fractions_;
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
   std::vector<c10::CachingDeviceAllocator::AllocatorTraceTracker> trackers_;
   c10::ApproximateClockToUnixTimeConverter clock_;
