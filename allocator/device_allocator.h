@@ -153,6 +153,10 @@ class DeviceAllocator {
   void DissolveIfUnused(std::uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees that needed events on other streams while quiet: recorded now.
   void RecordDeferredFrees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Orders `b`'s reuse after the other streams that used it: an event on
+  // each (counted in pending_events), or a wait where none can be recorded;
+  // clears its stream uses. Makes calls: never while quiet.
+  void FenceStreamUses(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RefuseWhileQuiet(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ---- checkpoints of private pools (pool_checkpoint.cc) ----
   // The index of a known pool that holds a reference, or why not.

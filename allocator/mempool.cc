@@ -140,6 +140,22 @@ void DeviceAllocator::DissolveIfUnused(std::uint32_t index) {
   if (!quiet()) CoalesceUnmerged();
 }
 
+void DeviceAllocator::FenceStreamUses(Block* b) {
+  for (Stream s : b->stream_uses) {
+    absl::StatusOr<Event> ev = TakeEvent();
+    if (ev.ok() && backend_->RecordEvent(*ev, s).ok()) {
+      ++b->pending_events;
+      pending_.push_back({b, *ev});
+      continue;
+    }
+    if (ev.ok()) spare_events_.push_back(*ev);
+    // A stream that can be neither fenced nor waited for has failed (its
+    // context is gone, so no work of it still runs): counted, not waited.
+    if (!backend_->SynchronizeStream(s).ok()) ++stats_.num_placement_errors;
+  }
+  b->stream_uses.clear();
+}
+
 void DeviceAllocator::RecordDeferredFrees() {
   std::vector<Block*> blocks;
   blocks.swap(deferred_);
@@ -147,19 +163,7 @@ void DeviceAllocator::RecordDeferredFrees() {
     // What Free would have done: an event on each other stream that used
     // the block, or a wait for that stream if no event can be recorded.
     b->pending_events = 0;
-    for (Stream s : b->stream_uses) {
-      absl::StatusOr<Event> ev = TakeEvent();
-      if (ev.ok() && backend_->RecordEvent(*ev, s).ok()) {
-        ++b->pending_events;
-        pending_.push_back({b, *ev});
-        continue;
-      }
-      if (ev.ok()) spare_events_.push_back(*ev);
-      // A stream that can be neither fenced nor waited for has failed (its
-      // context is gone, so no work of it still runs): counted, not waited.
-      if (!backend_->SynchronizeStream(s).ok()) ++stats_.num_placement_errors;
-    }
-    b->stream_uses.clear();
+    FenceStreamUses(b);
     if (b->hints) {  // advice withdrawn now that calls may be made again
       ApplyAdvice(WithdrawHintAdvice(*b->hints), b->ptr(), b->size);
       b->hints.reset();

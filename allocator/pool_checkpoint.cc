@@ -239,18 +239,7 @@ void DeviceAllocator::FreeForRestore(Block* b) {
     b->hints.reset();
   }
   CountFreed(b);
-  // As Free: an event on each other stream that used it, or a wait for it.
-  for (Stream s : b->stream_uses) {
-    absl::StatusOr<Event> ev = TakeEvent();
-    if (ev.ok() && backend_->RecordEvent(*ev, s).ok()) {
-      ++b->pending_events;
-      pending_.push_back({b, *ev});
-      continue;
-    }
-    if (ev.ok()) spare_events_.push_back(*ev);
-    if (!backend_->SynchronizeStream(s).ok()) ++stats_.num_placement_errors;
-  }
-  b->stream_uses.clear();
+  FenceStreamUses(b);  // as Free: an event on each other stream that used it
   if (b->pending_events == 0) BecameFree(b);
 }
 
