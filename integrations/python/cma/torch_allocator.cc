@@ -644,29 +644,49 @@ void CmaCudaAllocator::RaiseAllocationError(size_t nbytes, c10::DeviceIndex devi
 }
 
 cca::SnapshotInfo CmaCudaAllocator::snapshot(Pool pool, bool include_traces) {
+  // PyTorch's readers (memory_snapshot.cpp, Module.cpp's memorySnapshot,
+  // cudagraph_trees' get_block_addrs/check_memory_pool) derive each block's
+  // address from its segment's address plus the sizes of the blocks before
+  // it, and take a segment's owner from segment_pool_id. A cma segment (an
+  // arena above all) holds blocks of several pools side by side, so each run
+  // of consecutive blocks of one pool is reported as a segment of its own,
+  // and a pool's view starts a new segment after every block it leaves out.
   struct Ctx {
     CmaCudaAllocator* self;
     Pool pool;
     cca::SnapshotInfo info;
     std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts;
-  } ctx{this, pool, {}, {}};
+    cma_segment_info current;  // the cma segment whose blocks are being visited
+    bool open;                 // info.segments.back() continues with the next block
+  } ctx{this, pool, {}, {}, {}, false};
   {
     std::lock_guard<std::mutex> l(mu_);
     for (const auto& [p, live] : live_) ctx.contexts.emplace(p, live.context);
   }
   auto on_segment = [](void* c, const cma_segment_info* s) {
     auto* x = static_cast<Ctx*>(c);
-    c10::CachingDeviceAllocator::SegmentInfo seg;
-    seg.device = static_cast<c10::DeviceIndex>(s->device);
-    seg.address = s->address;
-    seg.is_large = s->is_large != 0;
-    seg.is_expandable = s->is_arena != 0;
-    x->info.segments.push_back(std::move(seg));
+    x->current = *s;
+    x->open = false;
   };
   auto on_block = [](void* c, const cma_block_info* b) {
     auto* x = static_cast<Ctx*>(c);
+    const Pool owner{b->pool0, b->pool1};
     const bool filtered = x->pool.first != 0 || x->pool.second != 0;
-    if (filtered && (b->pool0 != x->pool.first || b->pool1 != x->pool.second)) return;
+    if (filtered && owner != x->pool) {
+      x->open = false;  // the next block kept is not adjacent to the last one
+      return;
+    }
+    if (!x->open || x->info.segments.back().owner_private_pool_id != owner) {
+      c10::CachingDeviceAllocator::SegmentInfo seg;
+      seg.device = static_cast<c10::DeviceIndex>(x->current.device);
+      seg.address = b->address;
+      seg.is_large = x->current.is_large != 0;
+      seg.is_expandable = x->current.is_arena != 0;
+      seg.stream = b->stream;
+      seg.owner_private_pool_id = owner;
+      x->info.segments.push_back(std::move(seg));
+      x->open = true;
+    }
     auto& seg = x->info.segments.back();
     c10::CachingDeviceAllocator::BlockInfo info;
     info.size = b->size;
@@ -675,10 +695,6 @@ cca::SnapshotInfo CmaCudaAllocator::snapshot(Pool pool, bool include_traces) {
     info.active = b->active != 0;
     auto it = x->contexts.find(reinterpret_cast<void*>(b->address));
     if (info.allocated && it != x->contexts.end()) info.context_when_allocated = it->second;
-    if (seg.blocks.empty()) {
-      seg.stream = b->stream;
-      seg.owner_private_pool_id = Pool{b->pool0, b->pool1};
-    }
     seg.total_size += b->size;
     if (info.allocated) {
       seg.allocated_size += b->size;
@@ -688,12 +704,6 @@ cca::SnapshotInfo CmaCudaAllocator::snapshot(Pool pool, bool include_traces) {
     seg.blocks.push_back(std::move(info));
   };
   if (api.snapshot_visit(on_segment, on_block, &ctx) != 0) Fail("snapshot");
-  // A pool's view keeps only the segments holding its blocks.
-  std::vector<c10::CachingDeviceAllocator::SegmentInfo> kept;
-  for (auto& s : ctx.info.segments) {
-    if (!s.blocks.empty()) kept.push_back(std::move(s));
-  }
-  ctx.info.segments = std::move(kept);
 
   ctx.info.config_metadata.garbage_collection_threshold = 0;
   ctx.info.config_metadata.max_split_size = SIZE_MAX;
