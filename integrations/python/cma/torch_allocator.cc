@@ -621,24 +621,36 @@ void CmaCudaAllocator::RaiseAllocationError(size_t nbytes, c10::DeviceIndex devi
   const int64_t allocated = Get(m, "allocated_bytes.all.current");
   const int64_t reserved = Get(m, "reserved_bytes.all.current");
   std::vector<cca::OutOfMemoryObserver> observers;
+  double fraction = -1.0;  // none set
   {
     std::lock_guard<std::mutex> l(mu_);
     observers = oom_observers_;
+    auto f = fractions_.find(device);
+    if (f != fractions_.end()) fraction = f->second;
     if (history_on_.load() || !trackers_.empty()) {
       Trace(TraceEntry::OOM, device, free_bytes, nbytes, stream, nullptr);
     }
   }
-  for (const auto& o : observers) o(device, static_cast<size_t>(allocated), total, free_bytes);
+  // PyTorch's observers get (device, the size asked for, the memory allowed
+  // (the fraction's share of the device, or its total), the device's free
+  // memory), as its own allocator calls them; outside mu_ (they take the GIL).
+  const size_t allowed =
+      fraction >= 0.0 ? static_cast<size_t>(fraction * static_cast<double>(total)) : total;
+  for (const auto& o : observers) o(device, nbytes, allowed, free_bytes);
   c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(nbytes), allocated, reserved,
                                    c10::Device(c10::DeviceType::CUDA, device));
+  char allowed_msg[64] = "";  // PyTorch's "X GiB allowed; " when a fraction is set
+  if (fraction >= 0.0) {
+    std::snprintf(allowed_msg, sizeof(allowed_msg), "%.2f GiB allowed; ", allowed / kGiB);
+  }
   char msg[640];
   std::snprintf(msg, sizeof(msg),
                 "CUDA out of memory. Tried to allocate %.2f GiB. GPU %d has a total capacity of "
-                "%.2f GiB of which %.2f GiB is free. Of the allocated memory %.2f GiB is "
+                "%.2f GiB of which %.2f GiB is free. %sOf the allocated memory %.2f GiB is "
                 "allocated by caching_managed_allocator, and %.2f GiB is reserved by it but "
                 "unallocated. ",
                 nbytes / kGiB, static_cast<int>(device), total / kGiB, free_bytes / kGiB,
-                allocated / kGiB, (reserved - allocated) / kGiB);
+                allowed_msg, allocated / kGiB, (reserved - allocated) / kGiB);
   TORCH_CHECK_WITH(OutOfMemoryError, false, std::string(msg), "(caching_managed_allocator: ",
                    why, ")");
 }
