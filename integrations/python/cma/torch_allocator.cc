@@ -237,7 +237,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     }
     // A pool's idle blocks (MemPool's destructor calls this after releasing
     // the pool: an unknown pool is then simply gone, not an error).
-    for (int d = 0; d < device_count_; ++d) {
+    for (int d = 0, n = device_count_.load(); d < n; ++d) {
       if (api.pool_use_count(d, pool.first, pool.second) < 0) continue;
       if (api.pool_empty_cache(d, pool.first, pool.second) != 0) {
         TORCH_WARN("caching_managed_allocator: emptyCache of a pool: ", LastError());
@@ -417,14 +417,16 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   void recordHistory(bool enabled, cca::CreateContextFn recorder, size_t max_entries,
                      RecordContext when, bool clear_history,
                      const std::vector<std::string>& skip_actions) override {
+    // An unknown action name throws here, before anything changed.
+    std::unordered_set<int> skip;
+    for (const std::string& a : skip_actions) {
+      skip.insert(c10::CachingDeviceAllocator::parseTraceEntryAction(a));
+    }
     std::lock_guard<std::mutex> l(mu_);
     recorder_ = enabled ? recorder : nullptr;
     when_ = enabled ? when : RecordContext::NEVER;
     max_entries_ = std::max<size_t>(max_entries, 1);
-    skip_.clear();
-    for (const std::string& a : skip_actions) {
-      skip_.insert(c10::CachingDeviceAllocator::parseTraceEntryAction(a));
-    }
+    skip_ = std::move(skip);
     if (clear_history || !enabled) {
       traces_.clear();
       annotations_.clear();
@@ -523,7 +525,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   std::shared_ptr<c10::GatheredContext> Context(RecordContext needed);
 
   std::atomic<bool> initialized_{false};
-  int device_count_ = 0;
+  std::atomic<int> device_count_{0};  // written by init(), read by any thread
   std::atomic<bool> history_on_{false};
   std::atomic<bool> trackers_on_{false};
   std::mutex mu_;  // everything below
@@ -722,7 +724,7 @@ cca::SnapshotInfo CmaCudaAllocator::snapshot(Pool pool, bool include_traces) {
   ctx.info.config_metadata.expandable_segments = false;
   ctx.info.config_metadata.last_allocator_settings = "caching_managed_allocator";
   if (include_traces) {
-    const int devices = std::max(device_count_, 1);
+    const int devices = std::max(device_count_.load(), 1);
     ctx.info.device_traces.resize(devices);
     auto to_us = clock_.makeConverter();
     std::lock_guard<std::mutex> l(mu_);
