@@ -335,14 +335,20 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     const int n = api.pool_use_count(device, pool.first, pool.second);
     return n < 0 ? 0 : n;  // a released, empty pool has no users (PyTorch's answer too)
   }
-  void setUseOnOOM(c10::DeviceIndex, Pool, bool use_on_oom) override {
+  // PyTorch calls these two only from MemPool's constructor, right after
+  // createOrIncrefPool: a refusal there means no MemPool is made and its
+  // destructor never runs, so the reference just taken is given back first
+  // (else the pool would never be released).
+  void setUseOnOOM(c10::DeviceIndex device, Pool pool, bool use_on_oom) override {
     // MemPool's destructor turns it off for every pool: that is a no-op.
     if (use_on_oom) {
+      (void)api.pool_release(device, pool.first, pool.second);
       Unsupported("MemPool(use_on_oom=True)",
                   "cma's pools do not lend their free blocks to other allocations on OOM");
     }
   }
-  void setNoSplit(c10::DeviceIndex, Pool) override {
+  void setNoSplit(c10::DeviceIndex device, Pool pool) override {
+    (void)api.pool_release(device, pool.first, pool.second);
     Unsupported("MemPool(no_split=True)", "cma splits cached blocks in every pool");
   }
   bool checkPoolLiveAllocations(c10::DeviceIndex device, Pool pool,
