@@ -122,4 +122,36 @@ TEST_F(HostCApiTest, SnapshotVisitReportsAPoolsBlocks) {
   ASSERT_EQ(cma_pool_release(0, 7, 0), 0);
 }
 
+// PyTorch's snapshot readers compute each block's address as its segment's
+// plus the sizes of the blocks before it, and read one owner pool per
+// segment. The visitor's blocks must therefore tile their segment from its
+// address; and since one arena holds blocks of several pools side by side,
+// cma/torch_allocator.cc reports each run of one pool as a segment.
+TEST_F(HostCApiTest, SnapshotVisitBlocksTileTheirSegmentAcrossPools) {
+  void* shared = cma_malloc(kMiB, 0, nullptr);
+  ASSERT_NE(shared, nullptr) << cma_last_error();
+  ASSERT_EQ(cma_pool_create_or_incref(0, 7, 0), 0) << cma_last_error();
+  ASSERT_EQ(cma_pool_begin(0, 7, 0, nullptr, nullptr, nullptr), 0) << cma_last_error();
+  void* pooled = cma_malloc(kMiB, 0, nullptr);
+  ASSERT_NE(pooled, nullptr) << cma_last_error();
+  ASSERT_EQ(cma_pool_end(0, 7, 0), 0);
+  void* after = cma_malloc(kMiB, 0, nullptr);
+  ASSERT_NE(after, nullptr) << cma_last_error();
+  const Seen seen = Visit();
+  bool mixed = false;
+  for (size_t i = 0; i < seen.segments.size(); ++i) {
+    size_t address = seen.segments[i].address;
+    bool pool_seen = false, shared_seen = false;
+    for (const cma_block_info& b : seen.blocks[i]) {
+      EXPECT_EQ(b.address, address) << "segment " << i;
+      address += b.size;
+      (b.pool0 == 7 ? pool_seen : shared_seen) = true;
+    }
+    mixed = mixed || (pool_seen && shared_seen);
+  }
+  EXPECT_TRUE(mixed) << "expected one segment to hold pool (7, 0) and shared-cache blocks";
+  for (void* p : {shared, pooled, after}) ASSERT_EQ(cma_free(p), 0);
+  ASSERT_EQ(cma_pool_release(0, 7, 0), 0);
+}
+
 }  // namespace

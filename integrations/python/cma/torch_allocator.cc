@@ -237,7 +237,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     }
     // A pool's idle blocks (MemPool's destructor calls this after releasing
     // the pool: an unknown pool is then simply gone, not an error).
-    for (int d = 0; d < device_count_; ++d) {
+    for (int d = 0, n = device_count_.load(); d < n; ++d) {
       if (api.pool_use_count(d, pool.first, pool.second) < 0) continue;
       if (api.pool_empty_cache(d, pool.first, pool.second) != 0) {
         TORCH_WARN("caching_managed_allocator: emptyCache of a pool: ", LastError());
@@ -335,14 +335,20 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     const int n = api.pool_use_count(device, pool.first, pool.second);
     return n < 0 ? 0 : n;  // a released, empty pool has no users (PyTorch's answer too)
   }
-  void setUseOnOOM(c10::DeviceIndex, Pool, bool use_on_oom) override {
+  // PyTorch calls these two only from MemPool's constructor, right after
+  // createOrIncrefPool: a refusal there means no MemPool is made and its
+  // destructor never runs, so the reference just taken is given back first
+  // (else the pool would never be released).
+  void setUseOnOOM(c10::DeviceIndex device, Pool pool, bool use_on_oom) override {
     // MemPool's destructor turns it off for every pool: that is a no-op.
     if (use_on_oom) {
+      (void)api.pool_release(device, pool.first, pool.second);
       Unsupported("MemPool(use_on_oom=True)",
                   "cma's pools do not lend their free blocks to other allocations on OOM");
     }
   }
-  void setNoSplit(c10::DeviceIndex, Pool) override {
+  void setNoSplit(c10::DeviceIndex device, Pool pool) override {
+    (void)api.pool_release(device, pool.first, pool.second);
     Unsupported("MemPool(no_split=True)", "cma splits cached blocks in every pool");
   }
   bool checkPoolLiveAllocations(c10::DeviceIndex device, Pool pool,
@@ -417,14 +423,16 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   void recordHistory(bool enabled, cca::CreateContextFn recorder, size_t max_entries,
                      RecordContext when, bool clear_history,
                      const std::vector<std::string>& skip_actions) override {
+    // An unknown action name throws here, before anything changed.
+    std::unordered_set<int> skip;
+    for (const std::string& a : skip_actions) {
+      skip.insert(c10::CachingDeviceAllocator::parseTraceEntryAction(a));
+    }
     std::lock_guard<std::mutex> l(mu_);
     recorder_ = enabled ? recorder : nullptr;
     when_ = enabled ? when : RecordContext::NEVER;
     max_entries_ = std::max<size_t>(max_entries, 1);
-    skip_.clear();
-    for (const std::string& a : skip_actions) {
-      skip_.insert(c10::CachingDeviceAllocator::parseTraceEntryAction(a));
-    }
+    skip_ = std::move(skip);
     if (clear_history || !enabled) {
       traces_.clear();
       annotations_.clear();
@@ -523,7 +531,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   std::shared_ptr<c10::GatheredContext> Context(RecordContext needed);
 
   std::atomic<bool> initialized_{false};
-  int device_count_ = 0;
+  std::atomic<int> device_count_{0};  // written by init(), read by any thread
   std::atomic<bool> history_on_{false};
   std::atomic<bool> trackers_on_{false};
   std::mutex mu_;  // everything below
@@ -621,52 +629,84 @@ void CmaCudaAllocator::RaiseAllocationError(size_t nbytes, c10::DeviceIndex devi
   const int64_t allocated = Get(m, "allocated_bytes.all.current");
   const int64_t reserved = Get(m, "reserved_bytes.all.current");
   std::vector<cca::OutOfMemoryObserver> observers;
+  double fraction = -1.0;  // none set
   {
     std::lock_guard<std::mutex> l(mu_);
     observers = oom_observers_;
+    auto f = fractions_.find(device);
+    if (f != fractions_.end()) fraction = f->second;
     if (history_on_.load() || !trackers_.empty()) {
       Trace(TraceEntry::OOM, device, free_bytes, nbytes, stream, nullptr);
     }
   }
-  for (const auto& o : observers) o(device, static_cast<size_t>(allocated), total, free_bytes);
+  // PyTorch's observers get (device, the size asked for, the memory allowed
+  // (the fraction's share of the device, or its total), the device's free
+  // memory), as its own allocator calls them; outside mu_ (they take the GIL).
+  const size_t allowed =
+      fraction >= 0.0 ? static_cast<size_t>(fraction * static_cast<double>(total)) : total;
+  for (const auto& o : observers) o(device, nbytes, allowed, free_bytes);
   c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(nbytes), allocated, reserved,
                                    c10::Device(c10::DeviceType::CUDA, device));
+  char allowed_msg[64] = "";  // PyTorch's "X GiB allowed; " when a fraction is set
+  if (fraction >= 0.0) {
+    std::snprintf(allowed_msg, sizeof(allowed_msg), "%.2f GiB allowed; ", allowed / kGiB);
+  }
   char msg[640];
   std::snprintf(msg, sizeof(msg),
                 "CUDA out of memory. Tried to allocate %.2f GiB. GPU %d has a total capacity of "
-                "%.2f GiB of which %.2f GiB is free. Of the allocated memory %.2f GiB is "
+                "%.2f GiB of which %.2f GiB is free. %sOf the allocated memory %.2f GiB is "
                 "allocated by caching_managed_allocator, and %.2f GiB is reserved by it but "
                 "unallocated. ",
                 nbytes / kGiB, static_cast<int>(device), total / kGiB, free_bytes / kGiB,
-                allocated / kGiB, (reserved - allocated) / kGiB);
+                allowed_msg, allocated / kGiB, (reserved - allocated) / kGiB);
   TORCH_CHECK_WITH(OutOfMemoryError, false, std::string(msg), "(caching_managed_allocator: ",
                    why, ")");
 }
 
 cca::SnapshotInfo CmaCudaAllocator::snapshot(Pool pool, bool include_traces) {
+  // PyTorch's readers (memory_snapshot.cpp, Module.cpp's memorySnapshot,
+  // cudagraph_trees' get_block_addrs/check_memory_pool) derive each block's
+  // address from its segment's address plus the sizes of the blocks before
+  // it, and take a segment's owner from segment_pool_id. A cma segment (an
+  // arena above all) holds blocks of several pools side by side, so each run
+  // of consecutive blocks of one pool is reported as a segment of its own,
+  // and a pool's view starts a new segment after every block it leaves out.
   struct Ctx {
     CmaCudaAllocator* self;
     Pool pool;
     cca::SnapshotInfo info;
     std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts;
-  } ctx{this, pool, {}, {}};
+    cma_segment_info current;  // the cma segment whose blocks are being visited
+    bool open;                 // info.segments.back() continues with the next block
+  } ctx{this, pool, {}, {}, {}, false};
   {
     std::lock_guard<std::mutex> l(mu_);
     for (const auto& [p, live] : live_) ctx.contexts.emplace(p, live.context);
   }
   auto on_segment = [](void* c, const cma_segment_info* s) {
     auto* x = static_cast<Ctx*>(c);
-    c10::CachingDeviceAllocator::SegmentInfo seg;
-    seg.device = static_cast<c10::DeviceIndex>(s->device);
-    seg.address = s->address;
-    seg.is_large = s->is_large != 0;
-    seg.is_expandable = s->is_arena != 0;
-    x->info.segments.push_back(std::move(seg));
+    x->current = *s;
+    x->open = false;
   };
   auto on_block = [](void* c, const cma_block_info* b) {
     auto* x = static_cast<Ctx*>(c);
+    const Pool owner{b->pool0, b->pool1};
     const bool filtered = x->pool.first != 0 || x->pool.second != 0;
-    if (filtered && (b->pool0 != x->pool.first || b->pool1 != x->pool.second)) return;
+    if (filtered && owner != x->pool) {
+      x->open = false;  // the next block kept is not adjacent to the last one
+      return;
+    }
+    if (!x->open || x->info.segments.back().owner_private_pool_id != owner) {
+      c10::CachingDeviceAllocator::SegmentInfo seg;
+      seg.device = static_cast<c10::DeviceIndex>(x->current.device);
+      seg.address = b->address;
+      seg.is_large = x->current.is_large != 0;
+      seg.is_expandable = x->current.is_arena != 0;
+      seg.stream = b->stream;
+      seg.owner_private_pool_id = owner;
+      x->info.segments.push_back(std::move(seg));
+      x->open = true;
+    }
     auto& seg = x->info.segments.back();
     c10::CachingDeviceAllocator::BlockInfo info;
     info.size = b->size;
@@ -675,10 +715,6 @@ cca::SnapshotInfo CmaCudaAllocator::snapshot(Pool pool, bool include_traces) {
     info.active = b->active != 0;
     auto it = x->contexts.find(reinterpret_cast<void*>(b->address));
     if (info.allocated && it != x->contexts.end()) info.context_when_allocated = it->second;
-    if (seg.blocks.empty()) {
-      seg.stream = b->stream;
-      seg.owner_private_pool_id = Pool{b->pool0, b->pool1};
-    }
     seg.total_size += b->size;
     if (info.allocated) {
       seg.allocated_size += b->size;
@@ -688,19 +724,13 @@ cca::SnapshotInfo CmaCudaAllocator::snapshot(Pool pool, bool include_traces) {
     seg.blocks.push_back(std::move(info));
   };
   if (api.snapshot_visit(on_segment, on_block, &ctx) != 0) Fail("snapshot");
-  // A pool's view keeps only the segments holding its blocks.
-  std::vector<c10::CachingDeviceAllocator::SegmentInfo> kept;
-  for (auto& s : ctx.info.segments) {
-    if (!s.blocks.empty()) kept.push_back(std::move(s));
-  }
-  ctx.info.segments = std::move(kept);
 
   ctx.info.config_metadata.garbage_collection_threshold = 0;
   ctx.info.config_metadata.max_split_size = SIZE_MAX;
   ctx.info.config_metadata.expandable_segments = false;
   ctx.info.config_metadata.last_allocator_settings = "caching_managed_allocator";
   if (include_traces) {
-    const int devices = std::max(device_count_, 1);
+    const int devices = std::max(device_count_.load(), 1);
     ctx.info.device_traces.resize(devices);
     auto to_us = clock_.makeConverter();
     std::lock_guard<std::mutex> l(mu_);
