@@ -3,8 +3,8 @@
 Contract: writes one platform wheel, tag py3-none-linux_x86_64, holding
   cma/*.py                      the Python package (pure ctypes, no CPython
                                 extension: any Python 3 of the platform loads it)
-  cma/*.cc                      C++ sources compiled on the user's machine on first
-                                use (torch_allocator.cc, against the installed torch)
+  cma/*.cc, cma/*.h             C++ sources compiled on the user's machine on first
+                                use (torch_allocator*, against the installed torch)
   cma/libcma.so                 the C ABI
   cma/lib*.so.N                 every shared library `ldd libcma.so` resolves
                                 whose name starts with one of --bundle's
@@ -118,7 +118,7 @@ def main():
                     help="comma-separated soname prefixes of the libraries to ship")
     ap.add_argument("--max_glibc", default="2.36")
     ap.add_argument("--max_glibcxx", default="3.4.30")
-    ap.add_argument("sources", nargs="+", help="the package's .py and .cc files (cma/...)")
+    ap.add_argument("sources", nargs="+", help="the package's .py, .cc and .h files (cma/...)")
     a = ap.parse_args()
 
     expected = f"{a.dist}-{a.version}-{a.tag}.whl"
@@ -128,7 +128,7 @@ def main():
     caps = {"GLIBC": a.max_glibc, "GLIBCXX": a.max_glibcxx}
     files = {}
     for src in a.sources:
-        if os.path.basename(os.path.dirname(src)) != "cma" or not src.endswith((".py", ".cc")):
+        if os.path.basename(os.path.dirname(src)) != "cma" or not src.endswith((".py", ".cc", ".h")):
             sys.exit(f"build_wheel: {src} is not a module of the cma package")
         with open(src, "rb") as f:
             files["cma/" + os.path.basename(src)] = (f.read(), 0o644)

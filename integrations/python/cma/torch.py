@@ -1,7 +1,7 @@
 """PyTorch's CUDA allocator, served by caching_managed_allocator.
 
 use_as_default() makes cma PyTorch's CUDA allocator for the whole process:
-a C++ subclass of c10's CUDAAllocator (cma/torch_allocator.cc, compiled
+a C++ subclass of c10's CUDAAllocator (cma/torch_allocator.h, compiled
 against the installed torch on first use), installed before CUDA
 initialises. PyTorch's own tools then reach cma unpatched:
 torch.cuda.memory_stats/memory_summary/_snapshot/_record_memory_history,

@@ -1,4 +1,4 @@
-"""Builds and installs cma as PyTorch's CUDA allocator (torch_allocator.cc).
+"""Builds and installs cma as PyTorch's CUDA allocator (torch_allocator.h).
 
 The allocator is a C++ subclass of PyTorch's c10 CUDAAllocator, so it needs
 PyTorch's headers and C++ ABI: it is compiled against the installed torch on
@@ -32,7 +32,8 @@ def build():
         try:
             _module = cpp_extension.load(
                 name="cma_torch_allocator",
-                sources=[os.path.join(_HERE, "torch_allocator.cc")],
+                sources=[os.path.join(_HERE, "torch_allocator.cc"),
+                         os.path.join(_HERE, "torch_allocator_history.cc")],
                 extra_include_paths=[_header_dir()],
                 extra_cflags=["-O2"], with_cuda=True, verbose=False)
         except Exception as e:  # noqa: BLE001 - re-raised with what is missing
