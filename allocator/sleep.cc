@@ -269,7 +269,9 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
       staging_.AppendCopies(st->second.offset, st->second.pages.ptr, st->second.pages.bytes,
                             /*to_staging=*/false, &copies);
       restored += st->second.pages.bytes;
-    } else if (b->disposable || b->pages_discarded) {
+    } else if (b->disposable) {
+      // (A block a level-2 Sleep discarded migrates: a prefetch populates
+      // pages that hold nothing, and keeps what a Move since put there.)
       SplitAtPages(r, &repopulate, &migrate);
     } else {
       migrate.push_back(r);
