@@ -197,6 +197,14 @@ absl::StatusOr<int> CachingManagedAllocator::DeviceOf(void* ptr) {
       absl::StrFormat("cma: %p is not an allocation of this allocator", ptr));
 }
 
+absl::StatusOr<std::size_t> CachingManagedAllocator::RequestedSize(void* ptr) {
+  for (auto& d : devices_) {
+    if (auto l = d->Lookup(ptr); l.ok()) return l->first;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("cma: %p is not an allocation of this allocator", ptr));
+}
+
 absl::Status CachingManagedAllocator::RefuseWhileAnyPoolContext(const char* what) {
   // Checked on every device first, so that a refusal changes nothing.
   for (auto& d : devices_) {

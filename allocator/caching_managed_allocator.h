@@ -151,6 +151,9 @@ class CachingManagedAllocator {
 
   // The device that owns `ptr` (a pointer returned by Allocate and not freed).
   absl::StatusOr<int> DeviceOf(void* ptr);
+  // The bytes requested for the allocation at `ptr` (a zero-copy .to()
+  // checks that a tensor's storage is the whole allocation).
+  absl::StatusOr<std::size_t> RequestedSize(void* ptr);
 
   int device_count() const { return static_cast<int>(devices_.size()); }
   const AllocatorConfig& config() const { return config_; }

@@ -349,6 +349,17 @@ int cma_device_of(void* ptr) {
   return d.ok() ? *d : Fail(d.status());
 }
 
+size_t cma_allocation_size(void* ptr) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return 0;
+  absl::StatusOr<std::size_t> n = a->RequestedSize(ptr);
+  if (!n.ok()) {
+    Fail(n.status());
+    return 0;
+  }
+  return *n;
+}
+
 int cma_set_memory_fraction(double fraction, int device) {
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return -1;

@@ -91,6 +91,9 @@ int cma_pool_check_live(int device, unsigned long long id0, unsigned long long i
 int cma_reset_peak_stats(int device);
 /* The allocation's owning device, or -1 (with cma_last_error) if none. */
 int cma_device_of(void* ptr);
+/* The bytes requested for the allocation that starts at `ptr`; 0 (and
+ * cma_last_error) when `ptr` does not start one. */
+size_t cma_allocation_size(void* ptr);
 /* Caps a device's managed memory at `fraction` of its total memory. */
 int cma_set_memory_fraction(double fraction, int device);
 

@@ -26,6 +26,8 @@ TEST_F(CApiTest, MallocFreeAndStats) {
   EXPECT_EQ(stats["requested_bytes.all.current"], 1000);
   EXPECT_EQ(stats["num_ooms"], 0);
   EXPECT_EQ(cma_device_of(p), 0);
+  EXPECT_EQ(cma_allocation_size(p), 1000u);
+  EXPECT_EQ(cma_allocation_size(static_cast<char*>(p) + 8), 0u);
   EXPECT_EQ(cma_free(p), 0);
   EXPECT_EQ(Json(cma_stats_json(-1))["allocation.all.current"], 0);
   EXPECT_STREQ(cma_backend_name(), "host");
