@@ -10,7 +10,8 @@ Inside the mode, Tensor.to(device), .cpu() and .cuda() of a tensor that owns
 a whole cma allocation return an alias: a tensor on the target device over
 the same memory (same data_ptr()), whose pages a prefetch (cma's move) puts
 there. "Owns a whole allocation": the tensor's storage starts a cma
-allocation and has exactly the bytes requested for it, and the tensor views
+allocation and has the bytes requested for it (less under 512 bytes of
+rounding), and the tensor views
 all of it, contiguously, from offset 0 (every parameter and buffer of a
 model allocated under cma.torch.use_as_default(), and every alias this mode
 returned). Everything else falls back to PyTorch's own copy, unchanged: a
@@ -143,7 +144,10 @@ def _zero_copy(func, args, kwargs):
     ptr, nbytes = storage.data_ptr(), storage.nbytes()
     if nbytes == 0 or t.numel() * t.element_size() != nbytes:
         return None
-    if _lib.allocation_size(ptr) != nbytes:  # not a cma allocation, or not all of one
+    # Not a cma allocation, or not all of one (a framework may round the
+    # request up a little; more than that means other tensors share it).
+    size = _lib.allocation_size(ptr)
+    if size is None or not nbytes <= size < nbytes + 512:
         return None
     root = _root_of(storage, ptr)
     cuda_dev = device if device.type == "cuda" else t.device
