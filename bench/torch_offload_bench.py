@@ -30,7 +30,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "py"))
 
-LAYERS, WIDTH, STEPS = 16, 2048, 4
+LAYERS, WIDTH, STEPS = 12, 2048, 4
 
 
 def build(torch):

@@ -304,7 +304,7 @@ class CudaBackend final : public Backend {
     if (p != MAP_FAILED) {
       (void)madvise(p, len, MADV_HUGEPAGE);
       const unsigned threads =
-          static_cast<unsigned>(std::clamp<std::size_t>(len / (64 << 20), 1, 16));
+          static_cast<unsigned>(std::clamp<std::size_t>(len / (16 << 20), 1, 16));
       std::vector<std::thread> touch;
       const std::size_t part = (len / threads + kHuge - 1) / kHuge * kHuge;
       for (unsigned t = 0; t < threads; ++t) {

@@ -59,15 +59,18 @@ ref = m(x).detach().clone()
 params = list(m.parameters())
 ptrs = [p.data_ptr() for p in params]
 with cmat.zero_copy() as mode:
+    m.to("cpu")
+    m.to("cuda")
+    roots = len(torch_zero_copy._roots)
     for _ in range(200):  # no chain of owners builds up
         m.to("cpu")
         m.to("cuda")
+    out["roots_bounded"] = len(torch_zero_copy._roots) == roots
     out["module_same_params"] = all(a is b for a, b in zip(params, m.parameters()))
     out["module_same_pointers"] = [p.data_ptr() for p in m.parameters()] == ptrs
     out["module_requires_grad"] = all(p.requires_grad for p in m.parameters())
     out["module_output_identical"] = bool(torch.equal(m(x), ref))
     out["module_all_aliased"] = mode.copied == 0
-out["roots_bounded"] = len(torch_zero_copy._roots) <= len(ptrs)
 
 # Lifetime: the memory goes when the source and every alias have gone.
 before = cma.stats(0)["allocation.all.current"]
