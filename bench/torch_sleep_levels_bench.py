@@ -119,11 +119,13 @@ def role_cma(out):
     def cycle(level, label, check_other=False):
         nonlocal step
         torch.cuda.synchronize()
+        staged_before = cmat.memory_stats(0)["sleep_staged_bytes"]
         t0 = time.perf_counter()
         slept = cmat.sleep(level=level)
         ts = time.perf_counter() - t0
         rec = {"label": label, "level": level, "slept_bytes": slept, "sleep_s": ts,
                "sleep_GBps": sbytes / ts / 1e9,
+               "staged_bytes": cmat.memory_stats(0)["sleep_staged_bytes"] - staged_before,
                "host_staging_bytes": cmat.memory_stats(0)["host_staging_bytes.all.current"]}
         if check_other:
             free = torch.cuda.mem_get_info()[0]
