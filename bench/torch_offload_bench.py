@@ -118,6 +118,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default="")
     ap.add_argument("--role", default="")
+    ap.add_argument("--timeout", type=int, default=240)
     a = ap.parse_args()
     if a.role:
         try:
@@ -129,12 +130,17 @@ def main():
         return
     res = {}
     for r in ("copy", "zero"):
-        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--role", r],
-                           capture_output=True, text=True, timeout=240)
         try:
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--role", r],
+                               capture_output=True, text=True, timeout=a.timeout)
             res[r] = json.loads(p.stdout.strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):
             res[r] = {"error": p.stderr[-3000:], "rc": p.returncode}
+        except subprocess.TimeoutExpired:
+            res[r] = {"error": "timed out after %d s" % a.timeout}
+        if a.json:  # what is measured so far
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=1)
     if "logits_sum" in res.get("copy", {}) and "logits_sum" in res.get("zero", {}):
         res["same_logits"] = (res["copy"]["logits_sum"] == res["zero"]["logits_sum"] and
                               res["copy"]["logits_head"] == res["zero"]["logits_head"])

@@ -242,8 +242,11 @@ def role_vllm(out):
 
 
 def run_role(role, timeout):
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--role", role],
-                       capture_output=True, text=True, timeout=timeout)
+    try:
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--role", role],
+                           capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": "timed out after %d s" % timeout}
     try:
         return json.loads(p.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
@@ -265,7 +268,12 @@ def main():
             out["error"] = traceback.format_exc()[-3000:]
         print(json.dumps(out))
         return
-    res = {"cma": run_role("cma", a.timeout), "vllm": run_role("vllm", a.timeout)}
+    res = {}
+    for role in ("cma", "vllm"):
+        res[role] = run_role(role, a.timeout)
+        if a.json:  # what is measured so far
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=1)
     print(json.dumps(res, indent=1))
     if a.json:
         with open(a.json, "w") as f:
