@@ -42,10 +42,6 @@ DeviceAllocator::~DeviceAllocator() {
     (void)backend_->SynchronizeStream(sleep_wake_stream_);
     (void)staging_.Release(*backend_);
   }
-  if (has_side_stream_) {
-    (void)backend_->SynchronizeStream(side_stream_);
-    (void)backend_->DestroyStream(side_stream_);
-  }
   for (auto& [base, seg] : segments_) {
     (void)backend_->FreeManaged(seg->ptr_base());
     for (Block* b = seg->first; b != nullptr;) {

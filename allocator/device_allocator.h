@@ -299,11 +299,6 @@ class DeviceAllocator {
                              bool contents_dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The block at `addr` no longer has contents in the staging area.
   void Unstage(std::uintptr_t addr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A stream of this allocator's own on which Sleep and Wake run their
-  // migrations, discards and populations beside the copies on the caller's
-  // stream, ordered after everything queued on `stream` so far. `stream`
-  // itself where none can be made or ordered (all runs there, in order).
-  Stream SideOf(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sleep's plan for the kept, staged whole pages `whole` of blocks `owners`:
   // copies into staging as chunks become available (growing the area while
   // the copy engine works on the chunks before); those that do not fit the
@@ -353,9 +348,6 @@ class DeviceAllocator {
   // repopulation, a Wake after the Sleep), and so are the free or Move of a
   // block whose pages a Sleep discarded.
   Stream sleep_wake_stream_ ABSL_GUARDED_BY(mu_) = kDefaultStream;
-  // SideOf's stream, made on first use and destroyed with the allocator.
-  bool has_side_stream_ ABSL_GUARDED_BY(mu_) = false;
-  Stream side_stream_ ABSL_GUARDED_BY(mu_) = kDefaultStream;
   // Allocations whose whole pages a Sleep copied into staging_ and
   // discarded, by block address: where in staging_ and which range.
   struct Staged {

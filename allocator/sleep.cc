@@ -18,9 +18,6 @@ namespace {
 // copies queued) before the next is pinned: a first Sleep's copies overlap
 // the pinning of the rest.
 constexpr std::size_t kStagingChunk = std::size_t{256} << 20;
-// Wake populates and copies back in groups of about this much, so that the
-// populations of one overlap the copies of the one before.
-constexpr std::size_t kWakeGroup = std::size_t{512} << 20;
 
 std::size_t TotalBytes(absl::Span<const Range> ranges) {
   std::size_t n = 0;
@@ -36,16 +33,6 @@ absl::Status DeviceAllocator::SetKeep(void* ptr, bool keep) {
   if (it == allocated_.end()) return NotMine();
   it->second->keep = keep;
   return absl::OkStatus();
-}
-
-Stream DeviceAllocator::SideOf(Stream stream) {
-  if (!has_side_stream_) {
-    absl::StatusOr<Stream> s = backend_->CreateStream(device_);
-    if (!s.ok()) return stream;
-    side_stream_ = *s;
-    has_side_stream_ = true;
-  }
-  return OrderAfter(side_stream_, stream).ok() ? side_stream_ : stream;
 }
 
 void DeviceAllocator::Unstage(std::uintptr_t addr) {
@@ -184,34 +171,18 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
     SplitAtPages(r, &stage, &migrate);
     if (stage.size() > n) stage_owners.push_back(b);
   }
-  // The migrations (host page population is their limit) and the discards
-  // of what is not kept run on a side stream, beside the copies: no range
-  // of one is in the other (whole pages inside a block are that block's).
-  const Stream side = (migrate.empty() && drop.empty()) || stage.empty() ? stream : SideOf(stream);
-  absl::Status s = Execute(PlacementAction::kPrefetch, migrate, Location::Host(), side);
-  if (s.ok() && !drop.empty()) {
-    s = backend_->DiscardBatch(drop, side);
-    if (s.ok()) {
-      ++stats_.discard_calls;
-      stats_.discarded_bytes += static_cast<std::int64_t>(TotalBytes(drop));
-    }
-  }
-  std::vector<Range> late;  // staging full or failing: these migrate too
-  const std::vector<Range> staged =
-      s.ok() ? StageOut(stage, stage_owners, stream, &late) : std::vector<Range>();
-  if (s.ok()) s = Execute(PlacementAction::kPrefetch, late, Location::Host(), stream);
-  if (s.ok() && !staged.empty()) {
+  const std::vector<Range> staged = StageOut(stage, stage_owners, stream, &migrate);
+  absl::Status s = Execute(PlacementAction::kPrefetch, migrate, Location::Host(), stream);
+  std::vector<Range> discard = drop;
+  discard.insert(discard.end(), staged.begin(), staged.end());
+  if (s.ok() && !discard.empty()) {
     // After the copies out, in stream order: the pages' contents are in
     // the staging by the time they go.
-    s = backend_->DiscardBatch(staged, stream);
+    s = backend_->DiscardBatch(discard, stream);
     if (s.ok()) {
       ++stats_.discard_calls;
-      stats_.discarded_bytes += static_cast<std::int64_t>(TotalBytes(staged));
+      stats_.discarded_bytes += static_cast<std::int64_t>(TotalBytes(discard));
     }
-  }
-  // The sleep is done on `stream` when the side stream's part is too.
-  if (side != stream) {
-    if (absl::Status w = OrderAfter(stream, side); s.ok() && !w.ok()) s = w;
   }
   if (!s.ok()) {
     // Staged contents stay restorable (their pages were not discarded, and
@@ -282,37 +253,21 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
   }
   const Location here = Location::Device(device_);
   std::vector<Range> migrate, repopulate;
-  // Staged blocks' pages and their copies back, in groups: the populations
-  // of one group run (on the side stream) while the copies of the group
-  // before it run here.
-  struct Group {
-    std::vector<Range> pages;
-    std::vector<Copy> copies;
-    std::size_t bytes = 0;
-  };
-  std::vector<Group> groups;
+  std::vector<Copy> copies;
   std::size_t bytes = 0, restored = 0;
-  std::vector<Block*> blocks;
-  for (auto& [addr, b] : allocated_) blocks.push_back(b);
-  std::sort(blocks.begin(), blocks.end(), [](const Block* a, const Block* b) {
-    return a->addr < b->addr;
-  });
-  for (Block* b : blocks) {
+  for (auto& [addr, b] : allocated_) {
     if (b->placed && b->location == here) continue;
     bytes += b->size;
     const Range r{b->ptr(), b->size};
-    auto st = staged_.find(b->addr);
+    auto st = staged_.find(addr);
     if (st != staged_.end()) {
       // Its whole pages are populated here and copied back into; the
       // partial ones at its ends migrate with the rest.
       std::vector<Range> whole;
       SplitAtPages(r, &whole, &migrate);
-      if (groups.empty() || groups.back().bytes >= kWakeGroup) groups.emplace_back();
-      Group& g = groups.back();
-      g.pages.push_back(st->second.pages);
+      repopulate.push_back(st->second.pages);
       staging_.AppendCopies(st->second.offset, st->second.pages.ptr, st->second.pages.bytes,
-                            /*to_staging=*/false, &g.copies);
-      g.bytes += st->second.pages.bytes;
+                            /*to_staging=*/false, &copies);
       restored += st->second.pages.bytes;
     } else if (b->disposable) {
       // (A block a level-2 Sleep discarded migrates: a prefetch populates
@@ -335,17 +290,10 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
                                                  "that owns an allocation: ", w.message()));
     }
   }
-  const Stream side = groups.empty() ? stream : SideOf(stream);
-  absl::Status s;
-  for (const Group& g : groups) {
-    if (s.ok()) s = Execute(PlacementAction::kDiscardAndPrefetch, g.pages, here, side);
-    // The copies back follow the population of their pages.
-    if (s.ok() && side != stream) s = OrderAfter(stream, side);
-    if (s.ok()) s = backend_->CopyBatch(g.copies, stream);
-  }
-  if (s.ok()) s = Execute(PlacementAction::kPrefetch, migrate, here, side);
-  if (s.ok()) s = Execute(PlacementAction::kDiscardAndPrefetch, repopulate, here, side);
-  if (s.ok() && side != stream) s = OrderAfter(stream, side);
+  absl::Status s = Execute(PlacementAction::kPrefetch, migrate, here, stream);
+  if (s.ok()) s = Execute(PlacementAction::kDiscardAndPrefetch, repopulate, here, stream);
+  // The copies back follow the population of their pages in stream order.
+  if (s.ok() && !copies.empty()) s = backend_->CopyBatch(copies, stream);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("cma: wake failed: ", s.message()));
   stats_.sleep_restored_bytes += static_cast<std::int64_t>(restored);
   staged_.clear();

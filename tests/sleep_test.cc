@@ -95,30 +95,15 @@ TEST_F(SleepTest, LevelOneStagesKeptPagesDiscardsDisposableAndKeepsTheStaging) {
   EXPECT_LE(DevicePopulated(), 4 * kMiB);
   EXPECT_EQ(backend_->PageLocation(weights), kPageUnpopulated);
   EXPECT_TRUE(Zeros(weights, 8 * kMiB));  // really gone from the pages
-  // The copies, then the discard of the pages they copied, in the sleep's
-  // stream order; the migrations and kv's discard ran on the allocator's
-  // side stream, ordered after the sleep's stream and before its end.
-  std::uint64_t last_copy = 0, weights_discard = 0;
-  Stream side = s1_;
-  for (const PlacementRecord& r : backend_->Records()) {
-    if (r.op == Op::kCopy) {
-      EXPECT_EQ(r.stream, s1_);
-      last_copy = std::max(last_copy, r.seq);
-    }
-    if (r.op == Op::kDiscard && r.ptr == weights) {
-      EXPECT_EQ(r.stream, s1_);
-      weights_discard = r.seq;
-    }
-    if (r.op == Op::kDiscard && r.ptr != weights) side = r.stream;
+  // Copies before discards, in the sleep's stream order.
+  auto records = backend_->Records();
+  std::uint64_t last_copy = 0, first_discard = ~0ull;
+  for (const PlacementRecord& r : records) {
+    EXPECT_EQ(r.stream, s1_);
+    if (r.op == Op::kCopy) last_copy = std::max(last_copy, r.seq);
+    if (r.op == Op::kDiscard) first_discard = std::min(first_discard, r.seq);
   }
-  EXPECT_LT(last_copy, weights_discard);
-  EXPECT_NE(side, s1_);
-  bool side_after = false, sleep_after_side = false;
-  for (const StreamWaitRecord& w : backend_->Waits()) {
-    side_after = side_after || (w.stream == side && w.on == s1_);
-    sleep_after_side = sleep_after_side || (w.stream == s1_ && w.on == side);
-  }
-  EXPECT_TRUE(side_after && sleep_after_side);
+  EXPECT_LT(last_copy, first_discard);
   backend_->ClearRecords();
   ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
   EXPECT_TRUE(Intact(weights, 8 * kMiB, 1));  // bit for bit, same address
