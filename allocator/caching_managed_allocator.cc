@@ -37,6 +37,24 @@ absl::StatusOr<std::unique_ptr<CachingManagedAllocator>> CachingManagedAllocator
           "CMA_ALLOC_CONF: accessed_by names device %d but the backend has %d", d, *count));
     }
   }
+  // Policies that leave a page's first placement to the GPU's first touch
+  // need managed memory to migrate on page faults; without it (ROCm without
+  // XNACK) the GPU would read such pages remotely for as long as they live.
+  if (config.prefetch != PrefetchPolicy::kOnAlloc) {
+    for (int d = 0; d < *count; ++d) {
+      absl::StatusOr<DeviceFacts> facts = backend.GetDeviceFacts(d);
+      if (!facts.ok()) return facts.status();
+      if (!facts->page_fault_migration) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "cma: prefetch:%s leaves pages to move on the GPU's first touch, but device %d of "
+            "the %s backend does not migrate managed memory on page faults (%s); use "
+            "prefetch:on_alloc",
+            config.prefetch == PrefetchPolicy::kNone ? "none" : "on_move", d, backend.name(),
+            facts->managed_memory_note.empty() ? "the backend says so"
+                                               : facts->managed_memory_note));
+      }
+    }
+  }
   std::unique_ptr<CachingManagedAllocator> a(new CachingManagedAllocator(backend, std::move(config)));
   for (int d = 0; d < *count; ++d) {
     absl::StatusOr<MemInfo> mem = backend.GetMemInfo(d);
@@ -263,6 +281,32 @@ absl::StatusOr<bool> CachingManagedAllocator::CheckPoolLiveAllocations(
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();
   return (*d)->CheckPoolLiveAllocations(id, expected);
+}
+
+absl::StatusOr<int> CachingManagedAllocator::GetPoolUseCount(int device, MemPoolId id) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->GetPoolUseCount(id);
+}
+
+absl::Status CachingManagedAllocator::EmptyPoolCache(int device, MemPoolId id) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->EmptyPoolCache(id);
+}
+
+absl::StatusOr<PoolCheckpoint> CachingManagedAllocator::TakePoolCheckpoint(int device,
+                                                                          MemPoolId id) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->TakePoolCheckpoint(id);
+}
+
+absl::StatusOr<PoolRestoreResult> CachingManagedAllocator::RestorePoolCheckpoint(
+    const PoolCheckpoint& checkpoint) {
+  absl::StatusOr<DeviceAllocator*> d = Device(checkpoint.device);
+  if (!d.ok()) return d.status();
+  return (*d)->RestorePoolCheckpoint(checkpoint);
 }
 
 absl::Status CachingManagedAllocator::ForgetStream(Stream stream) {

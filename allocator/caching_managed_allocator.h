@@ -148,6 +148,42 @@ class CachingManagedAllocator {
   // checkPoolLiveAllocations, used by torch.compile's cudagraph trees).
   absl::StatusOr<bool> CheckPoolLiveAllocations(int device, MemPoolId id,
                                                 absl::Span<void* const> expected);
+  // References on the pool: MemPool objects (CreateOrIncrefPool) and
+  // contexts (BeginAllocateToPool) not yet given back by ReleasePool
+  // (PyTorch's getPoolUseCount). kInvalidArgument for an unknown pool (one
+  // never made, or one released and emptied, which has dissolved).
+  absl::StatusOr<int> GetPoolUseCount(int device, MemPoolId id);
+  // PyTorch's emptyCache(mempool_id): once a pool holds no reference (it is
+  // released but some of its allocations live), its idle memory goes back
+  // as EmptyCache gives back the shared cache's: classic segments wholly
+  // free (in this pool, or in it and the shared cache) are freed, and in
+  // arenas the idle pages inside its free blocks are discarded. A pool with
+  // references keeps everything (a CUDA graph may replay into its free
+  // blocks) and an unknown pool (dissolved: its blocks are already the
+  // shared cache's) has nothing; both return OK, as PyTorch does.
+  // kFailedPrecondition while a pool context of the device is open.
+  absl::Status EmptyPoolCache(int device, MemPoolId id);
+  // The pool's live allocations, for RestorePoolCheckpoint. Refused
+  // (kFailedPrecondition) for a pool that holds no reference, as PyTorch
+  // refuses to checkpoint a freeable pool; kInvalidArgument for an unknown
+  // pool or a bad device.
+  absl::StatusOr<PoolCheckpoint> TakePoolCheckpoint(int device, MemPoolId id);
+  // Makes the pool's live allocations exactly the checkpoint's (PyTorch's
+  // setCheckpointPoolState): frees those live now and not in the
+  // checkpoint, and re-creates each allocation of the checkpoint at its
+  // address, size, requested size and stream, carved out of the pool's free
+  // blocks (merged across streams, each later use ordered after the
+  // streams that freed them). One live now with the checkpoint's address
+  // and size stays in place (it takes the checkpoint's requested size and
+  // stream). No data moves and no placement is made: the memory holds
+  // what the graph replays left there. Plans first, then applies: if any
+  // range is not wholly free in the pool (or held by a live allocation of
+  // the pool that is used by another stream through RecordStream or is
+  // asleep), the pool holds no reference, a context of the device is open,
+  // a stream is invalid or new pages would exceed the budget, it returns an
+  // error (kFailedPrecondition, kInvalidArgument, kResourceExhausted) and
+  // changes nothing.
+  absl::StatusOr<PoolRestoreResult> RestorePoolCheckpoint(const PoolCheckpoint& checkpoint);
 
   // The device that owns `ptr` (a pointer returned by Allocate and not freed).
   absl::StatusOr<int> DeviceOf(void* ptr);
@@ -165,6 +201,10 @@ class CachingManagedAllocator {
   // memory (PyTorch's set_per_process_memory_fraction).
   absl::Status SetMemoryFraction(double fraction, int device);
   absl::Status ResetPeakStats(int device);
+  // Zeroes each statistic's allocated and freed totals and the counters
+  // (num_alloc_retries, num_ooms, num_sync_all_streams, num_device_alloc,
+  // num_device_free and cma's own event counters), as PyTorch's
+  // resetAccumulatedStats; current and peak values stay.
   absl::Status ResetAccumulatedStats(int device);
   std::vector<SegmentSnapshot> Snapshot();
   // The invariant checker (see DeviceAllocator::CheckInvariants) on every device.

@@ -338,7 +338,6 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   auto it = allocated_.find(addr);
   if (ABSL_PREDICT_FALSE(it == allocated_.end())) return DiagnoseBadFree(ptr);
   Block* b = it->second;
-  const PoolKind size_class = b->size_class;
 
   // Work queued on other streams may still use the block: record an event on
   // each and keep the block out of the pools until they complete. If an event
@@ -384,11 +383,7 @@ absl::Status DeviceAllocator::Free(void* ptr) {
     ApplyAdvice(WithdrawHintAdvice(*b->hints), b->ptr(), b->size);
     b->hints.reset();
   }
-  UpdateStat(stats_.allocation, size_class, -1);
-  UpdateStat(stats_.allocated_bytes, size_class, -static_cast<std::int64_t>(b->size));
-  UpdateStat(stats_.requested_bytes, size_class, -static_cast<std::int64_t>(b->requested));
-  b->allocated = false;
-  b->requested = 0;
+  CountFreed(b);
   if (defer) {
     b->pending_events = 1;
     deferred_.push_back(b);
@@ -412,6 +407,14 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   }
   BoundUnmerged();
   return absl::OkStatus();
+}
+
+void DeviceAllocator::CountFreed(Block* b) {
+  UpdateStat(stats_.allocation, b->size_class, -1);
+  UpdateStat(stats_.allocated_bytes, b->size_class, -static_cast<std::int64_t>(b->size));
+  UpdateStat(stats_.requested_bytes, b->size_class, -static_cast<std::int64_t>(b->requested));
+  b->allocated = false;
+  b->requested = 0;
 }
 
 void DeviceAllocator::BecameFree(Block* b, bool keep_recent) {

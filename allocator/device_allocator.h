@@ -72,6 +72,12 @@ class DeviceAllocator {
   absl::Status ReleasePool(MemPoolId id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<bool> CheckPoolLiveAllocations(MemPoolId id, absl::Span<void* const> expected)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // pool_checkpoint.cc
+  absl::StatusOr<int> GetPoolUseCount(MemPoolId id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status EmptyPoolCache(MemPoolId id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<PoolCheckpoint> TakePoolCheckpoint(MemPoolId id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<PoolRestoreResult> RestorePoolCheckpoint(const PoolCheckpoint& checkpoint)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Zero-copy move of allocated blocks to `target`, ordered on `stream`
   // (placement.cc). One batch call for all of `ptrs`. kNotFound if a pointer
   // is not allocated here; nothing is moved then.
@@ -158,6 +164,30 @@ class DeviceAllocator {
   // Frees that needed events on other streams while quiet: recorded now.
   void RecordDeferredFrees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RefuseWhileQuiet(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ---- checkpoints of private pools (pool_checkpoint.cc) ----
+  // The index of a known pool that holds a reference, or why not.
+  absl::StatusOr<std::uint32_t> ReferencedPool(MemPoolId id, const char* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether every block over [addr, addr + size) is free in private pool
+  // `index` or in `freeing` (allocations the restore frees first); else why not.
+  absl::Status CheckCarvable(std::uint32_t index, std::uintptr_t addr, std::size_t size,
+                             const absl::flat_hash_set<const Block*>& freeing,
+                             absl::flat_hash_set<std::pair<const Segment*, std::size_t>>* fresh)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees an allocation for a restore: as Free, but it cannot fail (a stream
+  // that can be neither fenced nor waited for is counted, as in
+  // RecordDeferredFrees).
+  void FreeForRestore(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Splits free block b at `at` (inside it); both pieces stay free where b
+  // was. Returns the upper piece.
+  Block* SplitFree(Block* b, std::uintptr_t at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands out [a.ptr, a.ptr + a.size), planned by CheckCarvable and freed, as
+  // an allocation of private pool `index`.
+  void Carve(std::uint32_t index, const PoolAllocation& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The segment holding `addr`, or nullptr.
+  Segment* SegmentAt(std::uintptr_t addr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The statistics of an allocation that stops being one.
+  void CountFreed(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- lookups of free blocks in other streams (lookup.cc) ----
   // Whether the work queued on `s` so far has completed (with
@@ -223,7 +253,9 @@ class DeviceAllocator {
   // The idle pages wholly inside `b` leave the page map: discarded on b's
   // stream (discard_on_free), or only forgotten when a Sleep has discarded
   // them already (`already_discarded`).
-  void DiscardPagesInside(Block* b, bool already_discarded = false)
+  // A private pool's free blocks keep their pages unless `pool_too` (the
+  // pool holds no reference, so no graph replays into them).
+  void DiscardPagesInside(Block* b, bool already_discarded = false, bool pool_too = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Orders the work queued later on `waiter` after the work queued on `on`
   // so far: an event wait on the GPU, or a host sync if events fail.
@@ -268,7 +300,10 @@ class DeviceAllocator {
   // Classic segments and arenas alike: frees the fully-free ones (largest
   // first, `goal` bytes of address space; all when 0) after synchronising
   // their streams.
-  std::size_t ReleaseIdleSegments(std::size_t goal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With `mempool` (a pool with no reference), only segments that hold some
+  // of its free blocks and otherwise only the shared cache's.
+  std::size_t ReleaseIdleSegments(std::size_t goal, std::uint32_t mempool = 0)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string OomMessage(std::size_t bytes, const absl::Status& cause)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

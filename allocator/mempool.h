@@ -11,9 +11,11 @@
 #ifndef CMA_ALLOCATOR_MEMPOOL_H_
 #define CMA_ALLOCATOR_MEMPOOL_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <utility>
+#include <vector>
 
 #include "backends/backend.h"
 
@@ -25,6 +27,34 @@ using MemPoolId = std::pair<std::uint64_t, std::uint64_t>;
 // Whether an allocation on `stream` goes to the pool being allocated to.
 // Called under the allocator's lock: it must not call back into it.
 using StreamFilter = std::function<bool(Stream)>;
+
+// One allocation of a private pool: its address, its block's (rounded)
+// size, the size it was requested with, and its stream.
+struct PoolAllocation {
+  void* ptr = nullptr;
+  std::size_t size = 0;
+  std::size_t requested = 0;
+  Stream stream = kDefaultStream;
+};
+
+// A pool's live allocations at one moment (PyTorch's PrivatePoolState, which
+// torch.compile's cudagraph trees take after recording a graph and restore
+// before recording the next one from the same point of the tree).
+struct PoolCheckpoint {
+  int device = 0;
+  MemPoolId pool{0, 0};
+  std::vector<PoolAllocation> allocations;  // by address
+};
+
+// What a restore did. As in PyTorch, every allocation live in the pool
+// before is in `freed` (its owner must not free it), every allocation of
+// the checkpoint in `created` (its new owner frees it); those in both with
+// the same address and size never moved (`kept` lists their addresses).
+struct PoolRestoreResult {
+  std::vector<PoolAllocation> freed;
+  std::vector<PoolAllocation> created;
+  std::vector<void*> kept;
+};
 
 }  // namespace cma
 

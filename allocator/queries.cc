@@ -73,6 +73,10 @@ void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
       bs.requested = b->requested;
       bs.stream = b->stream;
       bs.location = b->placed ? LocationName(b->location) : "unplaced";
+      if (b->mempool != 0) {
+        auto pool = mempools_.find(b->mempool);
+        if (pool != mempools_.end()) bs.pool = pool->second.id;
+      }
       bs.state = b->allocated ? "active_allocated"
                               : (b->pending_events > 0 ? "active_pending_free" : "inactive");
       if (b->allocated) {

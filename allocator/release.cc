@@ -20,16 +20,17 @@ std::size_t DeviceAllocator::ReleaseCachedSegments(std::size_t goal) {
   return ReleaseIdleSegments(goal);
 }
 
-std::size_t DeviceAllocator::ReleaseIdleSegments(std::size_t goal) {
+std::size_t DeviceAllocator::ReleaseIdleSegments(std::size_t goal, std::uint32_t mempool) {
   std::vector<Segment*> idle;
   for (auto& [base, seg] : segments_) {
-    // Fully free, though possibly in pieces of different streams.
-    // and none of it a private pool's (a graph replays into those).
-    bool all_free = true;
+    // Fully free, though possibly in pieces of different streams, and none
+    // of it a private pool's (a graph replays into those) but `mempool`'s.
+    bool all_free = true, has_pool = mempool == 0;
     for (const Block* b = seg->first; b != nullptr && all_free; b = b->next) {
-      all_free = b->is_free() && b->mempool == 0;
+      all_free = b->is_free() && (b->mempool == 0 || b->mempool == mempool);
+      has_pool = has_pool || b->mempool == mempool;
     }
-    if (all_free) idle.push_back(seg);
+    if (all_free && has_pool) idle.push_back(seg);
   }
   std::sort(idle.begin(), idle.end(),
             [](const Segment* a, const Segment* b) { return a->size > b->size; });

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "allocator/mempool.h"
 #include "backends/backend.h"
 
 namespace cma {
@@ -20,6 +21,7 @@ struct BlockSnapshot {
   std::string state;
   Stream stream = kDefaultStream;
   std::string location;  // last placement: "device N", "host" or "unplaced"
+  MemPoolId pool{0, 0};  // the private pool it belongs to; {0, 0}: the shared cache
 };
 
 struct SegmentSnapshot {

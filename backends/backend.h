@@ -101,6 +101,15 @@ struct DeviceFacts {
   bool fabric_handles = false;
   bool multicast_supported = false;
   std::size_t vmm_granularity = 0;  // minimum; 0 when VMM is unsupported
+  // The vendor runtime in use, e.g. "CUDA runtime 13000, driver 13000" or
+  // "HIP 50221153 (/opt/rocm/lib/libamdhip64.so)"; for results and reports.
+  std::string runtime;
+  // HIP only: XNACK as the runtime reports it in effect ("on", "off", or
+  // "absent" when the target has no such feature); empty elsewhere.
+  std::string xnack;
+  // Why page_fault_migration is what it is, where the backend knows (HIP);
+  // allocator errors quote it when a policy needs migration on fault.
+  std::string managed_memory_note;
 };
 
 // Shareable VMM handle kinds.

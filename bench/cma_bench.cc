@@ -260,6 +260,10 @@ int Main() {
   out["device"] = facts->name;
   out["page_fault_migration"] = facts->page_fault_migration;
   out["concurrent_managed_access"] = facts->concurrent_managed_access;
+  out["pageable_memory_access"] = facts->pageable_memory_access;
+  out["runtime"] = facts->runtime;
+  if (!facts->xnack.empty()) out["xnack"] = facts->xnack;
+  if (!facts->managed_memory_note.empty()) out["managed_memory"] = facts->managed_memory_note;
   out["config"] = config;
   out["config_source"] = config_source;
   out["config_in_effect"] = parsed->ToString();
@@ -269,6 +273,10 @@ int Main() {
   out["date"] = date;
   std::cout << "backend " << (*backend)->name() << ", device " << device << ": " << facts->name
             << "\n";
+  std::cout << "runtime: " << facts->runtime << "\n";
+  if (!facts->managed_memory_note.empty()) {
+    std::cout << "managed memory: " << facts->managed_memory_note << "\n";
+  }
   std::cout << "config (" << config_source << "): "
             << (parsed->ToString().empty() ? "defaults" : parsed->ToString()) << "\n";
   absl::Status s;

@@ -87,9 +87,23 @@ def symmetric_markdown(results):
     return _table(["file", "measurement", "value"], rows)
 
 
+def _describe(d, i):
+    """One file's label, date, and the runtime it ran on (a HIP backend may run
+    on ROCm or on a forwarding library: the runtime says which)."""
+    text = f"[{i}] {_label(d, i)}, {d.get('date', '')}"
+    if d.get("runtime"):
+        text += f", runtime {d['runtime']}"
+    if d.get("xnack"):
+        text += f", XNACK {d['xnack']}"
+    return text
+
+
 def markdown(results):
-    parts = ["Files: " + "; ".join(f"[{i}] {_label(d, i)}, {d.get('date', '')}"
-                                   for i, d in enumerate(results))]
+    parts = ["Files: " + "; ".join(_describe(d, i) for i, d in enumerate(results))]
+    notes = [f"[{i}] managed memory: {d['managed_memory']}"
+             for i, d in enumerate(results) if d.get("managed_memory")]
+    if notes:
+        parts.append("\n".join(f"- {n}" for n in notes))
     for title, fn, key in (("Latency (median alloc+free pair, ns)", latency_markdown, "latency"),
                            ("Trace replay", replay_markdown, "replay"),
                            ("Managed-memory migration", migration_markdown, "migration"),

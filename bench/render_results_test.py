@@ -40,6 +40,17 @@ class RenderTest(unittest.TestCase):
         self.assertIn("| 1 MiB | 101.0 | 9,500.0 |  |  |", md)  # HIP had no 1 MiB row
         self.assertIn("[1] hip (MI300X), d2", md)
 
+    def test_files_name_their_runtime(self):
+        hip = dict(HIP, runtime="HIP 50221153 (/x/hip_on_cuda/libamdhip64.so)", xnack="absent",
+                   managed_memory="no xnack feature in the target (target sm_90)")
+        cuda = dict(CUDA, runtime="CUDA runtime 13000, driver 13000")
+        md = render_results.markdown([hip, cuda])
+        self.assertIn("[0] hip (MI300X), d2, runtime HIP 50221153 "
+                      "(/x/hip_on_cuda/libamdhip64.so), XNACK absent", md)
+        self.assertIn("[1] cuda (H200), d1, runtime CUDA runtime 13000, driver 13000", md)
+        self.assertIn("- [0] managed memory: no xnack feature in the target (target sm_90)", md)
+        self.assertNotIn("runtime", render_results.markdown([HIP]))  # older files: unchanged
+
     def test_cli_writes_markdown(self):
         with tempfile.TemporaryDirectory() as d:
             src, out = os.path.join(d, "r.json"), os.path.join(d, "r.md")

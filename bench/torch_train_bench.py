@@ -1,5 +1,6 @@
 """A real training loop under each allocator a PyTorch user could pick, side
-by side, one fresh process per route: a BERT-style encoder (transformers'
+by side, one fresh process per route and round, rounds interleaved with the
+route order rotated (torch_routes.py): a BERT-style encoder (transformers'
 BertForMaskedLM built from a config, random weights), batch size and
 sequence length drawn per step from a seeded generator, AdamW, bf16
 autocast, deterministic kernels.
@@ -7,25 +8,34 @@ autocast, deterministic kernels.
   native       PyTorch's caching allocator
   expandable   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   cma          cma.torch.use_as_default()
-  cma_pool     cma.torch.pool() under torch.cuda.use_mem_pool
+  cma_pool     cma.torch.pool() under torch.cuda.use_mem_pool (not run
+               unless named in --routes)
 
-Reported per route: every loss (identical across routes, or the run fails),
-median step time after warm-up, and peak device memory as (free at start -
-lowest free) from cudaMemGetInfo after every step, the same instrument for
-every route; plus the allocator's own peak reserved.
+Reported per route, medians over rounds, with ratios to native and to
+expandable: step time (median of the steps after warm-up), device physical
+peak sampled every ~1 ms by a separate NVML process (free when the loop
+starts minus the lowest free seen; torch_routes.PeakSampler), the same peak
+from cudaMemGetInfo after every step, and the allocator's own peak reserved
+where it reports one. Every loss must be identical across routes and rounds,
+or the run fails.
 
-    python3 torch_train_bench.py --steps 40 --rounds 3 --json out.json
+On the GPU machine, from a folder made by bench/gpu/package.sh:
+    PYTHONPATH=$PWD/py CMA_LIBRARY=$PWD/py/cma/libcma.so \\
+      python3 torch_train_bench.py --steps 40 --rounds 3 --json OUT/torch_train.json
+writes OUT/torch_train.json (every step's loss and time, per round) and
+OUT/torch_train.txt (the table). --quick: one round of 12 steps.
 """
 import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROUTES = ("native", "expandable", "cma", "cma_pool")
+sys.path.insert(0, HERE)
+import torch_routes  # noqa: E402
+
 CMA_KEYS = ("reserved_bytes.all.peak", "requested_bytes.all.peak", "num_device_alloc",
             "num_pages_populated", "num_pages_discarded", "num_sync_all_streams",
             "prefetch_calls", "prefetched_bytes_to_device", "advise_calls",
@@ -67,13 +77,16 @@ def train(steps, after_step):
     return losses, times
 
 
-def run_route(route, steps):
+def run_route(a):
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    route = a.route
+    torch_routes.install("native" if route in ("cma_pool",) else route)
     import torch
-    if route == "cma":
-        import cma.torch as cmat
-        cmat.use_as_default()
+    torch.cuda.init()
+    torch.cuda.synchronize()
+    sampler = torch_routes.PeakSampler(torch_routes.cuda_bus_id(torch))
     free_start = torch.cuda.mem_get_info()[0]
+    sampler.start()
     lowest = [free_start]
 
     def sample():
@@ -84,73 +97,54 @@ def run_route(route, steps):
         import cma.torch as cmat
         pool = cmat.pool()
         with torch.cuda.use_mem_pool(pool):
-            losses, times = train(steps, sample)
+            losses, times = train(a.steps, sample)
     else:
-        losses, times = train(steps, sample)
-    out = {"route": route, "losses": losses, "steps": steps, "step_ms": times,
-           "step_ms_median": statistics.median(times[10:]),
-           "peak_device_used": free_start - lowest[0]}
-    if route != "cma":  # the pluggable allocator has no PyTorch stats
-        out["max_memory_allocated"] = torch.cuda.max_memory_allocated()
-        out["max_memory_reserved"] = torch.cuda.max_memory_reserved()
+        losses, times = train(a.steps, sample)
+    torch.cuda.synchronize()
+    peak = sampler.stop()
+    warm = min(10, len(times) // 2)
+    metrics = {"step_ms": statistics.median(times[warm:]),
+               "peak_sampled_MiB": peak["peak"] / 2**20 if "peak" in peak else None,
+               "peak_per_step_MiB": (free_start - lowest[0]) / 2**20}
+    problems = []
+    if "error" in peak:
+        problems.append("peak sampler: " + peak["error"])
+    try:  # the pluggable route raises here; PyTorch's own and a c10 allocator answer
+        metrics["max_reserved_MiB"] = torch.cuda.max_memory_reserved() / 2**20
+        metrics["max_allocated_MiB"] = torch.cuda.max_memory_allocated() / 2**20
+    except (RuntimeError, AttributeError):
+        pass
+    out = {"route": route, "metrics": metrics, "check": {"losses": losses}, "steps": a.steps,
+           "step_ms": times, "sampler": peak, "problems": problems}
     if route.startswith("cma"):
-        import cma.torch as cmat
-        st = cmat.memory_stats()
-        out["cma"] = {k: st[k] for k in CMA_KEYS}
-    print(json.dumps(out))
+        try:
+            import cma.torch as cmat
+            st = cmat.memory_stats()
+            out["cma"] = {k: st.get(k) for k in CMA_KEYS}
+        except Exception as e:  # noqa: BLE001 - a figure less, not a failed run
+            out["cma"] = {"error": str(e)[:300]}
+    torch_routes.emit(out)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--json", default="")
-    ap.add_argument("--route", default="")
-    ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--routes", default=",".join(ROUTES),
-                    help="comma-separated routes to compare (the first is the baseline)")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    torch_routes.add_common_args(ap, rounds=3, timeout_s=120, budget_s=140)
+    ap.add_argument("--steps", type=int, default=40)
     a = ap.parse_args()
+    if a.quick:
+        a.rounds, a.steps = 1, 12
     if a.route:
-        run_route(a.route, a.steps)
+        run_route(a)
         return
     routes = a.routes.split(",")
-    # Step times drift between processes on a shared machine by more than the
-    # differences between routes: the routes run interleaved, round after
-    # round, and each route's figure is the median over its rounds.
-    rounds = {route: [] for route in routes}
-    for _ in range(a.rounds):
-        for route in routes:
-            env = dict(os.environ)
-            env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-            if route == "expandable":
-                env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-            if route.startswith("cma"):
-                env.setdefault("CMA_ALLOC_CONF", "managed_budget:16G")
-            out = subprocess.run([sys.executable, __file__, "--steps", str(a.steps), "--route",
-                                  route], env=env, capture_output=True, text=True, timeout=900)
-            if out.returncode != 0:
-                print(out.stderr[-3000:], file=sys.stderr)
-                sys.exit(1)
-            rounds[route].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    runs = {}
-    for route, rs in rounds.items():
-        runs[route] = dict(rs[0])
-        runs[route]["round_step_ms_median"] = [r["step_ms_median"] for r in rs]
-        runs[route]["step_ms_median"] = statistics.median(r["step_ms_median"] for r in rs)
-        runs[route]["peak_device_used"] = max(r["peak_device_used"] for r in rs)
-    base = runs[routes[0]]
-    identical = all(r["losses"] == base["losses"] for rs in rounds.values() for r in rs)
-    print("losses identical across routes and rounds:", identical)
-    print("%-11s %12s %14s %12s   %s" % ("route", "step_ms", "peak_device", "vs_" + routes[0],
-                                         "per-round step_ms"))
-    for r in runs.values():
-        print("%-11s %12.2f %11.2f GiB %12.3f   %s" % (
-            r["route"], r["step_ms_median"], r["peak_device_used"] / 2**30,
-            r["step_ms_median"] / base["step_ms_median"],
-            " ".join("%.1f" % t for t in r["round_step_ms_median"])))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"identical_losses": identical, "runs": runs}, f, indent=1)
-    sys.exit(0 if identical else 1)
+    torch_routes.prepare_routes(routes, torch_routes.remaining(a.budget, 300))
+    run = torch_routes.run_rounds(
+        lambda route, k: [sys.executable, os.path.abspath(__file__), "--route", route,
+                          "--round-index", str(k), "--steps", str(a.steps)],
+        routes, a.rounds, a.timeout, a.budget, started=torch_routes.STARTED)
+    metrics = [("step_ms", "ms"), ("peak_sampled_MiB", "MiB"), ("peak_per_step_MiB", "MiB"),
+               ("max_reserved_MiB", "MiB"), ("max_allocated_MiB", "MiB")]
+    sys.exit(torch_routes.finish("torch_train_bench", a, run, routes, metrics, a.json))
 
 
 if __name__ == "__main__":

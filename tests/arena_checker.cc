@@ -33,8 +33,10 @@ std::uint32_t ByteSource::Next(std::uint32_t bound) {
 }
 
 absl::StatusOr<std::unique_ptr<ArenaChecker>> ArenaChecker::Create(absl::string_view config,
-                                                                   std::size_t capacity) {
+                                                                   std::size_t capacity,
+                                                                   bool pool_checkpoints) {
   std::unique_ptr<ArenaChecker> c(new ArenaChecker);
+  c->pool_checkpoints_ = pool_checkpoints;
   c->capacity_ = capacity;
   // Pinned memory for a quarter of the device: big sleeps also take the
   // path where staging runs out and the rest migrates.
@@ -222,6 +224,10 @@ absl::Status ArenaChecker::CheckCalls() {
     if (!s.ok()) return s;
   }
   for (; w < waits.size(); ++w) AddWait(waits[w]);
+  for (auto& [p, l] : live_) {
+    if (!l.restored) continue;
+    l.restored = l.staged = l.copied = false;
+  }
   return absl::OkStatus();
 }
 
@@ -251,14 +257,14 @@ absl::Status ArenaChecker::CheckCopy(const PlacementRecord& r) {
       l.copied = true;
     }
     if (Overlaps(dst, dst + r.bytes, p, p + l.size)) {
-      // Only staged contents are copied back, into their own allocation.
+      // Only staged contents are copied back, into their own allocation (in
+      // pieces where the staging's chunks split them).
       if (!l.staged || dst < p) {
         return Violation(absl::StrFormat("copy into [%#x, +%d) on stream %d overwrites live "
                                          "allocation %#x (+%d), which was not staged", dst,
                                          r.bytes, r.stream, p, l.size));
       }
-      l.staged = false;
-      l.copied = false;
+      l.restored = true;  // no longer staged once this batch of calls is checked
     }
   }
   if (absl::Status s = CheckPopulation(dst, dst + r.bytes, r.stream); !s.ok()) return s;
@@ -529,7 +535,8 @@ absl::Status ArenaChecker::Step(StepSource& in) {
         l.uses.push_back(st);
       }
     }
-  } else if (op < 81) {  // two in a hundred: begin, end or release a pool
+  } else if (op < 81 || (pool_checkpoints_ && op >= 98)) {
+    // Two in a hundred (four with checkpoints): begin, end or release a pool.
     s = DoPoolStep(in);
   } else if (op < 83) {
     Note("empty_cache");

@@ -4,7 +4,8 @@
 // A step language (alloc, free, work/complete on a stream, record_stream,
 // empty_cache, memory fraction, move, mark disposable, sleep, wake, forget
 // and destroy a stream, begin/end allocating to a private pool, release a
-// pool; each new allocation is touched by its "kernel", which populates
+// pool; with `pool_checkpoints`, also take and restore a pool's checkpoint,
+// as torch.compile's cudagraph trees do; each new allocation is touched by its "kernel", which populates
 // pages the allocator did not prefetch) is driven by a StepSource: a seeded generator in the
 // test suite, the fuzzer's bytes in fuzz/. After every step the checker
 // asserts:
@@ -28,6 +29,12 @@
 //    pages, as a GPU loses them, and copies through staging for real): data
 //    survives sleep and wake bit-exactly, at every level, except what that
 //    level may discard; a staged allocation freed while asleep is exempt.
+//  * a checkpoint lists exactly the pool's live allocations; a restore
+//    reports the pool's live allocations freed and the checkpoint's created,
+//    re-creates none over a live allocation, another pool's free space or
+//    memory another stream may still use, and a refused one leaves the
+//    pool's allocations as they were; a restore right after the take keeps
+//    everything in place.
 //
 // Thread safety: one checker per thread; it owns its backend and allocator.
 // Errors: Step and Finish return kFailedPrecondition naming the violated
@@ -87,8 +94,11 @@ class ByteSource final : public StepSource {
 class ArenaChecker {
  public:
   // `config` is CMA_ALLOC_CONF text; the emulated device has `capacity` bytes.
+  // `pool_checkpoints` adds the checkpoint steps (and more pool steps); off,
+  // the step language is the one the fuzzer's corpus was recorded in.
   static absl::StatusOr<std::unique_ptr<ArenaChecker>> Create(absl::string_view config,
-                                                              std::size_t capacity);
+                                                              std::size_t capacity,
+                                                              bool pool_checkpoints = false);
   ~ArenaChecker();
 
   // One random step and every check after it.
@@ -115,6 +125,7 @@ class ArenaChecker {
     // them back.
     bool copied = false;
     bool staged = false;
+    bool restored = false;  // copied back by the calls being checked
     std::uint32_t pool = 0;  // the private pool it was allocated for (0: shared)
   };
   struct Use {  // a freed block's last use by one stream
@@ -141,6 +152,9 @@ class ArenaChecker {
   // Refused while a staged allocation is live; else gives all of it back.
   absl::Status DoReleaseStaging();
   absl::Status DoPoolStep(StepSource& in);
+  // Takes pool `pool`'s checkpoint (and, by `in`'s choice, restores it at once).
+  absl::Status DoTakeCheckpoint(StepSource& in, std::uint32_t pool);
+  absl::Status DoRestoreCheckpoint(std::uint32_t pool);
   // OK when `s` is the refusal a call gets while a pool is allocated to.
   absl::Status ExpectRefused(const absl::Status& s, const char* what);
   // The pool an allocation on `s` goes to now (the latest context whose
@@ -206,6 +220,8 @@ class ArenaChecker {
   std::vector<Context> contexts_;
   std::map<std::uint32_t, int> pool_refs_;
   std::map<std::uint32_t, std::vector<std::pair<std::uintptr_t, std::uintptr_t>>> pool_free_;
+  bool pool_checkpoints_ = false;
+  std::map<std::uint32_t, PoolCheckpoint> checkpoints_;  // the latest taken, per pool
   bool asleep_ = false;
   std::uint64_t next_tag_ = 1;
   int steps_ = 0;

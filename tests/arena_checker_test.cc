@@ -23,10 +23,9 @@ struct Case {
 
 class ArenaCheckerTest : public ::testing::TestWithParam<Case> {};
 
-TEST_P(ArenaCheckerTest, FindsNothingOverFixedSeeds) {
-  const Case& c = GetParam();
+void RunSeeds(const Case& c, bool pool_checkpoints) {
   for (std::uint64_t seed : {1, 2, 3}) {
-    auto checker = ArenaChecker::Create(c.config, std::size_t{256} << 20);
+    auto checker = ArenaChecker::Create(c.config, std::size_t{256} << 20, pool_checkpoints);
     ASSERT_TRUE(checker.ok()) << checker.status();
     SeededSource in(seed * 7919 + std::hash<std::string>()(c.name));
     const int steps = StepsPerRun();
@@ -38,6 +37,11 @@ TEST_P(ArenaCheckerTest, FindsNothingOverFixedSeeds) {
     ASSERT_TRUE(s.ok()) << "config '" << c.config << "' seed " << seed << "\n" << s.message();
   }
 }
+
+TEST_P(ArenaCheckerTest, FindsNothingOverFixedSeeds) { RunSeeds(GetParam(), false); }
+
+// Also taking and restoring pools' checkpoints (torch.compile's cudagraph trees).
+TEST_P(ArenaCheckerTest, FindsNothingWithPoolCheckpoints) { RunSeeds(GetParam(), true); }
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, ArenaCheckerTest,

@@ -166,6 +166,31 @@ TEST_F(PlacementTest, PrefetchNoneMakesNoCall) {
   alloc_->Free(a).IgnoreError();
 }
 
+TEST(PlacementWithoutFaultMigrationTest, FirstTouchPoliciesAreRefusedNamingTheReason) {
+  // A GPU whose managed memory does not migrate on fault (ROCm without
+  // XNACK): pages left to the first touch would stay remote for good.
+  HostBackendOptions options;
+  options.page_fault_migration = false;
+  HostBackend backend(options);
+  for (const char* config : {"prefetch:none", "prefetch:on_move,segments:classic"}) {
+    auto a = CachingManagedAllocator::Create(backend, config);
+    ASSERT_FALSE(a.ok()) << config;
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(a.status().message(),
+                HasSubstr("device 0 of the host backend does not migrate managed memory on "
+                          "page faults (emulated: no migration on fault); use prefetch:on_alloc"));
+  }
+  EXPECT_THAT(CachingManagedAllocator::Create(backend, "prefetch:none").status().message(),
+              HasSubstr("prefetch:none leaves pages"));
+  EXPECT_TRUE(backend.Records().empty());  // a refusal places nothing
+  // The default populates every page with a prefetch and is accepted.
+  auto ok = CachingManagedAllocator::Create(backend, "");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  void* p = *(*ok)->Allocate(4 << 20, 0);
+  EXPECT_FALSE(backend.Records().empty());
+  ASSERT_TRUE((*ok)->Free(p).ok());
+}
+
 TEST_F(PlacementTest, WithoutPrefetchTheLocationOfAReusedBlockIsUnknown) {
   Remake("prefetch:none");
   void* a = Alloc(8 << 20, 0, s_);

@@ -133,6 +133,10 @@ class CudaBackend final : public Backend {
       absl::StatusOr<std::size_t> g = VmmGranularity(device);
       if (g.ok()) f.vmm_granularity = *g;
     }
+    int runtime = 0, driver = 0;
+    (void)cudaRuntimeGetVersion(&runtime);  // facts for reports: a failure leaves 0
+    (void)cudaDriverGetVersion(&driver);
+    f.runtime = absl::StrCat("CUDA runtime ", runtime, ", driver ", driver);
     return f;
   }
 

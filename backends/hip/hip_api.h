@@ -10,6 +10,8 @@
 
 #include <hip/hip_runtime_api.h>
 
+#include <string>
+
 #include "absl/status/statusor.h"
 
 namespace cma {
@@ -32,9 +34,15 @@ struct HipApi {
 #undef CMA_HIP_MEMBER
   // Overloaded in C++ (a template for typed pointers): named by its C form.
   hipError_t (*hipMallocManaged)(void**, size_t, unsigned int) = nullptr;
+  // Optional (nullptr when the library lacks it).
+  decltype(&::hipRuntimeGetVersion) hipRuntimeGetVersion = nullptr;
+  // The file the runtime was loaded from.
+  std::string library;
 
   // The process-wide table; kUnavailable naming the library or symbol that
-  // could not be loaded.
+  // could not be loaded. CMA_HIP_LIBRARY, when set, names the library to
+  // load (a file that does not exist is an error, not a fallback); otherwise
+  // libamdhip64.so from the loader's path.
   static absl::StatusOr<const HipApi*> Get();
 };
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "backends/hip/hip_api.h"
+#include "backends/hip/hip_managed_rules.h"
 #include "backends/hip/hip_status.h"
 
 namespace cma {
@@ -63,13 +64,26 @@ class HipBackend final : public Backend {
     f.concurrent_managed_access = v != 0;
     CMA_HIP_CALL(hipDeviceGetAttribute, &v, hipDeviceAttributePageableMemoryAccess, device);
     f.pageable_memory_access = v != 0;
-    // Managed memory migrates on fault only with XNACK on (HSA_XNACK=1 and a
-    // GPU whose target reports xnack+); otherwise it stays on the host.
-    const char* xnack = std::getenv("HSA_XNACK");
-    f.page_fault_migration = f.concurrent_managed_access ||
-                             std::strstr(prop.gcnArchName, "xnack+") != nullptr ||
-                             (xnack != nullptr && std::strcmp(xnack, "1") == 0 &&
-                              std::strstr(prop.gcnArchName, "xnack-") == nullptr);
+    // ROCm's rules (hip_managed_rules.h): the target name's xnack feature
+    // tells whether faults migrate; HSA_XNACK only explains why not.
+    HipManagedInputs in;
+    in.arch_name = prop.gcnArchName;
+    in.concurrent_managed_access = f.concurrent_managed_access;
+    in.pageable_memory_access = f.pageable_memory_access;
+    if (const char* x = std::getenv("HSA_XNACK")) {
+      in.has_hsa_xnack = true;
+      in.hsa_xnack = x;
+    }
+    const HipManagedMode mode = DecideHipManagedMode(in);
+    f.page_fault_migration = mode.page_fault_migration;
+    f.xnack = XnackName(mode.xnack);
+    f.managed_memory_note = mode.note;
+    int version = 0;
+    if (hip_->hipRuntimeGetVersion != nullptr && hip_->hipRuntimeGetVersion(&version) == hipSuccess) {
+      f.runtime = absl::StrCat("HIP ", version, " (", hip_->library, ")");
+    } else {
+      f.runtime = absl::StrCat("HIP (", hip_->library, ")");
+    }
     absl::StatusOr<std::size_t> g = VmmGranularity(device);
     f.vmm_supported = g.ok() && *g > 0;
     f.vmm_granularity = f.vmm_supported ? *g : 0;
@@ -188,9 +202,11 @@ class HipBackend final : public Backend {
   absl::Status ValidateStream(int device, Stream stream) override {
     CMA_RETURN_IF_ERROR(CheckDevice(device));
     if (stream == kDefaultStream) return absl::OkStatus();
-    // HIP checks stream handles against its own table, so a stale handle is
-    // an error rather than a crash. (No hipStreamGetDevice before ROCm 6:
-    // the stream's device is not checked there.)
+    // The ROCm releases that check stream handles against their own table
+    // answer a stale one with hipErrorContextIsDestroyed (kInvalidArgument
+    // here); later clr releases dereference the handle unchecked, so this
+    // catches a stale stream only where the runtime does. (No
+    // hipStreamGetDevice before ROCm 6: the stream's device is not checked.)
     unsigned int flags = 0;
     CMA_HIP_CALL(hipStreamGetFlags, AsStream(stream), &flags);
     return absl::OkStatus();
@@ -283,7 +299,12 @@ class HipBackend final : public Backend {
     }
     hipMemAllocationProp p = Prop(device);
     hipMemGenericAllocationHandle_t h;
+    // ROCm's hipMemCreate allocates on the current device and only checks
+    // prop.location.id, so `device` is made current for the call.
+    absl::StatusOr<int> prev = Switch(device);
+    if (!prev.ok()) return prev.status();
     const hipError_t e = hip_->hipMemCreate(&h, bytes, &p, 0);
+    (void)hip_->hipSetDevice(*prev);  // restoring: the call's own error matters more
     if (e != hipSuccess) return Unsupported(e, "hipMemCreate");
     return reinterpret_cast<PhysicalHandle>(h);
   }

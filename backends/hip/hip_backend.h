@@ -5,9 +5,12 @@
 // Multicast does not exist on HIP and reports kUnimplemented; discards are
 // no-ops (keeping contents is a valid outcome of "contents are dead").
 //
-// Without XNACK (HSA_XNACK=1 and a GPU that supports it) managed memory does
-// not migrate on fault: DeviceFacts::page_fault_migration tells, and the
-// benchmark JSON records it.
+// Without XNACK in effect (the target name's xnack feature; HSA_XNACK=1 asks
+// for it) managed memory does not migrate on fault: DeviceFacts'
+// page_fault_migration, xnack and managed_memory_note say so and why
+// (hip_managed_rules.h), and the benchmark JSON records them. The runtime is
+// CMA_HIP_LIBRARY when set, else libamdhip64.so (tests/gpu/hip_on_cuda is a
+// forwarding one that runs this backend on an NVIDIA GPU).
 //
 // Thread safety: all methods are safe to call concurrently.
 #ifndef CMA_BACKENDS_HIP_HIP_BACKEND_H_

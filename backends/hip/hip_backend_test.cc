@@ -3,6 +3,9 @@
 // missing. With an AMD GPU the device tests run.
 #include "backends/hip/hip_backend.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include "backends/hip/hip_api.h"
 #include "backends/hip/hip_status.h"
 #include "gmock/gmock.h"
@@ -31,6 +34,20 @@ TEST(HipBackendTest, ErrorsNameTheCallAndMapCodes) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(HipStatus(**api, hipErrorNotSupported, "x").code(), absl::StatusCode::kUnimplemented);
   EXPECT_TRUE(HipStatus(**api, hipSuccess, "x").ok());
+}
+
+TEST(HipBackendTest, ChosenLibraryThatDoesNotExistIsAnErrorNotAFallback) {
+  // A fresh process (HipApi::Get loads once per process).
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  EXPECT_EXIT(
+      {
+        setenv("CMA_HIP_LIBRARY", "/nonexistent/libamdhip64.so", 1);
+        auto api = HipApi::Get();
+        std::fprintf(stderr, "%s\n", api.status().ToString().c_str());
+        std::_Exit(!api.ok() && api.status().code() == absl::StatusCode::kUnavailable ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0),
+      "CMA_HIP_LIBRARY names /nonexistent/libamdhip64.so, which does not exist");
 }
 
 TEST(HipDeviceTest, ManagedMemoryAndFacts) {

@@ -11,7 +11,10 @@ absl::Status HipStatus(const HipApi& hip, hipError_t err, const char* call) {
     code = absl::StatusCode::kResourceExhausted;
   } else if (err == hipErrorInvalidValue || err == hipErrorInvalidDevice ||
              err == hipErrorInvalidHandle || err == hipErrorInvalidResourceHandle ||
-             err == hipErrorInvalidDevicePointer) {
+             err == hipErrorInvalidDevicePointer ||
+             // ROCm's answer for a stream handle it does not know (a
+             // destroyed or foreign stream), not a broken context.
+             err == hipErrorContextIsDestroyed) {
     code = absl::StatusCode::kInvalidArgument;
   } else if (err == hipErrorNotSupported) {
     code = absl::StatusCode::kUnimplemented;

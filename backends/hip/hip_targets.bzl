@@ -11,11 +11,13 @@ def hip_targets():
         srcs = [
             "hip_api.cc",
             "hip_backend.cc",
+            "hip_managed_rules.cc",
             "hip_status.cc",
         ],
         hdrs = [
             "hip_api.h",
             "hip_backend.h",
+            "hip_managed_rules.h",
             "hip_status.h",
         ],
         deps = [
@@ -30,6 +32,17 @@ def hip_targets():
     native.cc_test(
         name = "hip_backend_test",
         srcs = ["hip_backend_test.cc"],
+        linkstatic = True,
+        deps = [
+            ":hip",
+            "@system//:gtest_main",
+        ],
+    )
+
+    # ROCm's managed-memory rules, pure: run everywhere HIP headers exist.
+    native.cc_test(
+        name = "hip_managed_rules_test",
+        srcs = ["hip_managed_rules_test.cc"],
         linkstatic = True,
         deps = [
             ":hip",

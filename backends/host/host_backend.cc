@@ -83,12 +83,14 @@ absl::StatusOr<DeviceFacts> HostBackend::GetDeviceFacts(int device) {
   f.total_bytes = capacity_[device];
   f.concurrent_managed_access = true;
   f.pageable_memory_access = true;
-  f.page_fault_migration = true;
+  f.page_fault_migration = options_.page_fault_migration;
+  if (!f.page_fault_migration) f.managed_memory_note = "emulated: no migration on fault";
   f.vmm_supported = true;
   f.posix_fd_handles = true;
   f.fabric_handles = options_.fabric_handles;
   f.multicast_supported = options_.multicast_supported;
   f.vmm_granularity = options_.vmm_granularity;
+  f.runtime = "host emulation";
   return f;
 }
 
@@ -344,7 +346,8 @@ absl::Status HostBackend::CopyBatch(absl::Span<const Copy> copies, Stream stream
   for (const Copy& c : copies) {
     for (const auto& [p, side] : {std::pair<const void*, const char*>{c.dst, "destination"},
                                   std::pair<const void*, const char*>{c.src, "source"}}) {
-      if (c.bytes == 0 || (!InPinned(p, c.bytes) && !FindManaged(const_cast<void*>(p), c.bytes).ok())) {
+      const bool known = InPinned(p, c.bytes) || FindManaged(const_cast<void*>(p), c.bytes).ok();
+      if (c.bytes == 0 || !known) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "CopyBatch: %s %p (+%d) is not inside one managed allocation or pinned buffer", side,
             p, c.bytes));

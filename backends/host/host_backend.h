@@ -40,6 +40,10 @@ struct HostBackendOptions {
   // Pinned host memory (AllocatePinnedHost) this process may hold, like the
   // page-locked limit of a real host: past it the call fails.
   std::size_t pinned_capacity = std::size_t{64} << 30;
+  // Reported in DeviceFacts only: false stands for a GPU whose managed
+  // memory does not migrate on fault (ROCm without XNACK), so that the
+  // allocator's refusals can be tested; the emulation itself is unchanged.
+  bool page_fault_migration = true;
 };
 
 // One recorded placement call.

@@ -14,12 +14,26 @@ cp bazel-bin/bench/cma_bench bazel-bin/tests/backend_conformance_test \
    bazel-bin/tests/gpu/cuda_gpu_test bazel-bin/tests/gpu/cuda_symmetric_test "$dest/"
 cp bench/traces/*.csv.gz "$dest/bench/traces/"
 cp bench/torch_move_bench.py bench/torch_replay.py bench/torch_train_bench.py bench/torch_sleep_bench.py \
-   bench/torch_footprint_probe.py bench/torch_record_trace.py bench/cuda/*_experiment.cu bench/gpu/run_all.sh \
+   bench/torch_footprint_probe.py bench/torch_record_trace.py bench/torch_routes.py \
+   bench/torch_alloc_pair_bench.py bench/torch_compile_decoder_bench.py bench/gpu/torch_alloc_suite.sh \
+   bench/cuda/*_experiment.cu bench/gpu/run_all.sh \
    bench/gpu/wheel_gpu_check.sh bazel-bin/cma_wheel/*.whl "$dest/"
 mkdir -p "$dest/traces" && cp bench/traces/*.csv.gz "$dest/traces/"
-cp integrations/python/cma/*.py "$dest/py/cma/"
+cp integrations/python/cma/*.py integrations/python/cma/*.cc "$dest/py/cma/"
+mkdir -p "$dest/py/cma/include" && cp integrations/c/cma_c.h "$dest/py/cma/include/"
 cp integrations/python/gpu/*.py "$dest/py/gpu/"
 cp bazel-bin/integrations/c/libcma.so "$dest/py/cma/"
+# PyTorch's test_cuda.py conformance harness; PyTorch's file itself is not in
+# git (bench/torch_conformance/README.md says how to get it) and is bundled
+# when present.
+mkdir -p "$dest/torch_conformance/shims" "$dest/torch_conformance/upstream"
+cp bench/torch_conformance/*.py bench/torch_conformance/README.md "$dest/torch_conformance/"
+cp bench/torch_conformance/shims/*.py "$dest/torch_conformance/shims/"
+if [[ -f bench/torch_conformance/upstream/test_cuda.py ]]; then
+  cp bench/torch_conformance/upstream/test_cuda.py "$dest/torch_conformance/upstream/"
+else
+  echo "note: no bench/torch_conformance/upstream/test_cuda.py: the conformance part cannot run"
+fi
 # libcma.so links Debian's shared Abseil and libsodium (their static archives
 # are not PIC); the copies beside it are found through its $ORIGIN run path.
 for lib in $(ldd bazel-bin/integrations/c/libcma.so | awk '/libabsl|libsodium/{print $3}'); do

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The GPU suite, run from a folder made by bench/gpu/package.sh:
-#   ./run_all.sh OUTDIR [core|torch|all]      (default all)
+#   ./run_all.sh OUTDIR [core|torch|all|conformance]      (default all)
 # core:  tests (CUDA kernels, conformance, two-GPU symmetric mode when two GPUs
 #        are visible), then cma_bench (latency, replay, migration, symmetric),
 #        and the replay with classic segments for comparison.
 # torch: the PyTorch/CuPy route tests, the Numba EMM plugin test, the side-by-side PyTorch replay
 #        (native, expandable segments, cma), the training-loop benchmark, and
 #        the move benchmark.
+# conformance: PyTorch's test_cuda.py allocator tests under native and cma
+#        (torch_conformance/README.md); not part of "all": it takes ~8 minutes.
 # Each part fits one 10-minute command. Results go to OUTDIR.
 # Safety: managed memory stays far below the device's free memory (blocks of
 # 2 GiB, never more than ~16 GiB at once); multicast is never created.
@@ -40,13 +42,17 @@ if [[ $part == core || $part == all ]]; then
       python3 py/gpu/symmetric_gpu.py mpi "$out/symmetric_mpi.json" 2>&1 | tail -2
   fi
 fi
+if [[ $part == conformance ]]; then
+  timeout 590 python3 torch_conformance/run_conformance.py --out "$out/conformance" \
+    --routes "${CONFORMANCE_ROUTES:-native,cma}" 2>&1 | tail -60
+fi
 if [[ $part == torch || $part == all ]]; then
   (cd py/gpu && CMA_RESULTS="$out/torch_routes.json" timeout 300 \
      python3 -m pytest -q -p no:cacheprovider torch_gpu_test.py 2>&1 | tail -6 | tee "$out/pytest.txt")
   (cd py/gpu && CMA_RESULTS="$out/numba_gpu.json" timeout 200 \
      python3 -m pytest -q -p no:cacheprovider numba_gpu_test.py 2>&1 | tail -6 | tee "$out/pytest_numba.txt")
   timeout 200 python3 torch_replay.py --json "$out/torch_replay.json" 2>&1 | tee "$out/torch_replay.txt"
-  timeout 480 python3 torch_train_bench.py --steps 40 --rounds 3 --json "$out/torch_train.json" 2>&1 \
-    | tee "$out/torch_train.txt"
+  timeout 480 python3 torch_train_bench.py --steps 40 --rounds 3 --budget 460 --json "$out/torch_train.json" 2>&1 \
+    | tee "$out/torch_train.log"  # the script writes torch_train.txt (its table) itself
   timeout 200 python3 torch_sleep_bench.py --json "$out/torch_sleep.json" 2>&1 | tail -30
 fi

@@ -342,6 +342,21 @@ int cma_reset_peak_stats(int device) {
   return s.ok() ? 0 : Fail(s);
 }
 
+int cma_reset_accumulated_stats(int device) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  if (device < -1 || device >= a->device_count()) {
+    return Fail(absl::InvalidArgumentError(absl::StrFormat(
+        "cma_reset_accumulated_stats: invalid device %d (%d devices; -1 for all)", device,
+        a->device_count())));
+  }
+  absl::Status s;
+  for (int d = 0; d < a->device_count(); ++d) {
+    if (device == -1 || d == device) s.Update(a->ResetAccumulatedStats(d));
+  }
+  return s.ok() ? 0 : Fail(s);
+}
+
 int cma_device_of(void* ptr) {
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return -1;
@@ -402,7 +417,8 @@ char* cma_snapshot_json(void) {
                         {"requested_size", b.requested},
                         {"state", b.state},
                         {"stream", b.stream},
-                        {"location", b.location}});
+                        {"location", b.location},
+                        {"pool", {b.pool.first, b.pool.second}}});
     }
     out.push_back({{"device", seg.device},
                    {"address", seg.address},
@@ -419,43 +435,5 @@ char* cma_snapshot_json(void) {
 
 void cma_string_free(char* s) { std::free(s); }
 
-// ---- torch.cuda.memory.CUDAPluggableAllocator ----
-// PyTorch treats a null return as out of memory; the reason is in
-// cma_last_error().
-
-void* cma_torch_alloc(size_t size, int device, void* stream) {
-  if (size == 0) return nullptr;  // PyTorch never dereferences empty storage
-  // Graph capture: cma's placement calls and cross-stream event queries are
-  // not capturable, and blocks freed during capture would be reused behind
-  // the graph's back. Refuse clearly (capture the graph under the pool
-  // route, whose pool PyTorch's own allocator manages).
-  if (CachingManagedAllocator* a = Get(); a != nullptr && stream != nullptr) {
-    absl::StatusOr<bool> capturing = a->backend().IsCapturing(AsStream(stream));
-    // A capture that PyTorch announced (beginAllocateToPool) is served from
-    // its private pool, with no call that would break it.
-    if (capturing.ok() && *capturing && !a->AllocatingToPool(device)) {
-      Fail(absl::FailedPreconditionError(
-          "caching_managed_allocator: an allocation on a capturing stream with no private pool "
-          "being allocated to (capture through torch.cuda.graph, which routes the capture's "
-          "allocations to its pool)"));
-      return nullptr;
-    }
-  }
-  return cma_malloc(size, device, stream);
-}
-
-void cma_torch_free(void* ptr, size_t, int, void*) {
-  if (ptr != nullptr) cma_free(ptr);
-}
-
-void cma_torch_init(int) { Get(); }
-
-void cma_torch_reset(void) { cma_empty_cache(); }
-
-void cma_torch_memory_fraction(double fraction, int device) {
-  cma_set_memory_fraction(fraction, device);
-}
-
-void cma_torch_record_stream(void* ptr, void* stream) { cma_record_stream(ptr, stream); }
 
 }  // extern "C"

@@ -1,9 +1,10 @@
 /* cma_c.h: the C ABI of caching_managed_allocator, for frameworks (PyTorch's
- * CUDAPluggableAllocator and MemPool, CuPy, anything with ctypes).
+ * allocator class in cma/torch_allocator.cc, CuPy, Numba, anything with
+ * ctypes).
  *
  * One process-wide allocator. cma_init creates it (later calls with the same
- * arguments are no-ops; different ones fail); the cma_torch_* entry points
- * create it on first use from CMA_ALLOC_CONF and CMA_BACKEND.
+ * arguments are no-ops; different ones fail); every other entry point
+ * creates it on first use from CMA_ALLOC_CONF and CMA_BACKEND.
  *
  * Streams are the vendor's stream handles (cudaStream_t) passed as void*;
  * NULL is the default stream. A location is a device index, or -1 for the
@@ -87,8 +88,50 @@ int cma_pool_release(int device, unsigned long long id0, unsigned long long id1)
 /* 1 when the pool's live allocations are exactly ptrs[0..n), 0 when not, -1 on error. */
 int cma_pool_check_live(int device, unsigned long long id0, unsigned long long id1,
                         void* const* ptrs, size_t n);
+/* References on a pool (MemPool objects plus open contexts not yet
+ * released), or -1 (unknown pool: error). */
+int cma_pool_use_count(int device, unsigned long long id0, unsigned long long id1);
+/* Frees the pool's idle (free, cached) blocks as cma_empty_cache does for the
+ * shared cache, with PyTorch's emptyCache(mempool_id) rule: only once the
+ * pool holds no reference (released, with allocations still live); a pool
+ * with references keeps its blocks (a CUDA graph may replay into them), and
+ * an unknown pool (one released and emptied has dissolved into the shared
+ * cache) has none; both return 0. Refused (-1) while a pool context of the
+ * device is open, and for a bad device. */
+int cma_pool_empty_cache(int device, unsigned long long id0, unsigned long long id1);
+/* torch.compile's cudagraph trees: a pool's state, taken and later restored.
+ * A checkpoint is a copy of the pool's live allocations (address, size,
+ * requested size, stream); NULL on error (unknown pool, bad device, or a
+ * pool holding no reference, as PyTorch refuses a freeable pool). Free it
+ * with cma_pool_checkpoint_free (NULL is fine). */
+typedef struct cma_pool_checkpoint cma_pool_checkpoint;
+cma_pool_checkpoint* cma_pool_checkpoint_take(int device, unsigned long long id0,
+                                              unsigned long long id1);
+void cma_pool_checkpoint_free(cma_pool_checkpoint* cp);
+/* `size` is the size the allocation was requested with (cma_malloc's). */
+typedef void (*cma_pool_ptr_fn)(void* ctx, void* ptr, size_t size);
+/* Makes the pool's live allocations exactly the checkpoint's. As in PyTorch,
+ * every allocation live in the pool now is reported to on_freed (its owner
+ * must not free it; one live now and identical (address, size) in the
+ * checkpoint stays in place physically but is still reported) and every
+ * allocation of the checkpoint is reported to on_created (live now, at its
+ * recorded address, size and stream; the caller takes ownership, i.e. frees
+ * it with cma_free). All on_freed calls come first, each list by address;
+ * either callback may be NULL. Callbacks run after cma's locks are
+ * released. No data moves: the memory holds what was last written there.
+ * On any error (the pool changed so that an allocation of the checkpoint
+ * cannot be re-created at its address, unknown pool, a pool holding no
+ * reference, context open, NULL checkpoint) returns -1 and changes nothing. */
+int cma_pool_checkpoint_restore(const cma_pool_checkpoint* cp, cma_pool_ptr_fn on_freed,
+                                cma_pool_ptr_fn on_created, void* ctx);
 /* Peaks back to current values, for one device or all (-1). */
 int cma_reset_peak_stats(int device);
+/* Resets the accumulated counters (each stat's allocated/freed and
+ * num_alloc_retries, num_ooms, num_sync_all_streams, num_device_alloc,
+ * num_device_free, and cma's own event counters) as
+ * torch.cuda.reset_accumulated_memory_stats does; current and peak values
+ * stay. device -1: all. */
+int cma_reset_accumulated_stats(int device);
 /* The allocation's owning device, or -1 (with cma_last_error) if none. */
 int cma_device_of(void* ptr);
 /* The bytes requested for the allocation that starts at `ptr`; 0 (and
@@ -101,7 +144,9 @@ int cma_set_memory_fraction(double fraction, int device);
 char* cma_stats_json(int device);
 /* [{"device", "address", "total_size", "segment_type", "is_arena",
  *   "populated_bytes", "blocks": [...]}, ...] (an arena's total_size is its
- *   address range; populated_bytes its memory) */
+ *   address range; populated_bytes its memory). Each block: {"address",
+ *   "size", "requested_size", "state", "stream", "location", "pool": [id0,
+ *   id1]} ([0, 0]: the shared cache). */
 char* cma_snapshot_json(void);
 void cma_string_free(char* s);
 /* Allocation history for tools: while enabled, the last max_entries alloc
@@ -111,13 +156,46 @@ void cma_string_free(char* s);
 int cma_record_history(int enabled, int max_entries);
 char* cma_history_json(void);
 
-/* torch.cuda.memory.CUDAPluggableAllocator entry points. */
-void* cma_torch_alloc(size_t size, int device, void* stream);
-void cma_torch_free(void* ptr, size_t size, int device, void* stream);
-void cma_torch_init(int device_count);
-void cma_torch_reset(void);
-void cma_torch_memory_fraction(double fraction, int device);
-void cma_torch_record_stream(void* ptr, void* stream);
+/* ---- introspection for frameworks' allocator interfaces (PyTorch's c10
+ * CUDAAllocator: getDeviceStats, snapshot) ---- */
+typedef struct cma_stat_pair {
+  const char* key; /* cma_stats_json's keys: "allocated_bytes.all.current", ... */
+  long long value;
+} cma_stat_pair;
+/* The managed statistics of `device` (-1: all devices) as key/value pairs:
+ * writes min(count, cap) pairs to `out` and returns count (call with cap 0 to
+ * size the array), or -1. The keys stay valid until this thread's next call
+ * of cma_stats_pairs. */
+long long cma_stats_pairs(int device, cma_stat_pair* out, size_t cap);
+
+typedef struct cma_segment_info {
+  int device;
+  int is_large; /* large-block segment (not the small-block pool's) */
+  int is_arena; /* an arena: address space populated on demand */
+  size_t address;
+  size_t total_size; /* the sum of its blocks' sizes; an arena (address space)
+                      * is reported up to its last block in use, rounded up to
+                      * a page: what memory ever held there */
+  size_t allocated_size;
+  size_t requested_size;
+  size_t populated_bytes;
+  size_t n_blocks;
+} cma_segment_info;
+typedef struct cma_block_info {
+  size_t address;
+  size_t size;
+  size_t requested_size;
+  int allocated; /* handed to a caller */
+  int active;    /* allocated, or freed and still awaiting another stream */
+  void* stream;
+  unsigned long long pool0, pool1; /* owning private pool; 0, 0: the shared cache */
+} cma_block_info;
+/* Visits a consistent copy of every segment: on_segment(ctx, segment), then
+ * on_block(ctx, block) for each of its n_blocks blocks in address order.
+ * Callbacks run with no cma lock held and may call cma. 0, or -1. */
+int cma_snapshot_visit(void (*on_segment)(void* ctx, const cma_segment_info* segment),
+                       void (*on_block)(void* ctx, const cma_block_info* block), void* ctx);
+
 
 /* ---- symmetric memory (allocator/symmetric/symmetric_heap.h) ----
  * A heap serves `n_local` members of a group of `world_size` (rank

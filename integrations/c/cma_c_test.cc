@@ -117,17 +117,16 @@ TEST_F(CApiTest, MemoryFractionCapsTheBudget) {
   EXPECT_THAT(cma_last_error(), HasSubstr("managed budget"));
 }
 
-TEST(CApiTorchTest, TorchEntryPointsInitFromEnvironment) {
+TEST(CApiEnvironmentTest, FirstUseInitialisesFromTheEnvironment) {
   setenv("CMA_BACKEND", "host", 1);
   setenv("CMA_ALLOC_CONF", "max_split_size_mb:64", 1);
-  cma_torch_init(1);
-  void* p = cma_torch_alloc(1 << 20, 0, nullptr);
+  void* p = cma_malloc(1 << 20, 0, nullptr);
   ASSERT_NE(p, nullptr) << cma_last_error();
-  cma_torch_record_stream(p, nullptr);
-  cma_torch_free(p, 1 << 20, 0, nullptr);
-  EXPECT_EQ(cma_torch_alloc(0, 0, nullptr), nullptr);
-  cma_torch_memory_fraction(0.5, 0);
-  cma_torch_reset();
+  EXPECT_STREQ(cma_backend_name(), "host");
+  ASSERT_EQ(cma_record_stream(p, nullptr), 0) << cma_last_error();
+  ASSERT_EQ(cma_free(p), 0);
+  ASSERT_EQ(cma_set_memory_fraction(0.5, 0), 0);
+  ASSERT_EQ(cma_empty_cache(), 0);
   EXPECT_EQ(Json(cma_stats_json(0))["reserved_bytes.all.current"], 0);
   cma_shutdown();
   unsetenv("CMA_BACKEND");

@@ -3,6 +3,8 @@
 Contract: writes one platform wheel, tag py3-none-linux_x86_64, holding
   cma/*.py                      the Python package (pure ctypes, no CPython
                                 extension: any Python 3 of the platform loads it)
+  cma/*.cc                      C++ sources compiled on the user's machine on first
+                                use (torch_allocator.cc, against the installed torch)
   cma/libcma.so                 the C ABI
   cma/lib*.so.N                 every shared library `ldd libcma.so` resolves
                                 whose name starts with one of --bundle's
@@ -116,7 +118,7 @@ def main():
                     help="comma-separated soname prefixes of the libraries to ship")
     ap.add_argument("--max_glibc", default="2.36")
     ap.add_argument("--max_glibcxx", default="3.4.30")
-    ap.add_argument("sources", nargs="+", help="the package's .py files (cma/...)")
+    ap.add_argument("sources", nargs="+", help="the package's .py and .cc files (cma/...)")
     a = ap.parse_args()
 
     expected = f"{a.dist}-{a.version}-{a.tag}.whl"
@@ -126,7 +128,7 @@ def main():
     caps = {"GLIBC": a.max_glibc, "GLIBCXX": a.max_glibcxx}
     files = {}
     for src in a.sources:
-        if os.path.basename(os.path.dirname(src)) != "cma" or not src.endswith(".py"):
+        if os.path.basename(os.path.dirname(src)) != "cma" or not src.endswith((".py", ".cc")):
             sys.exit(f"build_wheel: {src} is not a module of the cma package")
         with open(src, "rb") as f:
             files["cma/" + os.path.basename(src)] = (f.read(), 0o644)
@@ -138,7 +140,7 @@ def main():
     with open(a.header, "rb") as f:
         files["cma/include/cma_c.h"] = (f.read(), 0o644)
     write_wheel(a.out, files, a.dist, a.version, a.tag)
-    print(f"build_wheel: {expected}: {len(a.sources)} modules, {len(libs)} libraries")
+    print(f"build_wheel: {expected}: {len(a.sources)} sources, {len(libs)} libraries")
 
 
 if __name__ == "__main__":

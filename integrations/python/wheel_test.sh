@@ -35,7 +35,8 @@ for name, digest, size in rows:
     data = z.read(name)
     want = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     assert digest == want and int(size) == len(data), ("bad RECORD entry", name)
-for must in ("cma/__init__.py", "cma/_lib.py", "cma/torch.py", "cma/_torch_oom.py", "cma/cupy.py",
+for must in ("cma/__init__.py", "cma/_lib.py", "cma/torch.py", "cma/torch_allocator.py",
+             "cma/torch_allocator.cc", "cma/cupy.py",
              "cma/numba.py", "cma/symmetric.py", "cma/libcma.so", "cma/include/cma_c.h"):
     assert must in names, must
 absl = [n for n in names if n.startswith("cma/libabsl_")]

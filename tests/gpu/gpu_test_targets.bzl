@@ -12,6 +12,7 @@ def gpu_test_targets():
         deps = [
             "//allocator",
             "//backends/cuda",
+            "//backends:registry",
             "//bench/cuda:kernels",
             "@system//:gtest_main",
         ],

@@ -1,78 +1,56 @@
-"""PyTorch routes to caching_managed_allocator.
+"""PyTorch's CUDA allocator, served by caching_managed_allocator.
 
-Two ways in, both through torch.cuda.memory.CUDAPluggableAllocator:
-  * use_as_default(): every CUDA tensor comes from this allocator (call it
-    before anything initialises CUDA);
-  * pool(): a torch.cuda.MemPool for `with torch.cuda.use_mem_pool(pool):`.
+use_as_default() makes cma PyTorch's CUDA allocator for the whole process:
+a C++ subclass of c10's CUDAAllocator (cma/torch_allocator.cc, compiled
+against the installed torch on first use), installed before CUDA
+initialises. PyTorch's own tools then reach cma unpatched:
+torch.cuda.memory_stats/memory_summary/_snapshot/_record_memory_history,
+torch.cuda.graph and torch.compile(mode="reduce-overhead") (their private
+pools live in cma's core), torch.cuda.MemPool/use_mem_pool,
+caching_allocator_alloc, set_per_process_memory_fraction (cma's managed
+budget), OOM observers, and torch.OutOfMemoryError on out-of-memory.
+Not supported, with an error naming cma: CUDA IPC of tensors
+(torch.multiprocessing sharing: managed memory has no cudaIpc handle),
+MemPool(use_on_oom=True), MemPool(no_split=True), a MemPool with another
+allocator.
 
 move(tensor, device) is RFC-0023's zero-copy tensor.to(): the returned tensor
 aliases the same managed memory (same data_ptr) on the other device; the data
 migrates, nothing is copied, and the original storage is kept alive.
 """
-import ctypes
 import os
 
 import torch
 
 from cma import _lib
-from cma import _torch_oom
-
-_pluggable = {}
 
 
-def _allocator(checked):
-    """The pluggable allocator object; `checked`: its hook raises
-    torch.OutOfMemoryError instead of returning NULL (the default route).
-    Under a MemPool the hook must return NULL: PyTorch's caching allocator
-    owns the pool, sees the failed segment, frees its cached blocks, retries,
-    and raises OutOfMemoryError itself."""
-    if checked not in _pluggable:
-        lib = _lib.lib()
-        fn = lambda name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-        # What torch.cuda.memory.CUDAPluggableAllocator does, with our hook.
-        alloc_fn = (_torch_oom.checked_alloc_fn(lib) if checked else None) or fn("cma_torch_alloc")
-        inner = torch._C._cuda_customAllocator(alloc_fn, fn("cma_torch_free"))
-        inner.set_init_fn(fn("cma_torch_init"))
-        inner.set_reset_fn(fn("cma_torch_reset"))
-        inner.set_memory_fraction_fn(fn("cma_torch_memory_fraction"))
-        inner.set_record_stream_fn(fn("cma_torch_record_stream"))
-        hooks = _torch_oom.graph_hooks(lib) if checked else []
-        if hooks:  # CUDA graphs: a capture's allocations go to its private pool in cma
-            inner.set_begin_allocate_to_pool(hooks[0])
-            inner.set_end_allocate_to_pool_fn(hooks[1])
-            inner.set_release_pool(hooks[2])
-        _pluggable[checked] = torch.cuda.memory._CUDAAllocator(inner)
-    return _pluggable[checked]
-
-
-def use_as_default(config=None, memory_tools=True):
-    """Makes this allocator PyTorch's CUDA allocator for the whole process.
-    With memory_tools (default), torch.cuda.memory_stats(), memory_summary(),
-    max_memory_*(), reset_peak_memory_stats() and memory._snapshot() report
-    cma's memory (cma/torch_memory.py) instead of raising."""
+def use_as_default(config=None):
+    """Makes this allocator PyTorch's CUDA allocator for the whole process
+    (call it before anything initialises CUDA). `config` is a CMA_ALLOC_CONF
+    string."""
     if torch.cuda.is_initialized():
         raise RuntimeError("cma.torch.use_as_default() must run before CUDA is initialised "
-                           "(PyTorch cannot change allocators afterwards); use cma.torch.pool()")
+                           "(PyTorch cannot change allocators once its own holds memory)")
     if config is not None:
         os.environ["CMA_ALLOC_CONF"] = config
-    torch.cuda.memory.change_current_allocator(_allocator(checked=True))
-    if memory_tools:
-        from cma import torch_memory
-        torch_memory.install()
+    from cma import torch_allocator
+    _lib.lib()  # loads libcma.so (and fails clearly if it cannot)
+    torch_allocator.install(_lib.library_path())
 
 
 def pool():
-    """A torch.cuda.MemPool whose memory comes from this allocator."""
-    return torch.cuda.MemPool(_allocator(checked=False).allocator())
+    """Retired: PyTorch's MemPool now lives in cma itself."""
+    raise RuntimeError("cma.torch.pool() is retired: it stacked PyTorch's cache on top of "
+                       "cma's. Call cma.torch.use_as_default() and use torch.cuda.MemPool() "
+                       "with torch.cuda.use_mem_pool(pool): the pool then lives in cma.")
 
 
 def _owned_storage(tensor):
     ptr = tensor.untyped_storage().data_ptr()
     if _lib.device_of(ptr) is None:
         raise ValueError("cma.torch: the tensor does not own a cma allocation (allocate it "
-                         "under cma.torch.use_as_default(); under cma.torch.pool() PyTorch's "
-                         "allocator packs tensors into cma segments, so only tensors that fill "
-                         "a segment of their own qualify)")
+                         "under cma.torch.use_as_default())")
     return ptr, tensor.untyped_storage().nbytes()
 
 
@@ -190,7 +168,7 @@ def release_staging(device=None):
 
 
 def zero_copy():
-    """`with cma.torch.zero_copy():` .to()/.cpu()/.cuda() alias cma tensors in place (cma/torch_zero_copy.py)."""
+    """`with cma.torch.zero_copy():` .to()/.cpu()/.cuda() alias cma tensors (torch_zero_copy.py)."""
     from cma import torch_zero_copy; return torch_zero_copy.ZeroCopyMode()  # noqa: E702
 
 
@@ -210,24 +188,9 @@ def memory_stats(device=None):
 
 
 def snapshot():
-    """cma's own snapshot (arenas whole); torch_snapshot() gives PyTorch's format."""
+    """cma's own snapshot (arenas whole, placement per block);
+    torch.cuda.memory._snapshot() gives PyTorch's format."""
     return _lib.snapshot()
-
-
-def torch_snapshot():
-    """torch.cuda.memory._snapshot()'s format (for torch.cuda._memory_viz)."""
-    from cma import torch_memory
-    return torch_memory.snapshot()
-
-
-def record_memory_history(enabled="all", max_entries=100_000):
-    from cma import torch_memory
-    torch_memory.record_memory_history(enabled, max_entries=max_entries)
-
-
-def memory_summary(device=None, abbreviated=False):
-    from cma import torch_memory
-    return torch_memory.memory_summary(device, abbreviated)
 
 
 def __getattr__(name):

@@ -15,7 +15,7 @@ rounding), and the tensor views
 all of it, contiguously, from offset 0 (every parameter and buffer of a
 model allocated under cma.torch.use_as_default(), and every alias this mode
 returned). Everything else falls back to PyTorch's own copy, unchanged: a
-view or slice, a tensor packed inside another allocation (cma.torch.pool()),
+view or slice, a tensor packed inside a larger allocation (a suballocator's),
 a dtype or memory-format change, copy=True, a target other than the CPU or
 a CUDA device, a tensor that requires grad while autograd records (an alias
 would carry no grad_fn), a tensor subclass other than nn.Parameter, and a

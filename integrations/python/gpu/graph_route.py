@@ -3,7 +3,7 @@ torch_gpu_test.py: torch.cuda.graph capture and replay, and
 torch.compile(mode="reduce-overhead"), each compared with eager results.
 Each case ends "match", "refused: <message>" or "MISMATCH" (never allowed).
 
-    python3 graph_route.py native|default|pool  ->  JSON"""
+    python3 graph_route.py native|default|mempool  ->  JSON"""
 import json
 import os
 import sys
@@ -14,14 +14,14 @@ import torch  # noqa: E402
 route = sys.argv[1]
 if route != "native":
     import cma.torch as cmat
-    if route == "default":
+    if route in ("default", "mempool"):
         cmat.use_as_default()
-    pool = cmat.pool() if route == "pool" else None
+    pool = torch.cuda.MemPool() if route == "mempool" else None
 torch.manual_seed(0)
 
 
 def in_route(fn):
-    if route == "pool":
+    if route == "mempool":
         with torch.cuda.use_mem_pool(pool):
             return fn()
     return fn()
@@ -55,18 +55,60 @@ def graph_case():
 
 
 def compile_case():
-    compiled = torch.compile(model, mode="reduce-overhead")
+    # Two batch shapes: cudagraph trees record a graph for each, sharing one
+    # private pool (checkpointing and restoring its state between them).
+    compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
+    small = [x[:16] for x in inputs]
     with torch.no_grad():
         for _ in range(3):
             compiled(inputs[0])
-        return [compiled(x).clone() for x in inputs]
+            compiled(small[0])
+        results = []
+        for x, xs in zip(inputs, small):
+            results.append(compiled(x).clone())
+            results.append(compiled(xs).clone())
+    return results
 
 
-for name, case in (("cuda_graph", graph_case), ("compile_reduce_overhead", compile_case)):
+def graphed_callables_case():
+    g_model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU()).cuda()
+    ref = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU()).cuda()
+    ref.load_state_dict(g_model.state_dict())
+    x = torch.randn(64, 512, device="cuda", requires_grad=True)
+    graphed = torch.cuda.make_graphed_callables(g_model, (x,))
+    got, want = [], []
+    for inp in inputs:
+        a = inp.clone().requires_grad_()
+        out_g = graphed(a)
+        out_g.sum().backward()
+        got += [out_g.detach().clone(), a.grad.clone()]
+        b = inp.clone().requires_grad_()
+        out_r = ref(b)
+        out_r.sum().backward()
+        want += [out_r.detach().clone(), b.grad.clone()]
+    return got, want
+
+
+def compared(case):
+    got = in_route(case)
+    if isinstance(got, tuple):
+        return got
+    if case is compile_case:
+        with torch.no_grad():
+            want = []
+            for x in inputs:
+                want += [model(x), model(x[:16])]
+        return got, want
+    return got, eager
+
+
+for name, case in (("cuda_graph", graph_case), ("compile_reduce_overhead", compile_case),
+                   ("graphed_callables", graphed_callables_case)):
     try:
-        got = in_route(case)
+        got, want = compared(case)
         torch.cuda.synchronize()
-        same = all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got, eager))
+        same = len(got) == len(want) and all(
+            torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got, want))
         out[name] = "match" if same else "MISMATCH"
     except Exception as e:  # noqa: BLE001 - a refusal is reported, not hidden
         out[name] = "refused: " + str(e).splitlines()[0][:300]

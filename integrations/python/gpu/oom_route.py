@@ -1,7 +1,7 @@
 """Out of memory under one allocator route, in a fresh process (the budget is
 read when cma starts), for torch_gpu_test.py.
 
-    python3 oom_route.py default|pool  ->  JSON {raised, type, message, after_ok, ...}"""
+    python3 oom_route.py default|mempool  ->  JSON {raised, type, message, after_ok, ...}"""
 import json
 import os
 import sys
@@ -13,9 +13,9 @@ route = sys.argv[1]
 import torch  # noqa: E402
 import cma.torch as cmat  # noqa: E402
 
-if route == "default":
+if route in ("default", "mempool"):
     cmat.use_as_default()
-pool = cmat.pool() if route == "pool" else None
+pool = torch.cuda.MemPool() if route == "mempool" else None
 
 
 def allocate(n):

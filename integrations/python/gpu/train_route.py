@@ -1,6 +1,6 @@
 """One training run under one allocator route, for torch_gpu_test.py.
 
-    python3 train_route.py native|default|pool  ->  JSON {losses, step_ms, ...}
+    python3 train_route.py native|default|mempool  ->  JSON {losses, step_ms, ...}
 Deterministic settings, so every route must give the same losses."""
 import json
 import os
@@ -16,7 +16,7 @@ steps = int(sys.argv[2]) if len(sys.argv) > 2 else 50
 import torch  # noqa: E402
 import cma.torch as cmat  # noqa: E402
 
-if route == "default":
+if route in ("default", "mempool"):
     cmat.use_as_default()
 torch.manual_seed(0)
 torch.use_deterministic_algorithms(True)
@@ -48,8 +48,8 @@ def run():
     return losses, times
 
 
-if route == "pool":
-    pool = cmat.pool()
+if route == "mempool":
+    pool = torch.cuda.MemPool()
     with torch.cuda.use_mem_pool(pool):
         losses, times = run()
 else:

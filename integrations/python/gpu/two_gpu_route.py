@@ -1,6 +1,6 @@
 """Two GPUs in one process under one route, for torch_gpu_test.py: tensors
 on cuda:1 come from cma's device 1, compute correctly, and move between
-devices without a copy.   python3 two_gpu_route.py default|pool  ->  JSON"""
+devices without a copy.   python3 two_gpu_route.py default|mempool  ->  JSON"""
 import json
 import os
 import sys
@@ -11,15 +11,15 @@ import cma  # noqa: E402
 import cma.torch as cmat  # noqa: E402
 
 route = sys.argv[1]
-if route == "default":
+if route in ("default", "mempool"):
     cmat.use_as_default()
 out = {"route": route}
 
 
 def on(device, fn):
-    if route == "pool":
+    if route == "mempool":
         with torch.cuda.device(device):
-            p = cmat.pool()
+            p = torch.cuda.MemPool()
             with torch.cuda.use_mem_pool(p):
                 return fn()
     with torch.cuda.device(device):

@@ -53,7 +53,8 @@ out["outside_copies"] = t.to("cpu").data_ptr() != ptr
 
 # A module's round trips: same parameters, same pointers, same outputs.
 torch.manual_seed(0)
-m = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 512)).cuda()
+m = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU(),
+                        torch.nn.Linear(512, 512)).cuda()
 x = torch.randn(32, 512, device="cuda")
 ref = m(x).detach().clone()
 params = list(m.parameters())
@@ -79,7 +80,8 @@ with cmat.zero_copy():
     h = s.to("cpu")
 del s
 gc.collect()
-out["alias_keeps_memory"] = cma.stats(0)["allocation.all.current"] == before + 1 and h.sum().item() == 1 << 20
+out["alias_keeps_memory"] = (cma.stats(0)["allocation.all.current"] == before + 1 and
+                             h.sum().item() == 1 << 20)
 del h
 gc.collect()
 out["freed_with_last_alias"] = cma.stats(0)["allocation.all.current"] == before

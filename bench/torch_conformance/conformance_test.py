@@ -1,0 +1,472 @@
+"""Tests of the conformance harness that need neither torch nor a GPU.
+
+- the pure logic (selection, outcome folding, reasons, event log);
+- import stand-ins on a fake module;
+- the driver's restart, timeout and budget handling with a fake child
+  process that speaks the event-log protocol;
+- when the interpreter has pytest: the real plugin under pytest on a fake
+  torch and a fake cma, a test file whose tests pass, fail, skip, xfail,
+  crash the process, overrun their soft limit, get stuck where SIGALRM cannot
+  reach them, and import names the fake torch lacks.
+"""
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import textwrap
+import types
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import compare  # noqa: E402
+import conformance_core as core  # noqa: E402
+import import_fallbacks  # noqa: E402
+import run_conformance  # noqa: E402
+
+
+class CoreTest(unittest.TestCase):
+    def test_keywords_match_class_and_method_not_path(self):
+        self.assertTrue(core.matches_keywords("t.py::TestMemPool::test_x"))
+        self.assertTrue(core.matches_keywords("t.py::TestCuda::test_OUT_OF_MEMORY"))
+        self.assertTrue(core.matches_keywords("t.py::TestCudaOptimsCUDA::test_graph_optims_SGD"))
+        self.assertFalse(core.matches_keywords("graph_dir/t.py::TestCuda::test_streams"))
+        ids = ["a.py::A::test_streams", "a.py::A::test_memory_stats", "a.py::A::test_graph_x"]
+        self.assertEqual(core.select(ids), ids[1:])
+        self.assertEqual(core.select(ids, only=["a.py::A::test_graph_x", "a.py::A::test_streams"]),
+                         ["a.py::A::test_graph_x"])
+
+    def test_outcome_folding(self):
+        def fold(*phases):
+            acc = core.OutcomeAccumulator()
+            for p in phases:
+                acc.add(*p)
+            return acc.final()
+        self.assertEqual(fold(("setup", "passed"), ("call", "passed"), ("teardown", "passed")),
+                         ("passed", ""))
+        self.assertEqual(fold(("setup", "passed"), ("call", "failed", "AssertionError: x"),
+                              ("teardown", "passed")), ("failed", "AssertionError: x"))
+        self.assertEqual(fold(("setup", "failed", "boom")), ("error", "boom"))
+        self.assertEqual(fold(("setup", "skipped", "no gpu")), ("skipped", "no gpu"))
+        self.assertEqual(fold(("setup", "skipped", core.BUDGET_MARK))[0], "not_run")
+        self.assertEqual(fold(("setup", "passed"), ("call", "skipped", "", "reason")),
+                         ("xfailed", "reason"))
+        self.assertEqual(fold(("setup", "passed"), ("call", "passed", "", ""))[0], "xpassed")
+        self.assertEqual(fold(("setup", "passed"), ("call", "passed"),
+                              ("teardown", "failed", "leak")), ("error", "teardown: leak"))
+        self.assertEqual(fold(("setup", "passed"),
+                              ("call", "failed", "ConformanceTimeout: past limit"))[0], "timeout")
+        self.assertEqual(fold()[0], "crashed")
+
+    def test_reasons(self):
+        self.assertEqual(core.reason_from_longrepr(("f.py", 3, "Skipped: no cuda")), "no cuda")
+        crash = types.SimpleNamespace(reprcrash=types.SimpleNamespace(
+            message="RuntimeError: cma.torch: does not yet support\n  more"))
+        self.assertEqual(core.reason_from_longrepr(crash),
+                         "RuntimeError: cma.torch: does not yet support more")
+        text = "def test():\n>   x()\nE   RuntimeError: out of memory\nE   second line\nt.py:3: RuntimeError"
+        self.assertEqual(core.reason_from_longrepr(text), "RuntimeError: out of memory")
+        self.assertEqual(len(core.one_line("x" * 1000)), core.REASON_MAX)
+
+    def test_event_log_survives_a_torn_line(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "ev.jsonl")
+            w = core.EventWriter(path)
+            w.start("a")
+            w.end("a", "passed", "", 0.1)
+            w.start("b")
+            with open(path, "a") as f:
+                f.write('{"ev": "end", "id": "b", "outc')
+            events = core.read_events(path)
+            self.assertEqual([e["ev"] for e in events], ["start", "end", "start"])
+            self.assertEqual(core.in_flight(events)[0], "b")
+            w.close()
+
+
+class FallbackTest(unittest.TestCase):
+    def setUp(self):
+        mod = types.ModuleType("fakepkg.helpers")
+        mod.present = "here"
+        pkg = types.ModuleType("fakepkg")
+        sys.modules.update({"fakepkg": pkg, "fakepkg.helpers": mod})
+        self.addCleanup(lambda: [sys.modules.pop(m, None)
+                                 for m in ("fakepkg", "fakepkg.helpers", "fakepkg.gone")])
+
+    def test_a_module_missing_a_dependency_is_an_error(self):
+        def importer(name):
+            raise ModuleNotFoundError("No module named 'yaml'", name="yaml")
+        with self.assertRaisesRegex(import_fallbacks.MissingDependency, "needs the package 'yaml'"):
+            import_fallbacks.apply("from fakepkg.helpers import x\n", prefixes=("fakepkg",),
+                                   importer=importer)
+
+    def test_missing_names_get_stand_ins(self):
+        source = textwrap.dedent("""
+            import os
+            from fakepkg.helpers import (present, TEST_NEW_FEATURE, PLATFORM_SUPPORTS_X,
+                newDecorator, serialTest, MI999_ARCH, thing_db, TestNewBase,
+                _get_torch_cuda_version)
+            from fakepkg.gone import other
+            from collections import OrderedDict
+            """)
+        applied = import_fallbacks.apply(source, prefixes=("fakepkg",))
+        names = {(a["module"], a["name"]) for a in applied}
+        self.assertNotIn(("fakepkg.helpers", "present"), names)
+        self.assertIn(("fakepkg.gone", "*"), names)
+        self.assertIn(("fakepkg.gone", "other"), names)
+        ns = {}
+        exec(source + textwrap.dedent("""
+            import unittest
+            class T(unittest.TestCase):
+                @newDecorator("arg", flag=True)
+                def test_decorated(self):
+                    pass
+                @serialTest()
+                def test_serial(self):
+                    pass
+                def test_attr(self):
+                    other.anything
+            class U(TestNewBase):
+                def test_u(self):
+                    pass
+            flags = (TEST_NEW_FEATURE, PLATFORM_SUPPORTS_X, MI999_ARCH, list(thing_db))
+            """), ns)
+        self.assertEqual(ns["flags"], (False, False, (), []))
+        result = unittest.TestResult()
+        unittest.defaultTestLoader.loadTestsFromTestCase(ns["T"]).run(result)
+        unittest.defaultTestLoader.loadTestsFromTestCase(ns["U"]).run(result)
+        skipped = {t.id().split(".")[-1]: why for t, why in result.skipped}
+        self.assertEqual(set(skipped), {"test_decorated", "test_attr", "test_u"})
+        self.assertIn("newDecorator is missing", skipped["test_decorated"])
+        self.assertEqual(result.testsRun, 4)
+        self.assertEqual(result.failures + result.errors, [])
+
+
+FAKE_CHILD = textwrap.dedent("""
+    import json, os, sys, time
+    sys.path.insert(0, os.environ["HARNESS_DIR"])
+    import conformance_core as core
+    ids = ["f.py::T::test_graph_a", "f.py::T::test_memory_crash", "f.py::T::test_streams",
+           "f.py::T::test_graph_hang", "f.py::T::test_snapshot_b", "f.py::T::test_mempool_slow"]
+    only = None
+    if os.environ.get("CMA_CONF_ONLY"):
+        only = json.load(open(os.environ["CMA_CONF_ONLY"]))
+    keep = core.select(ids, only=only)
+    ev = core.EventWriter(os.environ["CMA_CONF_EVENTS"])
+    if os.environ.get("FAKE_FATAL"):
+        ev.write("fatal", msg="route install failed")
+        sys.exit(4)
+    ev.write("selected", ids=keep, collected=len(ids))
+    ev.write("meta", torch="fake", route=os.environ["CMA_CONF_ROUTE"])
+    for i in keep:
+        ev.start(i)
+        if "crash" in i:
+            print("terminate called: fake allocator abort", flush=True)
+            os.abort()
+        if "hang" in i:
+            time.sleep(1000)   # no faulthandler here: the driver must kill it
+        if "slow" in i:
+            time.sleep(float(os.environ.get("FAKE_SLOW_S", "0")))
+        ev.end(i, "passed", "", 0.0)
+    """)
+
+
+class DriverTest(unittest.TestCase):
+    def run_fake(self, budget=30.0, env=None):
+        d = tempfile.mkdtemp()
+        child = os.path.join(d, "child.py")
+        with open(child, "w") as f:
+            f.write(FAKE_CHILD)
+        old = dict(os.environ)
+        os.environ.update(HARNESS_DIR=HERE, **(env or {}))
+        try:
+            return run_conformance.run_route(
+                "cma", child, d, budget, soft_s=0.5, hard_s=1.0,
+                command=[sys.executable, child], slow={}, poll_s=0.1, kill_grace_s=1.0), d
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+
+    def test_crash_and_hang_are_recorded_and_the_run_resumes(self):
+        r, d = self.run_fake()
+        t = {core.test_key(k): v for k, v in r["tests"].items()}
+        self.assertEqual(r["order"], ["f.py::T::test_graph_a", "f.py::T::test_memory_crash",
+                                      "f.py::T::test_graph_hang", "f.py::T::test_snapshot_b",
+                                      "f.py::T::test_mempool_slow"])
+        self.assertEqual(t["T::test_graph_a"]["outcome"], "passed")
+        self.assertEqual(t["T::test_memory_crash"]["outcome"], "crashed")
+        self.assertIn("SIGABRT", t["T::test_memory_crash"]["reason"])
+        self.assertIn("fake allocator abort", t["T::test_memory_crash"]["reason"])
+        self.assertEqual(t["T::test_graph_hang"]["outcome"], "timeout")
+        self.assertEqual(t["T::test_snapshot_b"]["outcome"], "passed")
+        self.assertEqual(r["restarts"], 2)
+        self.assertIsNone(r["fatal"])
+        self.assertEqual(r["summary"]["passed"], 3)
+        with open(os.path.join(d, "cma.json")) as f:
+            self.assertEqual(json.load(f)["summary"], r["summary"])
+
+    def test_budget_marks_the_rest_not_run(self):
+        r, _ = self.run_fake(budget=0.3, env={"FAKE_SLOW_S": "0"})
+        outcomes = [r["tests"][i]["outcome"] for i in r["order"]]
+        self.assertIn("not_run", outcomes)
+        self.assertEqual(r["summary"]["not_run"] + r["summary"]["passed"]
+                         + r["summary"]["crashed"] + r["summary"]["timeout"], len(r["order"]))
+
+    def test_fatal_stops_the_route(self):
+        r, _ = self.run_fake(env={"FAKE_FATAL": "1"})
+        self.assertEqual(r["fatal"], "route install failed")
+        self.assertEqual(r["order"], None)
+
+
+class CompareTest(unittest.TestCase):
+    def test_lists_what_native_passes_and_cma_does_not(self):
+        order = ["f.py::T::test_a", "f.py::T::test_b", "f.py::T::test_c"]
+        native = {"route": "native", "order": order, "meta": {"torch": "2.11"}, "tests": {
+            order[0]: {"outcome": "passed"}, order[1]: {"outcome": "passed"},
+            order[2]: {"outcome": "failed", "reason": "x"}}}
+        cma = {"route": "cma", "order": order, "meta": {}, "tests": {
+            order[0]: {"outcome": "passed"},
+            order[1]: {"outcome": "failed", "reason": "RuntimeError: graph | refused"},
+            order[2]: {"outcome": "passed"}}}
+        md = compare.markdown([native, cma])
+        self.assertIn("## native passes, cma does not (1)", md)
+        self.assertIn("| T::test_b | failed | RuntimeError: graph \\| refused |", md)
+        self.assertIn("## cma passes, native does not (1)", md)
+        self.assertIn("| native | 3 | 2 | 0 | 1 |", md)
+        self.assertEqual(compare.outcome_list(cma).splitlines()[1],
+                         "failed\tT::test_b\tRuntimeError: graph | refused")
+
+
+FAKE_TORCH = {
+    "torch/__init__.py": """
+        __version__ = "0.0+fake"
+        uint8 = "uint8"
+        class version:
+            cuda = "13.0"
+        from . import cuda
+        class _Storage:
+            def data_ptr(self):
+                return 4096
+        class _Tensor:
+            def untyped_storage(self):
+                return _Storage()
+        def empty(*a, **k):
+            cuda.init()
+            return _Tensor()
+        """,
+    "torch/cuda.py": """
+        _initialized = False
+        route = "native"
+        def is_initialized():
+            return _initialized
+        def init():
+            global _initialized
+            _initialized = True
+        def get_device_name(i=0):
+            return "FakeGPU"
+        def get_allocator_backend():
+            return route
+        def empty_cache():
+            pass
+        broken = False
+        def synchronize():
+            if broken:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        """,
+    "torch/testing/__init__.py": "",
+    "torch/testing/_internal/__init__.py": "",
+    "torch/testing/_internal/common_utils.py": """
+        import unittest
+        import expecttest
+        class TestCase(expecttest.TestCase):
+            pass
+        TEST_CUDA = True
+        """,
+    "cma/__init__.py": "",
+    "cma/torch.py": """
+        import torch
+        def use_as_default():
+            if torch.cuda.is_initialized():
+                raise RuntimeError("too late")
+            torch.cuda.route = "cma"
+        """,
+    "cma/_lib.py": """
+        import torch
+        def device_of(ptr):
+            return 0 if torch.cuda.route == "cma" else None
+        """,
+}
+
+FAKE_TEST_FILE = """
+import os
+import signal
+import time
+import unittest
+
+import torch
+from torch.testing._internal.common_utils import TestCase, TEST_CUDA, TEST_BRAND_NEW, brandNewDecorator
+
+torch.cuda.init()   # like test_cuda.py, which reads device properties at import
+
+
+class TestFake(TestCase):
+    def test_memory_route_installed_before_import(self):
+        self.assertEqual(torch.cuda.route, os.environ["CMA_CONF_ROUTE"])
+
+    def test_graph_fails(self):
+        raise RuntimeError("graph capture refused")
+
+    def test_snapshot_skips(self):
+        self.skipTest("no snapshot here")
+
+    @unittest.expectedFailure
+    def test_mempool_expected_failure(self):
+        self.assertTrue(False)
+
+    def test_out_of_memory_kills_the_process(self):
+        os.abort()
+
+    def test_caching_allocator_overruns(self):
+        time.sleep(30)
+
+    def test_mem_pool_stuck_where_sigalrm_cannot_reach(self):
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
+        time.sleep(30)
+
+    @brandNewDecorator("needs a newer torch")
+    def test_memory_uses_a_missing_decorator(self):
+        pass
+
+    def test_memory_expect_inline(self):
+        self.assertExpectedInline("a\\nb", '''\\
+a
+b''')
+
+    def test_graph_breaks_the_context(self):
+        torch.cuda.broken = True
+        raise RuntimeError("illegal memory access")
+
+    def test_graph_runs_in_a_fresh_context(self):
+        self.assertFalse(torch.cuda.broken)
+
+    def test_memory_excluded(self):
+        os.abort()
+
+    def test_streams_is_not_selected(self):
+        pass
+
+
+class TestMemPoolByClassName(TestCase):
+    def test_anything(self):
+        pass
+"""
+
+
+def _has_pytest():
+    return importlib.util.find_spec("pytest") is not None
+
+
+@unittest.skipUnless(_has_pytest(), "this interpreter has no pytest")
+class PluginUnderPytestTest(unittest.TestCase):
+    def test_cma_route_end_to_end(self):
+        d = tempfile.mkdtemp()
+        site = os.path.join(d, "site")
+        for rel, text in FAKE_TORCH.items():
+            path = os.path.join(site, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(textwrap.dedent(text))
+        test_file = os.path.join(d, "test_cuda.py")
+        with open(test_file, "w") as f:
+            f.write(FAKE_TEST_FILE)
+        old = dict(os.environ)
+        os.environ["PYTHONPATH"] = site
+        try:
+            r = run_conformance.run_route("cma", test_file, os.path.join(d, "out"), 120,
+                                          soft_s=1.0, hard_s=3.0, slow={}, poll_s=0.1,
+                                          exclude=["test_memory_excluded"])
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+        with open(os.path.join(d, "out", "work", "cma.log")) as f:
+            log = f.read()
+        self.assertIsNone(r["fatal"], log[-3000:])
+        t = {core.test_key(k).split("::")[-1]: v for k, v in r["tests"].items()}
+        self.assertNotIn("test_streams_is_not_selected", t)
+        self.assertEqual(len(t), 13, t)
+        expect = {
+            "test_memory_route_installed_before_import": "passed",
+            "test_graph_fails": "failed",
+            "test_snapshot_skips": "skipped",
+            "test_mempool_expected_failure": "xfailed",
+            "test_out_of_memory_kills_the_process": "crashed",
+            "test_caching_allocator_overruns": "timeout",
+            "test_mem_pool_stuck_where_sigalrm_cannot_reach": "timeout",
+            "test_memory_uses_a_missing_decorator": "skipped",
+            "test_memory_expect_inline": "passed",
+            "test_anything": "passed",
+            "test_graph_breaks_the_context": "failed",
+            "test_graph_runs_in_a_fresh_context": "passed",
+            "test_memory_excluded": "not_run",
+        }
+        self.assertEqual({k: v["outcome"] for k, v in t.items()}, expect, log[-3000:])
+        self.assertIn("graph capture refused", t["test_graph_fails"]["reason"])
+        self.assertIn("SIGABRT", t["test_out_of_memory_kills_the_process"]["reason"])
+        self.assertIn("brandNewDecorator is missing",
+                      t["test_memory_uses_a_missing_decorator"]["reason"])
+        self.assertEqual(r["restarts"], 3)
+        self.assertEqual([c["after"].split("::")[-1] for c in r["context_restarts"]],
+                         ["test_graph_breaks_the_context"])
+        self.assertIn("illegal memory access", r["context_restarts"][0]["reason"])
+        meta = r["meta"]
+        self.assertEqual(meta["device"], "FakeGPU")
+        self.assertIs(meta["cma_owns_tensors"], True)
+        self.assertEqual({f["name"] for f in meta["fallbacks"]}, {"TEST_BRAND_NEW", "brandNewDecorator"})
+
+    def test_a_file_that_does_not_import_is_fatal(self):
+        d = tempfile.mkdtemp()
+        test_file = os.path.join(d, "test_cuda.py")
+        with open(test_file, "w") as f:
+            f.write("import no_such_module_anywhere\n\ndef test_memory():\n    pass\n")
+        site = os.path.join(d, "site")
+        for rel, text in FAKE_TORCH.items():
+            path = os.path.join(site, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(textwrap.dedent(text))
+        old = dict(os.environ)
+        os.environ["PYTHONPATH"] = site
+        try:
+            r = run_conformance.run_route("native", test_file, os.path.join(d, "out"), 60,
+                                          soft_s=1.0, hard_s=3.0, slow={}, poll_s=0.1)
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+        self.assertIn("no_such_module_anywhere", r["fatal"] or "")
+
+    def test_cma_install_failure_is_fatal(self):
+        d = tempfile.mkdtemp()
+        test_file = os.path.join(d, "test_cuda.py")
+        with open(test_file, "w") as f:
+            f.write("def test_memory():\n    pass\n")
+        site = os.path.join(d, "site")
+        for rel, text in FAKE_TORCH.items():
+            if rel.startswith("cma/"):
+                continue   # no cma package: the route cannot be installed
+            path = os.path.join(site, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(textwrap.dedent(text))
+        old = dict(os.environ)
+        os.environ["PYTHONPATH"] = site
+        try:
+            r = run_conformance.run_route("cma", test_file, os.path.join(d, "out"), 60,
+                                          soft_s=1.0, hard_s=3.0, slow={}, poll_s=0.1)
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+        self.assertIn("cma.torch.use_as_default() failed", r["fatal"] or "")
+
+
+if __name__ == "__main__":
+    unittest.main()

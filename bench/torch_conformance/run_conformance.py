@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""PyTorch's own test/test_cuda.py as a conformance suite for cma (issue 20,
+item 5): its allocator-facing tests (names containing graph, memory,
+snapshot, out_of_memory, caching_allocator, mempool or mem_pool) run under
+PyTorch's native allocator, under cma, and optionally under expandable
+segments, each route in fresh processes, and a comparison lists what native
+passes and cma does not.
+
+  run_conformance.py --out DIR [--routes native,cma,expandable]
+                     [--test-file upstream/test_cuda.py] [--total-s 560]
+                     [--route-s 200] [--soft-s 40] [--hard-s 60]
+
+Per route it writes DIR/<route>.json (every test's outcome and one-line
+reason, torch/device facts, stand-ins used); then DIR/compare.md (the
+comparison) and DIR/logs.tar.gz (pytest's output per route, the event logs,
+and <route>_outcomes.txt, the lists to commit; compare.py --lists rebuilds
+them from the JSON files; they are written to a temporary folder first).
+Five files at most: the GPU machine returns eight.
+
+Robustness, so that one run on the GPU machine is enough:
+- the route is installed by a pytest plugin before CUDA initialises;
+- a test that kills the process (a segfault, an abort, CUDA's sticky
+  errors) is recorded as "crashed" with the last telling line of the log,
+  and a new process resumes after it;
+- after a test that did not pass, the plugin checks that CUDA still works
+  (torch.cuda.synchronize()); a sticky error or an unfinished capture ends
+  the process and the next test runs in a fresh one (context_restarts);
+- a test is stopped after --soft-s (SIGALRM, recorded as "timeout"); one
+  stuck in C is ended by faulthandler or, failing that, killed by this driver
+  after --hard-s, and the run resumes after it;
+- each route has a time budget (--route-s, and --total-s shared by all
+  routes); tests left when it runs out are "not_run".
+Exit status: 0 when every route ran (whatever its tests did), 2 when a route
+could not run meaningfully (route install failed, the file did not import).
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import compare  # noqa: E402
+import conformance_core as core  # noqa: E402
+
+ROUTES = ("native", "cma", "expandable")
+DEFAULT_TEST_FILE = os.path.join(HERE, "upstream", "test_cuda.py")
+# Tests that compile C++/CUDA or Triton code on first use get more time
+# (the builds are cached in TORCH_EXTENSIONS_DIR, shared by the routes).
+SLOW_TESTS = {
+    "test_mempool_empty_cache_inactive": 150, "test_mempool_with_allocator": 150,
+    "test_tensor_delete_after_allocator_delete": 150,
+    "test_mempool_limited_memory_with_allocator": 150,
+    "test_deleted_mempool_not_used_on_oom": 150, "test_mempool_expandable": 150,
+    "test_cpp_memory_snapshot_pickle": 150, "test_memory_compile_regions": 150,
+    "test_fx_memory_profiler_augmentation": 120, "test_graph_optims": 90,
+    "test_allocator_fuzz": 90,
+}
+KILL_GRACE_S = 10.0
+STARTUP_LIMIT_S = 240.0   # importing torch and collecting test_cuda.py
+MAX_RESTARTS = 25
+
+
+def pytest_command(test_file):
+    return [sys.executable, "-m", "pytest", test_file, "-p", "conformance_plugin",
+            "-p", "no:cacheprovider", "--noconftest", "-c", os.devnull, "--capture=sys", "-q",
+            "--tb=short", "--color=no", "-rN", "--rootdir", os.path.dirname(test_file)]
+
+
+def route_env(route, base=None):
+    env = dict(os.environ if base is None else base)
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CI"):
+        env.pop(var, None)
+    if route == "expandable":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH")) if p)
+    env.setdefault("TORCH_EXTENSIONS_DIR", "/tmp/torch_extensions_conformance")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def describe_exit(code):
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+TELLING = ("Error", "error:", "Fatal", "Segmentation", "Aborted", "terminate", "what()",
+           "CUDA", "Timeout (", "core dumped", "Killed")
+
+
+def telling_line(log_text):
+    """The line of a dying process's output most likely to say why."""
+    lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()][-40:]
+    for ln in reversed(lines):
+        if any(t in ln for t in TELLING) and not ln.startswith("File "):
+            return core.one_line(ln)
+    return core.one_line(lines[-1]) if lines else "no output"
+
+
+def _kill(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
+              slow=None, max_restarts=MAX_RESTARTS, poll_s=0.5, kill_grace_s=KILL_GRACE_S,
+              exclude=(), work_dir=None):
+    """Runs one route to completion across as many processes as crashes
+    need. Returns the route's result dict (also written to <route>.json)."""
+    started = time.time()
+    deadline = started + budget_s
+    command = command or pytest_command(test_file)
+    work = work_dir or os.path.join(out_dir, "work")
+    os.makedirs(work, exist_ok=True)
+    os.makedirs(out_dir, exist_ok=True)
+    log_path = os.path.join(work, f"{route}.log")
+    open(log_path, "w").close()
+    result = {"route": route, "test_file": test_file, "budget_s": budget_s,
+              "soft_timeout_s": soft_s, "hard_timeout_s": hard_s, "command": command,
+              "meta": {}, "order": None, "tests": {}, "restarts": 0, "fatal": None,
+              "collected": None, "context_restarts": [], "exclude": list(exclude)}
+    tests = result["tests"]
+    only_path = None
+    attempt = 0
+    while True:
+        events_path = os.path.join(work, f"{route}.events.{attempt}.jsonl")
+        if os.path.exists(events_path):
+            os.remove(events_path)
+        env = route_env(route)
+        env.update(CMA_CONF_ROUTE=route, CMA_CONF_EVENTS=events_path,
+                   CMA_CONF_TEST_FILE=test_file, CMA_CONF_DEADLINE=str(deadline),
+                   CMA_CONF_SOFT_TIMEOUT=str(soft_s), CMA_CONF_HARD_TIMEOUT=str(hard_s),
+                   CMA_CONF_SLOW=json.dumps(slow if slow is not None else SLOW_TESTS),
+                   CMA_CONF_EXCLUDE=json.dumps(list(exclude)))
+        if only_path:
+            env["CMA_CONF_ONLY"] = only_path
+        with open(log_path, "a") as log:
+            log.write(f"\n===== {route} attempt {attempt}: {' '.join(command)}\n")
+            log.flush()
+            log_offset = log.tell()
+            proc = subprocess.Popen(command, cwd=os.path.dirname(test_file) or ".", env=env,
+                                    stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        killed = None
+        last_count, last_progress = 0, time.time()
+        while proc.poll() is None:
+            time.sleep(poll_s)
+            events = core.read_events(events_path)
+            now = time.time()
+            if len(events) != last_count:
+                last_count, last_progress = len(events), now
+            flight = core.in_flight(events)
+            if now > deadline + kill_grace_s:
+                killed = ("not_run", core.BUDGET_MARK + " (the driver stopped the process)")
+            elif flight and now - flight[1] > _limit(flight[0], slow, soft_s, hard_s) + kill_grace_s:
+                killed = ("timeout", f"{core.TIMEOUT_MARK}: no result after "
+                          f"{now - flight[1]:.0f} s; the driver killed the process")
+            elif not flight and now - last_progress > STARTUP_LIMIT_S:
+                killed = ("crashed", f"no progress for {STARTUP_LIMIT_S:.0f} s outside any test")
+            if killed:
+                _kill(proc)
+        code = proc.returncode
+        with open(log_path, errors="replace") as log:
+            log.seek(log_offset)
+            attempt_log = log.read()
+        events = core.read_events(events_path)
+        progress = any(ev.get("ev") == "end" for ev in events)
+        for ev in events:
+            kind = ev.get("ev")
+            if kind == "meta" and not result["meta"]:
+                result["meta"] = {k: v for k, v in ev.items() if k != "ev"}
+            elif kind == "selected" and result["order"] is None:
+                result["order"] = ev["ids"]
+                result["collected"] = ev.get("collected")
+                for nodeid in ev.get("excluded", []):
+                    tests[nodeid] = {"outcome": "not_run", "reason": core.EXCLUDED_MARK,
+                                     "dur": None}
+            elif kind == "end":
+                tests[ev["id"]] = {"outcome": ev["outcome"], "reason": ev.get("reason", ""),
+                                   "dur": ev.get("dur")}
+            elif kind == "fatal":
+                result["fatal"] = ev["msg"]
+            elif kind == "restart":
+                result["context_restarts"].append({"after": ev["after"], "reason": ev["reason"]})
+        flight = core.in_flight(events)
+        if flight:
+            nodeid, t0 = flight
+            if killed:
+                outcome, reason = killed
+            elif ("Timeout (" in attempt_log or core.TIMEOUT_MARK in attempt_log) \
+                    and time.time() - t0 >= soft_s:
+                outcome, reason = "timeout", (f"{core.TIMEOUT_MARK}: stuck past the hard limit; "
+                                              "faulthandler ended the process")
+            else:
+                outcome = "crashed"
+                reason = f"process {describe_exit(code)}: {telling_line(attempt_log)}"
+            tests[nodeid] = {"outcome": outcome, "reason": core.one_line(reason),
+                             "dur": round(time.time() - t0, 3)}
+        if result["fatal"]:
+            break
+        if not result["order"]:
+            result["fatal"] = (f"no test was selected (collection {describe_exit(code)}): "
+                               f"{telling_line(attempt_log)}")
+            break
+        remaining = [i for i in result["order"] if i not in tests]
+        if not remaining:
+            break
+        why = None
+        if time.time() > deadline:
+            why = core.BUDGET_MARK
+        elif not flight and not progress:
+            # Nothing ran in this process: restarting would loop.
+            why = f"not run: the process ended ({describe_exit(code)}) without running a test"
+        elif attempt >= max_restarts:
+            why = f"not run: {max_restarts} restarts used"
+        if why:
+            for nodeid in remaining:
+                tests[nodeid] = {"outcome": "not_run", "reason": why, "dur": None}
+            break
+        attempt += 1
+        result["restarts"] = attempt
+        only_path = os.path.join(work, f"{route}.only.{attempt}.json")
+        with open(only_path, "w") as f:
+            json.dump(remaining, f)
+    order = result["order"] or []
+    result["summary"] = core.summarize(order, tests)
+    result["selected"] = len(order)
+    result["wall_s"] = round(time.time() - started, 1)
+    with open(os.path.join(out_dir, f"{route}.json"), "w") as f:
+        json.dump(result, f, indent=1, sort_keys=True)
+    with open(os.path.join(work, f"{route}_outcomes.txt"), "w") as f:
+        f.write(compare.outcome_list(result))
+    return result
+
+
+def _limit(nodeid, slow, soft_s, hard_s):
+    for part, seconds in (slow if slow is not None else SLOW_TESTS).items():
+        if part in nodeid:
+            return float(seconds) + max(hard_s - soft_s, 10.0)
+    return hard_s
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="folder for the results")
+    ap.add_argument("--routes", default="native,cma",
+                    help="comma-separated, from native, cma, expandable (the first is "
+                         "the baseline of the comparison)")
+    ap.add_argument("--test-file", default=DEFAULT_TEST_FILE)
+    ap.add_argument("--total-s", type=float, default=560.0,
+                    help="time for all routes together (one 10-minute command)")
+    ap.add_argument("--route-s", type=float, default=230.0, help="most time one route gets")
+    ap.add_argument("--soft-s", type=float, default=40.0, help="per-test limit (SIGALRM)")
+    ap.add_argument("--hard-s", type=float, default=60.0,
+                    help="per-test limit for a test stuck in C (process ended, run resumed)")
+    ap.add_argument("--exclude", action="append", default=[], metavar="SUBSTRING",
+                    help="do not run selected tests whose id contains SUBSTRING "
+                         "(recorded as not_run); repeatable")
+    args = ap.parse_args(argv)
+    routes = [r.strip() for r in args.routes.split(",") if r.strip()]
+    bad = [r for r in routes if r not in ROUTES]
+    if bad or not routes:
+        ap.error(f"unknown route(s) {bad}; choose from {', '.join(ROUTES)}")
+    if len(set(routes)) != len(routes):
+        ap.error("a route is named twice")
+    if args.hard_s <= args.soft_s:
+        ap.error("--hard-s must exceed --soft-s")
+    test_file = os.path.abspath(args.test_file)
+    if not os.path.isfile(test_file):
+        ap.error(f"no test file at {test_file} (see bench/torch_conformance/README.md)")
+    os.makedirs(args.out, exist_ok=True)
+    # Logs and event files live outside --out: the GPU machine returns few files.
+    work = tempfile.mkdtemp(prefix="cma_conformance_")
+    print(f"[conformance] logs in {work}; results in {args.out}", flush=True)
+    end = time.time() + args.total_s
+    results = []
+    for i, route in enumerate(routes):
+        share = (end - time.time()) / (len(routes) - i)
+        budget = max(min(args.route_s, share), 1.0)
+        print(f"[conformance] route {route}: budget {budget:.0f} s", flush=True)
+        r = run_route(route, test_file, args.out, budget, args.soft_s, args.hard_s,
+                      exclude=args.exclude, work_dir=work)
+        results.append(r)
+        s = r["summary"]
+        print(f"[conformance] {route}: {r['selected']} selected, "
+              + ", ".join(f"{k} {v}" for k, v in s.items() if v)
+              + f"; {r['restarts']} restarts, {r['wall_s']} s"
+              + (f"; FATAL: {r['fatal']}" if r["fatal"] else ""), flush=True)
+    report = compare.markdown(results)
+    with open(os.path.join(args.out, "compare.md"), "w") as f:
+        f.write(report)
+    with tarfile.open(os.path.join(args.out, "logs.tar.gz"), "w:gz") as tar:
+        tar.add(work, arcname="work")
+    print(compare.brief(report), flush=True)
+    return 2 if any(r["fatal"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+// The C ABI's pool queries and checkpoints (cma_c.h): use counts, a pool's
+// empty_cache, and the checkpoint/restore of torch.compile's cudagraph trees.
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "allocator/caching_managed_allocator.h"
+#include "integrations/c/cma_c.h"
+#include "integrations/c/cma_c_internal.h"
+
+struct cma_pool_checkpoint {
+  cma::PoolCheckpoint state;
+};
+
+using cma::CachingManagedAllocator;
+using cma::capi::Fail;
+using cma::capi::Get;
+
+extern "C" {
+
+int cma_pool_use_count(int device, unsigned long long id0, unsigned long long id1) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::StatusOr<int> n = a->GetPoolUseCount(device, {id0, id1});
+  return n.ok() ? *n : Fail(n.status());
+}
+
+int cma_pool_empty_cache(int device, unsigned long long id0, unsigned long long id1) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::Status s = a->EmptyPoolCache(device, {id0, id1});
+  return s.ok() ? 0 : Fail(s);
+}
+
+cma_pool_checkpoint* cma_pool_checkpoint_take(int device, unsigned long long id0,
+                                              unsigned long long id1) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return nullptr;
+  absl::StatusOr<cma::PoolCheckpoint> cp = a->TakePoolCheckpoint(device, {id0, id1});
+  if (!cp.ok()) {
+    Fail(cp.status());
+    return nullptr;
+  }
+  return new cma_pool_checkpoint{std::move(*cp)};
+}
+
+void cma_pool_checkpoint_free(cma_pool_checkpoint* cp) { delete cp; }
+
+int cma_pool_checkpoint_restore(const cma_pool_checkpoint* cp, cma_pool_ptr_fn on_freed,
+                                cma_pool_ptr_fn on_created, void* ctx) {
+  if (cp == nullptr) {
+    return Fail(absl::InvalidArgumentError("cma_pool_checkpoint_restore: null checkpoint"));
+  }
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::StatusOr<cma::PoolRestoreResult> r = a->RestorePoolCheckpoint(cp->state);
+  if (!r.ok()) return Fail(r.status());
+  // The allocation history sees what moved: not the allocations kept in place.
+  const absl::flat_hash_set<void*> kept_set(r->kept.begin(), r->kept.end());
+  const auto kept = [&](void* p) { return kept_set.contains(p); };
+  for (const cma::PoolAllocation& f : r->freed) {
+    if (!kept(f.ptr)) cma::capi::RecordFree(f.ptr);
+  }
+  for (const cma::PoolAllocation& c : r->created) {
+    if (!kept(c.ptr)) {
+      cma::capi::RecordAlloc(c.ptr, c.requested, cp->state.device,
+                             reinterpret_cast<void*>(c.stream));
+    }
+  }
+  // The allocator's locks are released: the callbacks may call back into cma.
+  if (on_freed != nullptr) {
+    for (const cma::PoolAllocation& f : r->freed) on_freed(ctx, f.ptr, f.requested);
+  }
+  if (on_created != nullptr) {
+    for (const cma::PoolAllocation& c : r->created) on_created(ctx, c.ptr, c.requested);
+  }
+  return 0;
+}
+
+}  // extern "C"

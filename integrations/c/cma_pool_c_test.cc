@@ -1,0 +1,151 @@
+// The C ABI's pool queries and checkpoints on the host backend: use counts,
+// a pool's empty_cache, checkpoint/restore with its callbacks, the
+// accumulated-stat reset and the pool in the snapshot.
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "integrations/c/capi_test_util.h"
+#include "integrations/c/cma_c.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using cma_test::Json;
+using PoolCApiTest = cma_test::HostCApiTest;
+
+struct Seen {
+  std::vector<std::pair<void*, size_t>> freed, created;
+  bool stats_inside = false;  // cma answered from inside a callback
+};
+
+void OnFreed(void* ctx, void* p, size_t n) { static_cast<Seen*>(ctx)->freed.push_back({p, n}); }
+
+void OnCreated(void* ctx, void* p, size_t n) {
+  auto* seen = static_cast<Seen*>(ctx);
+  seen->created.push_back({p, n});
+  // The allocator's locks are released: calling back into cma is fine.
+  char* stats = cma_stats_json(0);
+  seen->stats_inside = stats != nullptr;
+  cma_string_free(stats);
+}
+
+// Allocations made while pool (7, 0) of device 0 is being allocated to.
+std::vector<void*> InPool(std::initializer_list<size_t> sizes) {
+  EXPECT_EQ(cma_pool_begin(0, 7, 0, nullptr, nullptr, nullptr), 0) << cma_last_error();
+  std::vector<void*> out;
+  for (size_t n : sizes) out.push_back(cma_malloc(n, 0, nullptr));
+  EXPECT_EQ(cma_pool_end(0, 7, 0), 0);
+  EXPECT_EQ(cma_pool_release(0, 7, 0), 0);
+  return out;
+}
+
+TEST_F(PoolCApiTest, UseCountsAndBadInput) {
+  EXPECT_EQ(cma_pool_use_count(0, 7, 0), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("does not exist"));
+  ASSERT_EQ(cma_pool_create_or_incref(0, 7, 0), 0);
+  EXPECT_EQ(cma_pool_use_count(0, 7, 0), 1);
+  ASSERT_EQ(cma_pool_begin(0, 7, 0, nullptr, nullptr, nullptr), 0);
+  EXPECT_EQ(cma_pool_use_count(0, 7, 0), 2);
+  EXPECT_EQ(cma_pool_end(0, 7, 0), 0);
+  EXPECT_EQ(cma_pool_use_count(0, 7, 0), 2);
+  EXPECT_EQ(cma_pool_release(0, 7, 0), 0);
+  EXPECT_EQ(cma_pool_use_count(0, 7, 0), 1);
+  EXPECT_EQ(cma_pool_use_count(9, 7, 0), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("device"));
+  EXPECT_EQ(cma_pool_checkpoint_take(9, 7, 0), nullptr);
+  EXPECT_EQ(cma_pool_checkpoint_take(0, 8, 0), nullptr);
+  EXPECT_THAT(cma_last_error(), HasSubstr("does not exist"));
+  EXPECT_EQ(cma_pool_checkpoint_restore(nullptr, nullptr, nullptr, nullptr), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("null checkpoint"));
+  cma_pool_checkpoint_free(nullptr);
+  EXPECT_EQ(cma_pool_empty_cache(9, 7, 0), -1);
+  EXPECT_EQ(cma_pool_empty_cache(0, 8, 0), 0);  // unknown: nothing to free, as PyTorch
+  EXPECT_EQ(cma_reset_accumulated_stats(5), -1);
+  EXPECT_EQ(cma_reset_accumulated_stats(-2), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("invalid device -2"));
+  EXPECT_EQ(cma_pool_release(0, 7, 0), 0);
+  EXPECT_EQ(cma_pool_use_count(0, 7, 0), -1);  // released and empty: dissolved
+}
+
+TEST_F(PoolCApiTest, CheckpointRestoreReportsFreedThenCreated) {
+  ASSERT_EQ(cma_pool_create_or_incref(0, 7, 0), 0);
+  std::vector<void*> p = InPool({3 << 20, 1000});
+  cma_pool_checkpoint* cp = cma_pool_checkpoint_take(0, 7, 0);
+  ASSERT_NE(cp, nullptr) << cma_last_error();
+  ASSERT_EQ(cma_free(p[0]), 0);
+  std::vector<void*> q = InPool({5 << 20});
+  Seen seen;
+  ASSERT_EQ(cma_pool_checkpoint_restore(cp, &OnFreed, &OnCreated, &seen), 0) << cma_last_error();
+  std::sort(seen.freed.begin(), seen.freed.end());
+  std::vector<std::pair<void*, size_t>> want_freed = {{p[1], 1000}, {q[0], 5 << 20}};
+  std::sort(want_freed.begin(), want_freed.end());
+  EXPECT_EQ(seen.freed, want_freed);
+  std::vector<std::pair<void*, size_t>> want_created = {{p[0], 3 << 20}, {p[1], 1000}};
+  std::sort(want_created.begin(), want_created.end());
+  EXPECT_EQ(seen.created, want_created);  // by address
+  EXPECT_TRUE(seen.stats_inside);
+  void* const live[] = {p[0], p[1]};
+  EXPECT_EQ(cma_pool_check_live(0, 7, 0, live, 2), 1);
+  // The snapshot names the pool of each block.
+  bool found = false;
+  for (const auto& seg : Json(cma_snapshot_json())) {
+    for (const auto& b : seg["blocks"]) {
+      if (b["address"] == reinterpret_cast<std::uintptr_t>(p[0])) {
+        found = true;
+        EXPECT_EQ(b["pool"], nlohmann::json::array({7, 0}));
+      }
+    }
+  }
+  EXPECT_TRUE(found);
+  // Restoring the same state again: everything stays in place, and no
+  // callback is required.
+  ASSERT_EQ(cma_pool_checkpoint_restore(cp, nullptr, nullptr, nullptr), 0);
+  EXPECT_EQ(cma_pool_check_live(0, 7, 0, live, 2), 1);
+  // A context open on the device: refused, nothing reported.
+  ASSERT_EQ(cma_pool_begin(0, 8, 0, nullptr, nullptr, nullptr), 0);
+  Seen none;
+  EXPECT_EQ(cma_pool_checkpoint_restore(cp, &OnFreed, &OnCreated, &none), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("being allocated to"));
+  EXPECT_EQ(cma_pool_empty_cache(0, 7, 0), -1);
+  EXPECT_TRUE(none.freed.empty() && none.created.empty());
+  EXPECT_EQ(cma_pool_end(0, 8, 0), 0);
+  EXPECT_EQ(cma_pool_release(0, 8, 0), 0);
+  cma_pool_checkpoint_free(cp);
+  for (void* x : p) EXPECT_EQ(cma_free(x), 0);
+  EXPECT_EQ(cma_pool_release(0, 7, 0), 0);
+}
+
+TEST_F(PoolCApiTest, EmptyCacheOfAReleasedPoolAndAccumulatedStatReset) {
+  ASSERT_EQ(cma_pool_create_or_incref(0, 7, 0), 0);
+  std::vector<void*> p = InPool({64 << 20, 512});
+  ASSERT_EQ(cma_free(p[0]), 0);
+  const auto reserved = [] {
+    return Json(cma_stats_json(0))["reserved_bytes.all.current"].get<long long>();
+  };
+  const long long before = reserved();
+  EXPECT_EQ(cma_pool_empty_cache(0, 7, 0), 0);
+  EXPECT_EQ(reserved(), before);  // referenced: kept
+  ASSERT_EQ(cma_pool_release(0, 7, 0), 0);
+  EXPECT_EQ(cma_pool_use_count(0, 7, 0), 0);  // p[1] keeps it
+  EXPECT_EQ(cma_pool_empty_cache(0, 7, 0), 0);
+  EXPECT_LE(reserved(), before - (62LL << 20));
+  auto stats = Json(cma_stats_json(-1));
+  ASSERT_GT(stats["allocation.all.allocated"].get<long long>(), 0);
+  ASSERT_GT(stats["num_device_alloc"].get<long long>(), 0);
+  ASSERT_EQ(cma_reset_accumulated_stats(-1), 0) << cma_last_error();
+  stats = Json(cma_stats_json(-1));
+  EXPECT_EQ(stats["allocation.all.allocated"], 0);
+  EXPECT_EQ(stats["allocation.all.freed"], 0);
+  EXPECT_EQ(stats["allocation.all.current"], 1);
+  EXPECT_EQ(stats["num_device_alloc"], 0);
+  EXPECT_EQ(stats["num_device_free"], 0);
+  EXPECT_EQ(cma_free(p[1]), 0);
+  EXPECT_EQ(Json(cma_stats_json(0))["allocation.all.freed"], 1);
+}
+
+}  // namespace

@@ -1,0 +1,776 @@
+// caching_managed_allocator as PyTorch's CUDA allocator: a subclass of
+// c10::cuda::CUDACachingAllocator::CUDAAllocator, installed in place of
+// PyTorch's own before CUDA initialises (cma/torch_allocator.py compiles this
+// file against the installed torch on first use and calls install()).
+//
+// Every virtual of the interface is served by cma through its C ABI
+// (cma_c.h, resolved from the libcma.so that cma._lib loaded) or raises an
+// error naming cma and the method. PyTorch's own Python functions
+// (torch.cuda.memory_stats, _snapshot, _record_memory_history, MemPool,
+// torch.cuda.graph, caching_allocator_alloc, OOM observers) then reach cma
+// unpatched.
+//
+// Thread safety: every method may be called from any thread. The allocation
+// and free paths take no lock of this file unless history recording, a trace
+// tracker or the memory profiler is on.
+//
+// Formatting: numbers are formatted with snprintf and only strings reach
+// c10's message builders (formatting a number through an iostream in this
+// process mix crashed before, it seems from two C++ runtimes' locales).
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/ApproximateClock.h>
+#include <c10/util/Exception.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "cma_c.h"
+
+namespace cma_torch {
+namespace {
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+using c10::CachingDeviceAllocator::DeviceStats;
+using c10::CachingDeviceAllocator::RecordContext;
+using c10::CachingDeviceAllocator::TraceEntry;
+using Pool = c10::MempoolId_t;
+
+// absl::StatusCode numbers, as cma_last_error_code() reports them.
+constexpr int kFailedPrecondition = 9;
+constexpr int kResourceExhausted = 8;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// cma's C ABI, resolved once by install().
+struct Api {
+  void* (*malloc)(size_t, int, void*);
+  int (*free)(void*);
+  int (*record_stream)(void*, void*);
+  int (*empty_cache)();
+  const char* (*last_error)();
+  int (*last_error_code)();
+  int (*mem_info)(int, size_t*, size_t*);
+  int (*set_memory_fraction)(double, int);
+  int (*reset_peak_stats)(int);
+  int (*reset_accumulated_stats)(int);
+  long long (*stats_pairs)(int, cma_stat_pair*, size_t);
+  int (*snapshot_visit)(void (*)(void*, const cma_segment_info*),
+                        void (*)(void*, const cma_block_info*), void*);
+  int (*pool_create_or_incref)(int, unsigned long long, unsigned long long);
+  int (*pool_begin)(int, unsigned long long, unsigned long long, cma_stream_filter_fn, void*,
+                    void (*)(void*));
+  int (*pool_end)(int, unsigned long long, unsigned long long);
+  int (*pool_release)(int, unsigned long long, unsigned long long);
+  int (*pool_use_count)(int, unsigned long long, unsigned long long);
+  int (*pool_empty_cache)(int, unsigned long long, unsigned long long);
+  int (*pool_check_live)(int, unsigned long long, unsigned long long, void* const*, size_t);
+  cma_pool_checkpoint* (*pool_checkpoint_take)(int, unsigned long long, unsigned long long);
+  void (*pool_checkpoint_free)(cma_pool_checkpoint*);
+  int (*pool_checkpoint_restore)(const cma_pool_checkpoint*, cma_pool_ptr_fn, cma_pool_ptr_fn,
+                                 void*);
+};
+Api api;
+
+std::string LastError() {
+  const char* e = api.last_error();
+  return e != nullptr ? std::string(e) : std::string("unknown error");
+}
+
+// Raises RuntimeError naming cma, the method and cma's reason.
+[[noreturn]] void Fail(const char* method) {
+  TORCH_CHECK(false, "caching_managed_allocator: ", std::string(method), " failed: ", LastError());
+}
+
+[[noreturn]] void Unsupported(const char* method, const char* why) {
+  TORCH_CHECK(false, "caching_managed_allocator does not support ", std::string(method), ": ",
+              std::string(why));
+}
+
+// A stat line of cma's statistics ("allocated_bytes.all.current", ...).
+using StatMap = std::unordered_map<std::string, int64_t>;
+
+StatMap Stats(int device) {
+  std::vector<cma_stat_pair> pairs(128);
+  long long n = api.stats_pairs(device, pairs.data(), pairs.size());
+  if (n < 0) Fail("getDeviceStats");
+  if (static_cast<size_t>(n) > pairs.size()) {
+    pairs.resize(static_cast<size_t>(n));
+    n = api.stats_pairs(device, pairs.data(), pairs.size());
+    if (n < 0) Fail("getDeviceStats");
+  }
+  StatMap m;
+  for (long long i = 0; i < n && static_cast<size_t>(i) < pairs.size(); ++i) {
+    m.emplace(pairs[i].key, pairs[i].value);
+  }
+  return m;
+}
+
+int64_t Get(const StatMap& m, const std::string& key) {
+  auto it = m.find(key);
+  return it == m.end() ? 0 : it->second;
+}
+
+void FillStatArray(const StatMap& m, const std::string& name, c10::CachingAllocator::StatArray& a) {
+  static const char* const kPools[] = {"all", "small_pool", "large_pool"};
+  for (int i = 0; i < 3; ++i) {
+    const std::string base = name + "." + kPools[i] + ".";
+    a[i].current = Get(m, base + "current");
+    a[i].peak = Get(m, base + "peak");
+    a[i].allocated = Get(m, base + "allocated");
+    a[i].freed = Get(m, base + "freed");
+  }
+}
+
+// One live allocation, remembered only while history, a tracker or the
+// memory profiler wants it.
+struct Live {
+  size_t size;
+  c10::DeviceIndex device;
+  cudaStream_t stream;
+  std::shared_ptr<c10::GatheredContext> context;
+};
+
+void Delete(void* ptr);
+
+class CmaCudaAllocator final : public cca::CUDAAllocator {
+ public:
+  // ---- allocation ----
+  c10::DataPtr allocate(size_t nbytes) override {
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+    void* p = Allocate(nbytes, device, stream, "allocate");
+    return {p, p, &Delete, c10::Device(c10::DeviceType::CUDA, device)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
+
+  void* raw_alloc(size_t nbytes) override {
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    return Allocate(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream(),
+                    "raw_alloc");
+  }
+
+  void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    return Allocate(nbytes, device, stream, "raw_alloc_with_stream");
+  }
+
+  void raw_delete(void* ptr) override {
+    if (ptr == nullptr) return;
+    if (Tracking()) RecordFree(ptr);
+    if (api.free(ptr) != 0) Fail("raw_delete");
+  }
+
+  // The deleter of every DataPtr: it runs in destructors, so it warns
+  // rather than throws (a pointer cma does not own never gets here unless
+  // memory was corrupted).
+  void DeleteFromDataPtr(void* ptr) {
+    if (ptr == nullptr) return;
+    if (Tracking()) RecordFree(ptr);
+    if (api.free(ptr) != 0) {
+      TORCH_WARN("caching_managed_allocator: freeing a tensor's memory failed: ", LastError());
+    }
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDefault));
+  }
+
+  // ---- lifecycle and configuration ----
+  void init(int device_count) override {
+    device_count_ = device_count;
+    initialized_.store(true);
+  }
+  bool initialized() override { return initialized_.load(); }
+  void enable(bool value) override {
+    if (!value) Unsupported("enable(false)", "its cache is the allocator; it cannot run uncached");
+  }
+  bool isEnabled() const override { return true; }
+  std::string name() override { return "caching_managed_allocator"; }
+
+  double getMemoryFraction(c10::DeviceIndex device) override {
+    size_t free_bytes = 0, total = 0;
+    if (api.mem_info(device, &free_bytes, &total) != 0) Fail("getMemoryFraction");
+    const int64_t budget = Get(Stats(device), "managed_budget_bytes");
+    if (budget <= 0 || total == 0) return 1.0;
+    return static_cast<double>(budget) / static_cast<double>(total);
+  }
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
+    if (api.set_memory_fraction(fraction, device) != 0) Fail("setMemoryFraction");
+  }
+
+  std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override {
+    return {};  // cma's arenas are its own; PyTorch's expandable segments are not used
+  }
+
+  // ---- cache and streams ----
+  void emptyCache(Pool pool) override {
+    if (pool.first == 0 && pool.second == 0) {
+      // While a pool context is open (a capture may be under way) cma
+      // releases nothing: torch.cuda.graph() and code inside use_mem_pool
+      // call empty_cache, and it promises no release, only a best effort.
+      if (api.empty_cache() != 0 && !(api.last_error_code() == kFailedPrecondition &&
+                                      LastError().find("being allocated to") != std::string::npos)) {
+        Fail("emptyCache");
+      }
+      return;
+    }
+    // A pool's idle blocks (MemPool's destructor calls this after releasing
+    // the pool: an unknown pool is then simply gone, not an error).
+    for (int d = 0; d < device_count_; ++d) {
+      if (api.pool_use_count(d, pool.first, pool.second) < 0) continue;
+      if (api.pool_empty_cache(d, pool.first, pool.second) != 0) {
+        TORCH_WARN("caching_managed_allocator: emptyCache of a pool: ", LastError());
+      }
+    }
+  }
+
+  void cacheInfo(c10::DeviceIndex device, size_t* largest_block) override {
+    size_t free_bytes = 0, total = 0;
+    if (api.mem_info(device, &free_bytes, &total) != 0) Fail("cacheInfo");
+    struct Ctx {
+      int device;
+      bool in_device = false;
+      size_t largest;
+    } ctx{device, false, free_bytes};
+    auto on_segment = [](void* c, const cma_segment_info* s) {
+      auto* x = static_cast<Ctx*>(c);
+      x->in_device = s->device == x->device;
+    };
+    auto on_block = [](void* c, const cma_block_info* b) {
+      auto* x = static_cast<Ctx*>(c);
+      if (x->in_device && !b->active && b->size > x->largest) x->largest = b->size;
+    };
+    if (api.snapshot_visit(on_segment, on_block, &ctx) != 0) Fail("cacheInfo");
+    *largest_block = ctx.largest;
+  }
+
+  void* getBaseAllocation(void*, size_t*) override {
+    Unsupported("getBaseAllocation (CUDA IPC)", kNoIpc);
+  }
+
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
+    // Foreign memory (another allocator's DataPtr) is not cma's to track.
+    if (ptr.get() == nullptr || ptr.get_deleter() != &Delete) return;
+    if (api.record_stream(ptr.get(), stream.stream()) != 0) Fail("recordStream");
+  }
+
+  // ---- statistics ----
+  DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    const StatMap m = Stats(device);
+    DeviceStats s;
+    FillStatArray(m, "allocation", s.allocation);
+    FillStatArray(m, "segment", s.segment);
+    FillStatArray(m, "active", s.active);
+    FillStatArray(m, "inactive_split", s.inactive_split);
+    FillStatArray(m, "allocated_bytes", s.allocated_bytes);
+    FillStatArray(m, "reserved_bytes", s.reserved_bytes);
+    FillStatArray(m, "active_bytes", s.active_bytes);
+    FillStatArray(m, "inactive_split_bytes", s.inactive_split_bytes);
+    FillStatArray(m, "requested_bytes", s.requested_bytes);
+    s.num_alloc_retries = Get(m, "num_alloc_retries");
+    s.num_ooms = Get(m, "num_ooms");
+    s.num_sync_all_streams = Get(m, "num_sync_all_streams");
+    s.num_device_alloc = Get(m, "num_device_alloc");
+    s.num_device_free = Get(m, "num_device_free");
+    s.max_split_size = -1;  // cma splits any block (PyTorch reports SIZE_MAX this way)
+    return s;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    if (api.reset_accumulated_stats(device) != 0) Fail("resetAccumulatedStats");
+  }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    if (api.reset_peak_stats(device) != 0) Fail("resetPeakStats");
+  }
+
+  // ---- private pools: MemPool and CUDA graphs ----
+  void createOrIncrefPool(c10::DeviceIndex device, Pool pool,
+                          std::shared_ptr<cca::CUDAAllocator> allocator) override {
+    if (allocator != nullptr && allocator.get() != this) {
+      Unsupported("a MemPool with another allocator",
+                  "under cma.torch.use_as_default() every pool is cma's; create the MemPool "
+                  "without an allocator");
+    }
+    if (api.pool_create_or_incref(device, pool.first, pool.second) != 0) {
+      Fail("createOrIncrefPool");
+    }
+  }
+  void beginAllocateToPool(c10::DeviceIndex device, Pool pool,
+                           std::function<bool(cudaStream_t)> filter) override {
+    auto* ctx = new std::function<bool(cudaStream_t)>(std::move(filter));
+    if (api.pool_begin(device, pool.first, pool.second, &CallFilter, ctx, &DeleteFilter) != 0) {
+      Fail("beginAllocateToPool");
+    }
+  }
+  void endAllocateToPool(c10::DeviceIndex device, Pool pool) override {
+    if (api.pool_end(device, pool.first, pool.second) != 0) Fail("endAllocateToPool");
+  }
+  void releasePool(c10::DeviceIndex device, Pool pool) override {
+    // Called from CUDAGraph's and MemPool's destructors: it must not throw.
+    if (api.pool_release(device, pool.first, pool.second) != 0) {
+      TORCH_WARN("caching_managed_allocator: releasePool: ", LastError());
+    }
+  }
+  int getPoolUseCount(c10::DeviceIndex device, Pool pool) override {
+    const int n = api.pool_use_count(device, pool.first, pool.second);
+    return n < 0 ? 0 : n;  // a released, empty pool has no users (PyTorch's answer too)
+  }
+  void setUseOnOOM(c10::DeviceIndex, Pool, bool use_on_oom) override {
+    // MemPool's destructor turns it off for every pool: that is a no-op.
+    if (use_on_oom) {
+      Unsupported("MemPool(use_on_oom=True)",
+                  "cma's pools do not lend their free blocks to other allocations on OOM");
+    }
+  }
+  void setNoSplit(c10::DeviceIndex, Pool) override {
+    Unsupported("MemPool(no_split=True)", "cma splits cached blocks in every pool");
+  }
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, Pool pool,
+                                const std::unordered_set<void*>& expected) override {
+    std::vector<void*> ptrs(expected.begin(), expected.end());
+    const int r = api.pool_check_live(device, pool.first, pool.second, ptrs.data(), ptrs.size());
+    if (r < 0) Fail("checkPoolLiveAllocations");
+    return r == 1;
+  }
+
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device,
+                                                          Pool pool) override {
+    cma_pool_checkpoint* cp = api.pool_checkpoint_take(device, pool.first, pool.second);
+    if (cp == nullptr) Fail("getCheckpointState");
+    return std::make_shared<Checkpoint>(cp);
+  }
+  cca::CheckpointDelta setCheckpointPoolState(
+      c10::DeviceIndex device, std::shared_ptr<cca::AllocatorState> state) override {
+    auto* cp = dynamic_cast<Checkpoint*>(state.get());
+    TORCH_CHECK(cp != nullptr, "caching_managed_allocator: setCheckpointPoolState was given a "
+                               "state that cma's getCheckpointState did not make");
+    struct Delta {
+      std::vector<void*> freed;
+      std::vector<std::pair<void*, size_t>> created;
+    } delta;
+    auto on_freed = [](void* c, void* p, size_t) { static_cast<Delta*>(c)->freed.push_back(p); };
+    auto on_created = [](void* c, void* p, size_t n) {
+      static_cast<Delta*>(c)->created.emplace_back(p, n);
+    };
+    if (api.pool_checkpoint_restore(cp->cp, on_freed, on_created, &delta) != 0) {
+      Fail("setCheckpointPoolState");
+    }
+    cca::CheckpointDelta out;
+    for (void* p : delta.freed) {
+      if (Tracking()) RecordFree(p);
+      out.ptrs_freed.push_back(p);
+    }
+    for (const auto& [p, n] : delta.created) {
+      if (Tracking()) RecordAlloc(p, n, device, nullptr);
+      out.dataptrs_allocd.emplace_back(p, p, &Delete, c10::Device(c10::DeviceType::CUDA, device));
+    }
+    return out;
+  }
+
+  // ---- IPC: managed memory has no cudaIpc handles ----
+  cca::ShareableHandle shareIpcHandle(void*) override { Unsupported("shareIpcHandle", kNoIpc); }
+  std::shared_ptr<void> getIpcDevPtr(std::string) override {
+    Unsupported("getIpcDevPtr", kNoIpc);
+  }
+
+  // ---- peers and copies ----
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
+    c10::cuda::CUDAGuard guard(dev);
+    cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+      (void)cudaGetLastError();  // clear the sticky-free error
+      return;
+    }
+    C10_CUDA_CHECK(err);
+  }
+  cudaError_t memcpyAsync(void* dst, int dst_device, const void* src, int src_device,
+                          size_t count, cudaStream_t stream, bool p2p_enabled) override {
+    // Managed memory copies between any devices; another allocator's memory
+    // may be among dst/src, so PyTorch's own rule is kept for it.
+    if (p2p_enabled || dst_device == src_device) {
+      return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    }
+    return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
+  }
+
+  // ---- history, snapshots and observers ----
+  void recordHistory(bool enabled, cca::CreateContextFn recorder, size_t max_entries,
+                     RecordContext when, bool clear_history,
+                     const std::vector<std::string>& skip_actions) override {
+    std::lock_guard<std::mutex> l(mu_);
+    recorder_ = enabled ? recorder : nullptr;
+    when_ = enabled ? when : RecordContext::NEVER;
+    max_entries_ = std::max<size_t>(max_entries, 1);
+    skip_.clear();
+    for (const std::string& a : skip_actions) {
+      skip_.insert(c10::CachingDeviceAllocator::parseTraceEntryAction(a));
+    }
+    if (clear_history || !enabled) {
+      traces_.clear();
+      annotations_.clear();
+    }
+    history_on_.store(enabled);
+    if (!enabled && trackers_.empty()) live_.clear();
+  }
+  bool isHistoryEnabled() override { return history_on_.load(); }
+
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override {
+    if (!history_on_.load()) return;
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    c10::CachingDeviceAllocator::AnnotationEntry ae(device, c10::getApproximateTime());
+    for (const auto& [k, v] : md) ae.recordUserMetadata(k, v);
+    std::lock_guard<std::mutex> l(mu_);
+    annotations_.push_back(std::move(ae));
+  }
+  void pushCompileContext(std::string& md) override {
+    std::lock_guard<std::mutex> l(mu_);
+    compile_context_.push_back(md);
+  }
+  void popCompileContext() override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!compile_context_.empty()) compile_context_.pop_back();
+  }
+  void setUserMetadata(const std::string& metadata) override {
+    std::lock_guard<std::mutex> l(mu_);
+    user_metadata_ = metadata;
+  }
+  std::string getUserMetadata() override {
+    std::lock_guard<std::mutex> l(mu_);
+    return user_metadata_;
+  }
+
+  void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
+    std::lock_guard<std::mutex> l(mu_);
+    oom_observers_.push_back(std::move(observer));
+  }
+  void attachAllocatorTraceTracker(c10::CachingDeviceAllocator::AllocatorTraceTracker t) override {
+    std::lock_guard<std::mutex> l(mu_);
+    trackers_.push_back(std::move(t));
+    trackers_on_.store(true);
+  }
+
+  cca::SnapshotInfo snapshot(Pool pool, bool include_traces) override;
+
+ private:
+  static constexpr const char* kNoIpc =
+      "managed memory has no CUDA IPC handle (cudaIpcGetMemHandle refuses cudaMallocManaged "
+      "memory); share tensors between processes through cma's symmetric memory "
+      "(cma.torch.symmetric) or copy them into another allocator's memory";
+
+  struct Checkpoint final : cca::AllocatorState {
+    explicit Checkpoint(cma_pool_checkpoint* c) : cp(c) {}
+    ~Checkpoint() override { api.pool_checkpoint_free(cp); }
+    cma_pool_checkpoint* cp;
+  };
+
+  static int CallFilter(void* ctx, void* stream) {
+    try {
+      return (*static_cast<std::function<bool(cudaStream_t)>*>(ctx))(
+                 static_cast<cudaStream_t>(stream))
+                 ? 1
+                 : 0;
+    } catch (...) {  // an exception must not cross cma's C ABI
+      return 0;
+    }
+  }
+  static void DeleteFilter(void* ctx) {
+    delete static_cast<std::function<bool(cudaStream_t)>*>(ctx);
+  }
+
+  bool Tracking() const {
+    return history_on_.load(std::memory_order_relaxed) ||
+           trackers_on_.load(std::memory_order_relaxed) || c10::memoryProfilingEnabled();
+  }
+
+  void* Allocate(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream, const char* what) {
+    if (nbytes == 0) return nullptr;  // PyTorch never dereferences empty storage
+    void* p = api.malloc(nbytes, device, stream);
+    if (p == nullptr) RaiseAllocationError(nbytes, device, stream, what);
+    if (Tracking()) RecordAlloc(p, nbytes, device, stream);
+    return p;
+  }
+
+  [[noreturn]] void RaiseAllocationError(size_t nbytes, c10::DeviceIndex device,
+                                         cudaStream_t stream, const char* what);
+  void RecordAlloc(void* p, size_t n, c10::DeviceIndex device, cudaStream_t stream);
+  void RecordFree(void* p);
+  void Trace(TraceEntry::Action action, c10::DeviceIndex device, size_t addr, size_t size,
+             cudaStream_t stream, std::shared_ptr<c10::GatheredContext> context);
+  std::shared_ptr<c10::GatheredContext> Context(RecordContext needed);
+
+  std::atomic<bool> initialized_{false};
+  int device_count_ = 0;
+  std::atomic<bool> history_on_{false};
+  std::atomic<bool> trackers_on_{false};
+  std::mutex mu_;  // everything below
+  cca::CreateContextFn recorder_ = nullptr;
+  RecordContext when_ = RecordContext::NEVER;
+  size_t max_entries_ = 1;
+  std::unordered_set<int> skip_;
+  std::deque<TraceEntry> traces_;
+  std::vector<c10::CachingDeviceAllocator::AnnotationEntry> annotations_;
+  std::vector<std::string> compile_context_;
+  std::string user_metadata_;
+  std::unordered_map<void*, Live> live_;
+  std::vector<cca::OutOfMemoryObserver> oom_observers_;
+  std::vector<c10::CachingDeviceAllocator::AllocatorTraceTracker> trackers_;
+  c10::ApproximateClockToUnixTimeConverter clock_;
+};
+
+CmaCudaAllocator* g_allocator = nullptr;
+
+void Delete(void* ptr) { g_allocator->DeleteFromDataPtr(ptr); }
+
+std::shared_ptr<c10::GatheredContext> CmaCudaAllocator::Context(RecordContext needed) {
+  cca::CreateContextFn recorder = nullptr;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (when_ >= needed) recorder = recorder_;
+  }
+  // Outside the lock: gathering a stack may take the GIL.
+  return recorder != nullptr ? recorder() : nullptr;
+}
+
+void CmaCudaAllocator::Trace(TraceEntry::Action action, c10::DeviceIndex device, size_t addr,
+                             size_t size, cudaStream_t stream,
+                             std::shared_ptr<c10::GatheredContext> context) {
+  // Called with mu_ held.
+  if (skip_.count(static_cast<int>(action)) != 0) return;
+  TraceEntry te(action, device, addr, size, stream, Pool{0, 0}, c10::getApproximateTime(),
+                std::move(context), compile_context_.empty() ? "" : compile_context_.back(),
+                user_metadata_);
+  for (const auto& t : trackers_) t(te);
+  if (!history_on_.load(std::memory_order_relaxed)) return;
+  traces_.push_back(std::move(te));
+  while (traces_.size() > max_entries_) traces_.pop_front();
+}
+
+void CmaCudaAllocator::RecordAlloc(void* p, size_t n, c10::DeviceIndex device,
+                                   cudaStream_t stream) {
+  std::shared_ptr<c10::GatheredContext> ctx = Context(RecordContext::STATE);
+  if (c10::memoryProfilingEnabled()) {
+    const StatMap m = Stats(device);
+    c10::reportMemoryUsageToProfiler(
+        p, static_cast<int64_t>(n), Get(m, "allocated_bytes.all.current"),
+        Get(m, "reserved_bytes.all.current"), c10::Device(c10::DeviceType::CUDA, device));
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  live_[p] = Live{n, device, stream, ctx};
+  Trace(TraceEntry::ALLOC, device, reinterpret_cast<size_t>(p), n, stream,
+        when_ >= RecordContext::ALLOC ? ctx : nullptr);
+}
+
+void CmaCudaAllocator::RecordFree(void* p) {
+  std::shared_ptr<c10::GatheredContext> ctx = Context(RecordContext::ALL);
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = live_.find(p);
+  if (it == live_.end()) return;  // allocated before tracking began
+  const Live live = it->second;
+  live_.erase(it);
+  if (c10::memoryProfilingEnabled()) {
+    c10::reportMemoryUsageToProfiler(p, -static_cast<int64_t>(live.size), 0, 0,
+                                     c10::Device(c10::DeviceType::CUDA, live.device));
+  }
+  const auto addr = reinterpret_cast<size_t>(p);
+  // cma frees at once for the caller (other streams' uses are its events):
+  // requested and completed together.
+  Trace(TraceEntry::FREE_REQUESTED, live.device, addr, live.size, live.stream, ctx);
+  Trace(TraceEntry::FREE_COMPLETED, live.device, addr, live.size, live.stream, ctx);
+}
+
+void CmaCudaAllocator::RaiseAllocationError(size_t nbytes, c10::DeviceIndex device,
+                                            cudaStream_t stream, const char* what) {
+  const std::string why = LastError();  // the next cma call replaces it
+  const int code = api.last_error_code();
+  size_t free_bytes = 0, total = 0;
+  const bool known = api.mem_info(device, &free_bytes, &total) == 0;
+  // Like PyTorch's own allocator, any request the device cannot hold is an
+  // out-of-memory error: over the budget, or larger than the device.
+  if (code != kResourceExhausted && !(known && nbytes > total)) {
+    char msg[160];
+    std::snprintf(msg, sizeof(msg), "%s of %zu bytes on device %d", what, nbytes,
+                  static_cast<int>(device));
+    TORCH_CHECK(false, "caching_managed_allocator: ", std::string(msg), " failed: ", why);
+  }
+  const StatMap m = Stats(device);
+  const int64_t allocated = Get(m, "allocated_bytes.all.current");
+  const int64_t reserved = Get(m, "reserved_bytes.all.current");
+  std::vector<cca::OutOfMemoryObserver> observers;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    observers = oom_observers_;
+    if (history_on_.load() || !trackers_.empty()) {
+      Trace(TraceEntry::OOM, device, free_bytes, nbytes, stream, nullptr);
+    }
+  }
+  for (const auto& o : observers) o(device, static_cast<size_t>(allocated), total, free_bytes);
+  c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(nbytes), allocated, reserved,
+                                   c10::Device(c10::DeviceType::CUDA, device));
+  char msg[640];
+  std::snprintf(msg, sizeof(msg),
+                "CUDA out of memory. Tried to allocate %.2f GiB. GPU %d has a total capacity of "
+                "%.2f GiB of which %.2f GiB is free. Of the allocated memory %.2f GiB is "
+                "allocated by caching_managed_allocator, and %.2f GiB is reserved by it but "
+                "unallocated. ",
+                nbytes / kGiB, static_cast<int>(device), total / kGiB, free_bytes / kGiB,
+                allocated / kGiB, (reserved - allocated) / kGiB);
+  TORCH_CHECK_WITH(OutOfMemoryError, false, std::string(msg), "(caching_managed_allocator: ",
+                   why, ")");
+}
+
+cca::SnapshotInfo CmaCudaAllocator::snapshot(Pool pool, bool include_traces) {
+  struct Ctx {
+    CmaCudaAllocator* self;
+    Pool pool;
+    cca::SnapshotInfo info;
+    std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts;
+  } ctx{this, pool, {}, {}};
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& [p, live] : live_) ctx.contexts.emplace(p, live.context);
+  }
+  auto on_segment = [](void* c, const cma_segment_info* s) {
+    auto* x = static_cast<Ctx*>(c);
+    c10::CachingDeviceAllocator::SegmentInfo seg;
+    seg.device = static_cast<c10::DeviceIndex>(s->device);
+    seg.address = s->address;
+    seg.is_large = s->is_large != 0;
+    seg.is_expandable = s->is_arena != 0;
+    x->info.segments.push_back(std::move(seg));
+  };
+  auto on_block = [](void* c, const cma_block_info* b) {
+    auto* x = static_cast<Ctx*>(c);
+    const bool filtered = x->pool.first != 0 || x->pool.second != 0;
+    if (filtered && (b->pool0 != x->pool.first || b->pool1 != x->pool.second)) return;
+    auto& seg = x->info.segments.back();
+    c10::CachingDeviceAllocator::BlockInfo info;
+    info.size = b->size;
+    info.requested_size = b->requested_size;
+    info.allocated = b->allocated != 0;
+    info.active = b->active != 0;
+    auto it = x->contexts.find(reinterpret_cast<void*>(b->address));
+    if (info.allocated && it != x->contexts.end()) info.context_when_allocated = it->second;
+    if (seg.blocks.empty()) {
+      seg.stream = b->stream;
+      seg.owner_private_pool_id = Pool{b->pool0, b->pool1};
+    }
+    seg.total_size += b->size;
+    if (info.allocated) {
+      seg.allocated_size += b->size;
+      seg.requested_size += b->requested_size;
+    }
+    if (info.active) seg.active_size += b->size;
+    seg.blocks.push_back(std::move(info));
+  };
+  if (api.snapshot_visit(on_segment, on_block, &ctx) != 0) Fail("snapshot");
+  // A pool's view keeps only the segments holding its blocks.
+  std::vector<c10::CachingDeviceAllocator::SegmentInfo> kept;
+  for (auto& s : ctx.info.segments) {
+    if (!s.blocks.empty()) kept.push_back(std::move(s));
+  }
+  ctx.info.segments = std::move(kept);
+
+  ctx.info.config_metadata.garbage_collection_threshold = 0;
+  ctx.info.config_metadata.max_split_size = SIZE_MAX;
+  ctx.info.config_metadata.expandable_segments = false;
+  ctx.info.config_metadata.last_allocator_settings = "caching_managed_allocator";
+  if (include_traces) {
+    const int devices = std::max(device_count_, 1);
+    ctx.info.device_traces.resize(devices);
+    auto to_us = clock_.makeConverter();
+    std::lock_guard<std::mutex> l(mu_);
+    for (const TraceEntry& te : traces_) {
+      if (te.device_ < 0 || te.device_ >= devices) continue;
+      TraceEntry copy = te;
+      copy.time_.t_ = to_us(te.time_.approx_t_) / 1000;
+      ctx.info.device_traces[te.device_].push_back(std::move(copy));
+    }
+    for (const auto& ae : annotations_) {
+      auto copy = ae;
+      copy.time_.t_ = to_us(ae.time_.approx_t_) / 1000;
+      ctx.info.external_annotations.push_back(std::move(copy));
+    }
+  }
+  return ctx.info;
+}
+
+template <typename Fn>
+void Resolve(void* handle, const char* name, Fn& fn) {
+  fn = reinterpret_cast<Fn>(dlsym(handle, name));
+  TORCH_CHECK(fn != nullptr, "caching_managed_allocator: libcma.so lacks ", std::string(name),
+              " (an older library than this cma package?)");
+}
+
+}  // namespace
+
+// Makes cma the process's CUDA allocator. `library` is the libcma.so that
+// cma._lib loaded. Refused once PyTorch's current allocator has initialised
+// (it owns memory then), as PyTorch's own change_current_allocator refuses.
+void install(const std::string& library) {
+  if (g_allocator != nullptr) return;
+  cca::CUDAAllocator* current = cca::get();
+  TORCH_CHECK(current == nullptr || !current->initialized(),
+              "caching_managed_allocator: PyTorch's CUDA allocator is already initialised; "
+              "call cma.torch.use_as_default() before anything uses CUDA");
+  void* h = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  TORCH_CHECK(h != nullptr, "caching_managed_allocator: cannot open ", library, ": ",
+              std::string(dlerror()));
+  Resolve(h, "cma_malloc", api.malloc);
+  Resolve(h, "cma_free", api.free);
+  Resolve(h, "cma_record_stream", api.record_stream);
+  Resolve(h, "cma_empty_cache", api.empty_cache);
+  Resolve(h, "cma_last_error", api.last_error);
+  Resolve(h, "cma_last_error_code", api.last_error_code);
+  Resolve(h, "cma_mem_info", api.mem_info);
+  Resolve(h, "cma_set_memory_fraction", api.set_memory_fraction);
+  Resolve(h, "cma_reset_peak_stats", api.reset_peak_stats);
+  Resolve(h, "cma_reset_accumulated_stats", api.reset_accumulated_stats);
+  Resolve(h, "cma_stats_pairs", api.stats_pairs);
+  Resolve(h, "cma_snapshot_visit", api.snapshot_visit);
+  Resolve(h, "cma_pool_create_or_incref", api.pool_create_or_incref);
+  Resolve(h, "cma_pool_begin", api.pool_begin);
+  Resolve(h, "cma_pool_end", api.pool_end);
+  Resolve(h, "cma_pool_release", api.pool_release);
+  Resolve(h, "cma_pool_use_count", api.pool_use_count);
+  Resolve(h, "cma_pool_empty_cache", api.pool_empty_cache);
+  Resolve(h, "cma_pool_check_live", api.pool_check_live);
+  Resolve(h, "cma_pool_checkpoint_take", api.pool_checkpoint_take);
+  Resolve(h, "cma_pool_checkpoint_free", api.pool_checkpoint_free);
+  Resolve(h, "cma_pool_checkpoint_restore", api.pool_checkpoint_restore);
+  g_allocator = new CmaCudaAllocator();  // never destroyed: tensors outlive everything
+  cca::allocator.store(g_allocator);
+  c10::SetAllocator(c10::DeviceType::CUDA, g_allocator);
+}
+
+bool installed() { return g_allocator != nullptr; }
+
+}  // namespace cma_torch
+
+#ifdef TORCH_EXTENSION_NAME  // built by torch.utils.cpp_extension (cma/torch_allocator.py)
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("install", &cma_torch::install, "Makes cma PyTorch's CUDA allocator.");
+  m.def("installed", &cma_torch::installed);
+}
+#endif
