@@ -42,9 +42,12 @@ struct Block {
   // The contents may be thrown away while the owner sleeps (a KV cache):
   // set per allocation, cleared when it is freed.
   bool disposable = false;
+  // The contents survive even a level-2 Sleep (SleepLevel::kDiscard), which
+  // discards everything else: set per allocation, cleared when it is freed.
+  bool keep = false;
   // Allocated blocks: Sleep discarded the whole pages inside (a
-  // disposable block); they hold nothing until Wake or a Move to a device
-  // repopulates them, or the free forgets them.
+  // disposable block, or one whose contents it staged); they hold nothing
+  // until Wake or a Move repopulates them, or the free forgets them.
   bool pages_discarded = false;
   int pending_events = 0;  // > 0 while freed but still used by other streams
   // Free blocks: when the block was last used, as DeviceAllocator's count of

@@ -150,10 +150,26 @@ absl::Status CachingManagedAllocator::SetDisposable(void* ptr, bool disposable) 
       absl::StrFormat("cma: %p is not an allocation of this allocator", ptr));
 }
 
-absl::StatusOr<std::size_t> CachingManagedAllocator::Sleep(int device, Stream stream) {
+absl::Status CachingManagedAllocator::SetKeep(void* ptr, bool keep) {
+  for (auto& d : devices_) {
+    absl::Status s = d->SetKeep(ptr, keep);
+    if (!absl::IsNotFound(s)) return s;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("cma: %p is not an allocation of this allocator", ptr));
+}
+
+absl::StatusOr<std::size_t> CachingManagedAllocator::Sleep(int device, Stream stream,
+                                                           SleepLevel level) {
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();
-  return (*d)->Sleep(stream);
+  return (*d)->Sleep(stream, level);
+}
+
+absl::StatusOr<std::size_t> CachingManagedAllocator::ReleaseSleepStaging(int device) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->ReleaseSleepStaging();
 }
 
 absl::StatusOr<std::size_t> CachingManagedAllocator::Wake(int device, Stream stream) {
@@ -194,6 +210,14 @@ absl::Status CachingManagedAllocator::RecordStream(void* ptr, Stream stream) {
 absl::StatusOr<int> CachingManagedAllocator::DeviceOf(void* ptr) {
   for (auto& d : devices_) {
     if (d->Lookup(ptr).ok()) return d->device();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("cma: %p is not an allocation of this allocator", ptr));
+}
+
+absl::StatusOr<std::size_t> CachingManagedAllocator::RequestedSize(void* ptr) {
+  for (auto& d : devices_) {
+    if (auto l = d->Lookup(ptr); l.ok()) return l->first;
   }
   return absl::InvalidArgumentError(
       absl::StrFormat("cma: %p is not an allocation of this allocator", ptr));

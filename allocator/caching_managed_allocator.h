@@ -76,22 +76,46 @@ class CachingManagedAllocator {
   // Several allocations in one batch call per device (e.g. a model's tensors).
   absl::Status MoveBatch(absl::Span<void* const> ptrs, Location target, Stream stream,
                          bool contents_dead = false);
-  // Sleep mode, as vLLM's (which unmaps and remaps): every allocation of
-  // `device` moves to the host in one batch call, ordered on `stream`, and
-  // those marked disposable (a KV cache) are discarded instead; same
-  // addresses, nothing re-created, and the device memory is reclaimable by
-  // the driver (another process's cudaMalloc can take it). Wake brings
-  // them back, disposable ones populated rather than migrated. Ordering,
-  // all on the GPU with no host sync: Sleep runs after the work already
-  // queued on every stream that uses an allocation (its own and those named
-  // by RecordStream) and after the last Wake; Wake runs after the Sleep, and
-  // work queued later on any of those streams runs after the Wake. The host
-  // synchronises `stream` before it touches the data. Discards take whole
-  // 2 MiB pages only: a disposable block's partial edge pages are migrated
-  // with the kept data. Returns the bytes.
+  // Sleep mode, as vLLM's (which unmaps and remaps), keeping addresses:
+  // every allocation of `device` leaves it, ordered on `stream`, so that its
+  // memory is reclaimable by the driver (another process's cudaMalloc can
+  // take it); Wake brings them back. Same addresses, nothing re-created.
+  // What survives depends on `level` (allocator/staging.h):
+  //  * kOffload (vLLM's level 1, the default): every allocation not marked
+  //    disposable keeps its contents. Its whole 2 MiB pages are copied into
+  //    pinned host staging and discarded on the device; Wake populates them
+  //    again and copies back, each way at the copy engine's speed. The
+  //    staging stays allocated across cycles (host_staging_bytes in the
+  //    stats, at most `sleep_staging_max` of the config) until
+  //    ReleaseSleepStaging; what does not fit, or where the backend has no
+  //    pinned memory, migrates as with kMigrate. While asleep, a staged
+  //    allocation's contents are reachable only through Wake or Move (which
+  //    restores them wherever it moves them): reading its pages otherwise
+  //    sees garbage.
+  //  * kDiscard (vLLM's level 2): only allocations marked keep (SetKeep)
+  //    keep their contents, as above; all others are discarded.
+  //  * kMigrate: kept contents migrate to the host (a prefetch) and stay
+  //    readable there while asleep; slower (host page population).
+  // Disposable allocations (a KV cache) are always discarded, and Wake
+  // populates discarded pages rather than migrating them. Discards take
+  // whole 2 MiB pages only: partial pages at an allocation's ends may hold
+  // a neighbour's data and migrate with it. Ordering, all on the GPU with
+  // no host sync: Sleep runs after the work already queued on every stream
+  // that uses an allocation (its own and those named by RecordStream) and
+  // after the last Wake; Wake runs after the Sleep, and work queued later
+  // on any of those streams runs after the Wake. The host synchronises
+  // `stream` before it touches the data. Returns the bytes of the
+  // allocations. kInvalidArgument for a bad level, device or stream.
   absl::Status SetDisposable(void* ptr, bool disposable);
-  absl::StatusOr<std::size_t> Sleep(int device, Stream stream);
+  absl::Status SetKeep(void* ptr, bool keep);
+  absl::StatusOr<std::size_t> Sleep(int device, Stream stream,
+                                    SleepLevel level = SleepLevel::kOffload);
   absl::StatusOr<std::size_t> Wake(int device, Stream stream);
+  // Gives the device's staging memory back to the host (waiting for the
+  // copies out of it); returns the bytes. kFailedPrecondition, changing
+  // nothing, while it holds contents (between a Sleep and its Wake). The
+  // next Sleep pins it again (its first-cycle cost).
+  absl::StatusOr<std::size_t> ReleaseSleepStaging(int device);
   // Replaces the advice (read-mostly, preferred location, accessed-by) of
   // one allocation; withdrawn again when it is freed.
   absl::Status SetHints(void* ptr, const AllocationHints& hints);
@@ -163,6 +187,9 @@ class CachingManagedAllocator {
 
   // The device that owns `ptr` (a pointer returned by Allocate and not freed).
   absl::StatusOr<int> DeviceOf(void* ptr);
+  // The bytes requested for the allocation at `ptr` (a zero-copy .to()
+  // checks that a tensor's storage is the whole allocation).
+  absl::StatusOr<std::size_t> RequestedSize(void* ptr);
 
   int device_count() const { return static_cast<int>(devices_.size()); }
   const AllocatorConfig& config() const { return config_; }

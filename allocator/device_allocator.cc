@@ -37,6 +37,11 @@ DeviceAllocator::DeviceAllocator(int device, int device_count, Backend* backend,
 DeviceAllocator::~DeviceAllocator() {
   MutexLock l(&mu_);
   ProcessPendingFrees(/*synchronize=*/true);
+  // Copies out of the staging may still be queued on the last Wake's stream.
+  if (staging_.capacity() > 0) {
+    (void)backend_->SynchronizeStream(sleep_wake_stream_);
+    (void)staging_.Release(*backend_);
+  }
   for (auto& [base, seg] : segments_) {
     (void)backend_->FreeManaged(seg->ptr_base());
     for (Block* b = seg->first; b != nullptr;) {
@@ -311,6 +316,7 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
   b->mempool = mempool;
   b->requested = requested;
   b->disposable = false;
+  b->keep = false;
   b->pages_discarded = false;
   b->stream_uses.clear();
   if (b->segment->arena) AcquirePages(b, all_populated);
@@ -372,6 +378,7 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   }
 
   allocated_.erase(it);
+  if (ABSL_PREDICT_FALSE(!staged_.empty())) Unstage(addr);
   if (b->hints && !defer) {
     ApplyAdvice(WithdrawHintAdvice(*b->hints), b->ptr(), b->size);
     b->hints.reset();

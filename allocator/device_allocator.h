@@ -19,6 +19,7 @@
 #include "allocator/block.h"
 #include "allocator/mempool.h"
 #include "allocator/snapshot.h"
+#include "allocator/staging.h"
 #include "allocator/stats.h"
 #include "backends/backend.h"
 #include "policy/config.h"
@@ -30,6 +31,11 @@ namespace cma {
 // "Not allocated on this device": the caller asks the next device. Code
 // only: an empty message keeps the status inline, with no allocation.
 inline absl::Status NotMine() { return absl::Status(absl::StatusCode::kNotFound, ""); }
+
+// Splits `r` into the kPageSize pages that lie wholly inside it (appended to
+// `whole`) and the partial pages at its ends (appended to `partial`). A
+// discard takes whole pages only: a partial page may hold a neighbour's data.
+void SplitAtPages(const Range& r, std::vector<Range>* whole, std::vector<Range>* partial);
 
 class DeviceAllocator {
  public:
@@ -80,12 +86,16 @@ class DeviceAllocator {
   // Marks the allocation at `ptr` as disposable (its contents may be
   // discarded by Sleep) until it is freed.
   absl::Status SetDisposable(void* ptr, bool disposable) ABSL_LOCKS_EXCLUDED(mu_);
-  // Every allocation of this device leaves it, ordered on `stream`: moved to
-  // the host in one batch, or discarded if disposable. Same addresses; the
-  // memory is then reclaimable by the driver. Wake brings them back (the
-  // disposable ones populated, not migrated). Returns the bytes handled.
-  absl::StatusOr<std::size_t> Sleep(Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
+  // Marks the allocation at `ptr` as kept by a level-2 Sleep.
+  absl::Status SetKeep(void* ptr, bool keep) ABSL_LOCKS_EXCLUDED(mu_);
+  // Every allocation of this device leaves it, ordered on `stream` (sleep.cc;
+  // see CachingManagedAllocator::Sleep): kept contents staged in pinned host
+  // memory or migrated, the rest discarded. Same addresses; the memory is
+  // then reclaimable by the driver. Wake brings them back. Returns the bytes.
+  absl::StatusOr<std::size_t> Sleep(Stream stream, SleepLevel level) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::size_t> Wake(Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
+  // Frees the staging memory; kFailedPrecondition while it holds contents.
+  absl::StatusOr<std::size_t> ReleaseSleepStaging() ABSL_LOCKS_EXCLUDED(mu_);
   // Replaces the advice of the allocation at `ptr`.
   absl::Status SetHints(void* ptr, const AllocationHints& hints) ABSL_LOCKS_EXCLUDED(mu_);
   // The allocated block at `ptr`: its size as requested and its stream.
@@ -319,6 +329,24 @@ class DeviceAllocator {
   // the contents dead on the block's stream.
   void OnFreed(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // ---- sleep staging (sleep.cc) ----
+  // Brings the staged contents of `blocks` (those in staged_) back into
+  // their whole pages, populated at `target`, ordered on `stream` after the
+  // Sleep; with `contents_dead` they are only forgotten. The others are
+  // left alone.
+  absl::Status RestoreStaged(absl::Span<Block* const> blocks, Location target, Stream stream,
+                             bool contents_dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The block at `addr` no longer has contents in the staging area.
+  void Unstage(std::uintptr_t addr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sleep's plan for the kept, staged whole pages `whole` of blocks `owners`:
+  // copies into staging as chunks become available (growing the area while
+  // the copy engine works on the chunks before); those that do not fit the
+  // bound or the memory available are appended to `migrate`. Returns the
+  // copies issued, for the discards that follow them.
+  std::vector<Range> StageOut(const std::vector<Range>& whole, const std::vector<Block*>& owners,
+                              Stream stream, std::vector<Range>* migrate)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const int device_;
   const int device_count_;
   Backend* const backend_;
@@ -359,6 +387,17 @@ class DeviceAllocator {
   // repopulation, a Wake after the Sleep), and so are the free or Move of a
   // block whose pages a Sleep discarded.
   Stream sleep_wake_stream_ ABSL_GUARDED_BY(mu_) = kDefaultStream;
+  // Allocations whose whole pages a Sleep copied into staging_ and
+  // discarded, by block address: where in staging_ and which range.
+  struct Staged {
+    std::size_t offset;
+    Range pages;
+  };
+  absl::flat_hash_map<std::uintptr_t, Staged> staged_ ABSL_GUARDED_BY(mu_);
+  StagingArea staging_ ABSL_GUARDED_BY(mu_);
+  // Streams other than sleep_wake_stream_ that a Move's restore read
+  // staging_ on: the next Sleep writes there only after them.
+  absl::flat_hash_set<Stream> staging_readers_ ABSL_GUARDED_BY(mu_);
   DeviceStats stats_ ABSL_GUARDED_BY(mu_);
 
   struct PrivatePool {

@@ -1,5 +1,6 @@
 // DeviceAllocator's placement: carrying out policy/placement_policy.h's
-// decisions through the Backend, and the zero-copy move.
+// decisions through the Backend, and the zero-copy move (sleep mode is in
+// sleep.cc).
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -9,7 +10,6 @@
 #include "backends/mutex_lock.h"
 
 namespace cma {
-namespace {
 
 // Splits `r` into the kPageSize pages that lie wholly inside it (appended to
 // `whole`) and the partial pages at its ends (appended to `partial`). A
@@ -27,8 +27,6 @@ void SplitAtPages(const Range& r, std::vector<Range>* whole, std::vector<Range>*
   whole->push_back({reinterpret_cast<void*>(first), last - first});
   if (last < hi) partial->push_back({reinterpret_cast<void*>(last), hi - last});
 }
-
-}  // namespace
 
 absl::Status DeviceAllocator::Execute(PlacementAction action, absl::Span<const Range> ranges,
                                       Location target, Stream stream) {
@@ -159,6 +157,14 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
       return s;
     }
   }
+  // Contents a Sleep staged come back first (copied into their pages at
+  // the target), or are forgotten if the caller declares them dead.
+  if (ABSL_PREDICT_FALSE(!staged_.empty())) {
+    if (absl::Status r = RestoreStaged(blocks, target, stream, contents_dead); !r.ok()) {
+      return absl::Status(r.code(), absl::StrCat("cma: move could not restore what the sleep "
+                                                 "staged: ", r.message()));
+    }
+  }
   // Pages a Sleep discarded are populated again only after that discard.
   for (Block* b : blocks) {
     if (!b->pages_discarded || target.is_host()) continue;
@@ -203,135 +209,6 @@ absl::Status DeviceAllocator::SetDisposable(void* ptr, bool disposable) {
   if (it == allocated_.end()) return NotMine();
   it->second->disposable = disposable;
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream) {
-  MutexLock l(&mu_);
-  if (absl::Status s = RefuseWhileQuiet("sleep"); !s.ok()) return s;
-  if (absl::Status s = CheckStream(stream); !s.ok()) return s;
-  // The contract: Sleep is ordered after the work already queued on every
-  // stream that uses an allocation (its own and those named by
-  // RecordStream), so no kernel still running there sees its data move or
-  // vanish. `stream` waits for each of them on the GPU; no host sync.
-  absl::flat_hash_set<Stream> users;
-  for (auto& [addr, b] : allocated_) {
-    if (b->stream != stream) users.insert(b->stream);
-    for (Stream u : b->stream_uses) {
-      if (u != stream) users.insert(u);
-    }
-  }
-  // And after the last Wake, whose repopulation these discards must follow.
-  users.insert(sleep_wake_stream_);
-  users.erase(stream);
-  for (Stream u : users) {
-    // Unordered, the discard below could run before a kernel's last use.
-    if (absl::Status w = OrderAfter(stream, u); !w.ok()) {
-      return absl::Status(w.code(), absl::StrCat("cma: sleep could not order after a stream "
-                                                 "that uses an allocation: ", w.message()));
-    }
-  }
-  std::vector<Range> keep, drop;
-  std::vector<Block*> kept;
-  std::size_t bytes = 0;
-  for (auto& [addr, b] : allocated_) {
-    // A disposable block's partial edge pages may hold a neighbour's data:
-    // they move to the host with the kept blocks; only whole pages go.
-    if (b->disposable) {
-      SplitAtPages({b->ptr(), b->size}, &drop, &keep);
-    } else {
-      keep.push_back({b->ptr(), b->size});
-      kept.push_back(b);
-    }
-    bytes += b->size;
-  }
-  // One batch call each: a whole model's tensors in two driver calls.
-  absl::Status s = Execute(PlacementAction::kPrefetch, keep, Location::Host(), stream);
-  if (s.ok() && !drop.empty()) {
-    s = backend_->DiscardBatch(drop, stream);
-    if (s.ok()) {
-      for (const Range& r : drop) stats_.discarded_bytes += static_cast<std::int64_t>(r.bytes);
-    }
-  }
-  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("cma: sleep failed: ", s.message()));
-  for (auto& [addr, b] : allocated_) {
-    // A disposable block counts as away too: whoever reuses it after its
-    // free brings its pages back to the device.
-    b->placed = true;
-    b->location = Location::Host();
-    b->pages_discarded = b->disposable;
-  }
-  sleep_wake_stream_ = stream;
-  stats_.moves += static_cast<std::int64_t>(kept.size());
-  // The cache sleeps too: idle memory goes back (arena pages by discard,
-  // stream-ordered), so the device holds nothing of this allocator's.
-  ProcessPendingFrees(/*synchronize=*/false);
-  CoalesceUnmerged();
-  ReleaseCachedSegments(0);
-  return bytes;
-}
-
-absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
-  MutexLock l(&mu_);
-  if (absl::Status s = RefuseWhileQuiet("wake"); !s.ok()) return s;
-  if (absl::Status s = CheckStream(stream); !s.ok()) return s;
-  // Ordered after the Sleep, whichever stream each was given.
-  if (absl::Status w = OrderAfter(stream, sleep_wake_stream_); !w.ok()) {
-    return absl::Status(w.code(), absl::StrCat("cma: wake could not order after the sleep: ",
-                                               w.message()));
-  }
-  const Location here = Location::Device(device_);
-  std::vector<Range> migrate, repopulate;
-  std::size_t bytes = 0;
-  for (auto& [addr, b] : allocated_) {
-    if (b->placed && b->location == here) continue;
-    if (b->disposable) {
-      SplitAtPages({b->ptr(), b->size}, &repopulate, &migrate);
-    } else {
-      migrate.push_back({b->ptr(), b->size});
-    }
-    bytes += b->size;
-  }
-  // A block's stream may have a discard of its pages still queued (the
-  // cache's idle pages released by the Sleep): the wake waits for those
-  // streams too before it populates.
-  absl::flat_hash_set<Stream> owners;
-  for (auto& [addr, b] : allocated_) {
-    if (!(b->placed && b->location == here) && b->stream != stream) owners.insert(b->stream);
-  }
-  for (Stream u : owners) {
-    if (absl::Status w = OrderAfter(stream, u); !w.ok()) {
-      return absl::Status(w.code(), absl::StrCat("cma: wake could not order after a stream "
-                                                 "that owns an allocation: ", w.message()));
-    }
-  }
-  absl::Status s = Execute(PlacementAction::kPrefetch, migrate, here, stream);
-  if (s.ok()) s = Execute(PlacementAction::kDiscardAndPrefetch, repopulate, here, stream);
-  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("cma: wake failed: ", s.message()));
-  std::size_t woken = 0;
-  for (auto& [addr, b] : allocated_) {
-    woken += !(b->placed && b->location == here);
-    b->placed = true;
-    b->location = here;
-    b->pages_discarded = false;
-  }
-  sleep_wake_stream_ = stream;
-  stats_.moves += static_cast<std::int64_t>(woken);
-  // Work queued later on any stream that uses an allocation runs after the
-  // wake: it sees its data in place without a host sync.
-  absl::flat_hash_set<Stream> users;
-  for (auto& [addr, b] : allocated_) {
-    users.insert(b->stream);
-    users.insert(b->stream_uses.begin(), b->stream_uses.end());
-  }
-  users.erase(stream);
-  for (Stream u : users) {
-    // The placement is done and recorded; the error says what is unordered.
-    if (absl::Status w = OrderAfter(u, stream); !w.ok()) {
-      return absl::Status(w.code(), absl::StrCat("cma: wake could not order a stream that uses "
-                                                 "an allocation after it: ", w.message()));
-    }
-  }
-  return bytes;
 }
 
 absl::Status DeviceAllocator::SetHints(void* ptr, const AllocationHints& hints) {

@@ -234,6 +234,9 @@ absl::StatusOr<PoolRestoreResult> DeviceAllocator::RestorePoolCheckpoint(
 
 void DeviceAllocator::FreeForRestore(Block* b) {
   allocated_.erase(b->addr);
+  // Its contents in a Sleep's staging are not to be copied back over
+  // whatever the restore puts there.
+  if (ABSL_PREDICT_FALSE(!staged_.empty())) Unstage(b->addr);
   if (b->hints) {
     ApplyAdvice(WithdrawHintAdvice(*b->hints), b->ptr(), b->size);
     b->hints.reset();

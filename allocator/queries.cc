@@ -34,7 +34,8 @@ void DeviceAllocator::ResetPeakStats() {
   MutexLock l(&mu_);
   for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
                        &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
-                       &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+                       &stats_.inactive_split_bytes, &stats_.requested_bytes,
+                       &stats_.host_staging_bytes}) {
     for (Stat& s : *a) s.peak = s.current;
   }
   peak_live_pages_ = populated_pages() - idle_pages_;
@@ -44,13 +45,15 @@ void DeviceAllocator::ResetAccumulatedStats() {
   MutexLock l(&mu_);
   for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
                        &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
-                       &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+                       &stats_.inactive_split_bytes, &stats_.requested_bytes,
+                       &stats_.host_staging_bytes}) {
     for (Stat& s : *a) s.allocated = s.freed = 0;
   }
   stats_.num_alloc_retries = stats_.num_ooms = stats_.num_device_alloc = stats_.num_device_free = 0;
   stats_.num_sync_all_streams = stats_.num_cross_stream_reuse = 0;
   stats_.num_pages_populated = stats_.num_pages_discarded = stats_.discard_calls = 0;
   stats_.num_discard_waits = 0;
+  stats_.sleep_staged_bytes = stats_.sleep_restored_bytes = 0;
 }
 
 void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {

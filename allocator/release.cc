@@ -97,7 +97,7 @@ absl::Status DeviceAllocator::ForgetStream(Stream stream) {
   MutexLock l(&mu_);
   if (absl::Status s = RefuseWhileQuiet("forget_stream"); !s.ok()) return s;
   // Whether anything here names the stream (only such devices wait for it).
-  bool named = known_streams_.contains(stream);
+  bool named = known_streams_.contains(stream) || staging_readers_.contains(stream);
   for (auto& [addr, b] : allocated_) {
     named = named || b->stream == stream ||
             std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) != b->stream_uses.end();
@@ -135,6 +135,7 @@ absl::Status DeviceAllocator::ForgetStream(Stream stream) {
     if (pf.block->stream == stream) pf.block->stream = kDefaultStream;
   }
   known_streams_.erase(stream);
+  staging_readers_.erase(stream);  // its reads of the staging have run
   idle_through_.erase(stream);
   if (last_stream_ == stream) last_stream_ = kDefaultStream;
   if (sleep_wake_stream_ == stream) sleep_wake_stream_ = kDefaultStream;  // its discards ran

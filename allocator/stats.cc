@@ -30,14 +30,14 @@ void AddArray(StatArray& a, const StatArray& b) {
 
 #define CMA_FOR_EACH_STAT_ARRAY(X)                                                       \
   X(allocation) X(segment) X(active) X(inactive_split) X(allocated_bytes) X(reserved_bytes) \
-  X(active_bytes) X(inactive_split_bytes) X(requested_bytes)
+  X(active_bytes) X(inactive_split_bytes) X(requested_bytes) X(host_staging_bytes)
 #define CMA_FOR_EACH_COUNTER(X)                                                          \
   X(num_alloc_retries) X(num_ooms) X(num_device_alloc) X(num_device_free)                 \
   X(num_sync_all_streams) X(num_cross_stream_reuse) X(prefetch_calls)                     \
   X(prefetched_bytes_to_device) X(prefetched_bytes_to_host) X(advise_calls)               \
   X(discarded_bytes) X(moves) X(num_placement_errors) X(managed_budget_bytes)            \
   X(virtual_bytes) X(idle_populated_bytes) X(num_pages_populated) X(num_pages_discarded)  \
-  X(discard_calls) X(num_discard_waits)
+  X(discard_calls) X(num_discard_waits) X(sleep_staged_bytes) X(sleep_restored_bytes)
 
 std::map<std::string, std::int64_t> DeviceStats::Flatten() const {
   std::map<std::string, std::int64_t> m;

@@ -50,6 +50,9 @@ struct DeviceStats {
   StatArray active_bytes;
   StatArray inactive_split_bytes;
   StatArray requested_bytes;
+  // Pinned host memory held for Sleep's staging (allocator/staging.h), also
+  // while awake; only .all is used. As PyTorch's host allocator counts it.
+  StatArray host_staging_bytes;
   std::int64_t num_alloc_retries = 0;
   std::int64_t num_ooms = 0;
   std::int64_t num_device_alloc = 0;
@@ -73,6 +76,9 @@ struct DeviceStats {
   std::int64_t num_pages_discarded = 0;
   std::int64_t discard_calls = 0;
   std::int64_t num_discard_waits = 0;  // populations ordered after another stream's discard
+  // Bytes Sleep copied into staging, and Wake or Move copied back.
+  std::int64_t sleep_staged_bytes = 0;
+  std::int64_t sleep_restored_bytes = 0;
 
   // Flattened as PyTorch does: "allocated_bytes.all.current", "num_ooms", ...
   std::map<std::string, std::int64_t> Flatten() const;

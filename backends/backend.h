@@ -68,6 +68,13 @@ struct Range {
   std::size_t bytes = 0;
 };
 
+// One stream-ordered copy of `bytes` from `src` to `dst` (CopyBatch).
+struct Copy {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  std::size_t bytes = 0;
+};
+
 // What a backend can report about a managed range (cudaMemRangeGetAttribute).
 struct RangeAttributes {
   bool read_mostly = false;
@@ -162,6 +169,25 @@ class Backend {
                                                Location location, Stream stream) = 0;
   virtual absl::StatusOr<RangeAttributes> GetRangeAttributes(void* ptr,
                                                              std::size_t bytes) = 0;
+
+  // ---- pinned host memory and copies (sleep staging) ----
+  // Page-locked host memory the copy engines reach at full link speed
+  // (cudaHostAlloc). Backends without it report kUnimplemented, and the
+  // allocator then sleeps by migrating pages instead. Freeing waits for the
+  // copies queued on it (cudaFreeHost synchronises).
+  virtual absl::StatusOr<void*> AllocatePinnedHost(std::size_t bytes) {
+    return absl::UnimplementedError("pinned host memory is not supported by this backend");
+  }
+  virtual absl::Status FreePinnedHost(void* ptr) {
+    return absl::UnimplementedError("pinned host memory is not supported by this backend");
+  }
+  // Copies between managed memory (wherever its pages are) and pinned host
+  // memory, in `stream`'s order, one call per copy or one batch. A copy into
+  // unpopulated managed pages populates them on `stream`'s device; callers
+  // place them first.
+  virtual absl::Status CopyBatch(absl::Span<const Copy> copies, Stream stream) {
+    return absl::UnimplementedError("stream-ordered copies are not supported by this backend");
+  }
 
   // ---- streams and events ----
   virtual absl::StatusOr<Stream> CreateStream(int device) = 0;

@@ -12,7 +12,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       "",
       "idle_page_slack:0",
       "discard_on_free:1",
-      "release_threshold:8M",
+      "release_threshold:8M,sleep_staging_max:6M",
       "arena_size:8M",
       "garbage_collection_threshold:0.5,arena_size:16M",
       "roundup_power2_divisions:4,prefetch:none",

@@ -15,7 +15,7 @@ namespace {
 constexpr absl::string_view kKeys =
     "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, prefetch, "
     "preferred_location, accessed_by, discard_on_free, managed_budget, release_threshold, "
-    "release_before_peak, multicast, segments, arena_size, idle_page_slack";
+    "release_before_peak, multicast, segments, arena_size, idle_page_slack, sleep_staging_max";
 
 absl::Status Bad(absl::string_view key, absl::string_view value, absl::string_view accepted) {
   return absl::InvalidArgumentError(absl::StrCat("CMA_ALLOC_CONF: bad value '", value,
@@ -127,6 +127,16 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view v, AllocatorConfi
       return Bad(key, v, "0 (the managed budget) or a size from 2M to 1024G");
     }
     c.arena_size = *s;
+  } else if (key == "sleep_staging_max") {
+    if (v == "none") {
+      c.sleep_staging_max = std::numeric_limits<std::size_t>::max();
+    } else {
+      auto s = ParseSize(v);
+      if (!s.ok() || *s == std::numeric_limits<std::size_t>::max()) {
+        return Bad(key, v, "none, or a size such as 0, 512M or 16G");
+      }
+      c.sleep_staging_max = *s;
+    }
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("CMA_ALLOC_CONF: unknown key '", key, "'; accepted keys: ", kKeys));
@@ -212,6 +222,9 @@ std::string AllocatorConfig::ToString() const {
   if (segments != d.segments) parts.push_back("segments:classic");
   if (arena_size) parts.push_back(absl::StrCat("arena_size:", arena_size));
   if (idle_page_slack >= 0) parts.push_back(absl::StrCat("idle_page_slack:", Exact(idle_page_slack)));
+  if (sleep_staging_max != d.sleep_staging_max) {
+    parts.push_back(absl::StrCat("sleep_staging_max:", sleep_staging_max));
+  }
   return absl::StrJoin(parts, ",");
 }
 

@@ -40,6 +40,12 @@
 //   arena_size          size of each arena's address range (default 0: the
 //                       managed budget, so one arena never spans more than
 //                       the device had free)
+//   sleep_staging_max   none (default) | a size: the most pinned host memory
+//                       a device's Sleep keeps for staging (allocator/
+//                       staging.h). It is held while awake, so that every
+//                       later cycle copies at the link's speed, until
+//                       ReleaseSleepStaging; allocations that do not fit
+//                       migrate instead. 0: every Sleep migrates.
 // Sizes take an optional K, M or G suffix (powers of 1024).
 //
 // Errors: an unknown key or bad value returns kInvalidArgument naming the key
@@ -79,6 +85,7 @@ struct AllocatorConfig {
   SegmentMode segments = SegmentMode::kArena;
   std::size_t arena_size = 0;  // 0: the managed budget
   double idle_page_slack = -1;  // < 0: off
+  std::size_t sleep_staging_max = std::numeric_limits<std::size_t>::max();  // max: none
 
   // The config back in `key:value` form (only keys that differ from defaults).
   std::string ToString() const;

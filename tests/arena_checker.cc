@@ -38,8 +38,13 @@ absl::StatusOr<std::unique_ptr<ArenaChecker>> ArenaChecker::Create(absl::string_
   std::unique_ptr<ArenaChecker> c(new ArenaChecker);
   c->pool_checkpoints_ = pool_checkpoints;
   c->capacity_ = capacity;
-  c->backend_ = std::make_unique<HostBackend>(HostBackendOptions{
-      .device_count = 1, .device_capacity = capacity, .manual_completion = true});
+  // Pinned memory for a quarter of the device: big sleeps also take the
+  // path where staging runs out and the rest migrates.
+  c->backend_ = std::make_unique<HostBackend>(
+      HostBackendOptions{.device_count = 1,
+                         .device_capacity = capacity,
+                         .manual_completion = true,
+                         .pinned_capacity = capacity / 4});
   auto a = CachingManagedAllocator::Create(*c->backend_, config);
   if (!a.ok()) return a.status();
   c->alloc_ = std::move(*a);
@@ -121,7 +126,16 @@ absl::Status ArenaChecker::CheckDiscard(std::uintptr_t lo, std::uintptr_t hi, St
   if (plo >= phi) return absl::OkStatus();
   for (auto& [p, l] : live_) {
     if (!Overlaps(plo, phi, p, p + l.size)) continue;
-    const bool allowed = (discarding_ != Discarding::kNone && l.disposable) || p == dead_move_;
+    // Discarded at this sleep level (Sleep), or repopulated for it (Wake).
+    const bool level_drops = discarding_ != Discarding::kNone &&
+                             (l.disposable || (discarding_ == Discarding::kSleep &&
+                                               sleep_level_ == SleepLevel::kDiscard && !l.keep));
+    // Whole pages whose contents a Sleep has copied out first, or that hold
+    // nothing until the copy back (their population by Wake or Move).
+    const bool staged = (discarding_ == Discarding::kSleep && l.copied) || l.staged;
+    // Contents already thrown away (an earlier level-2 or disposable drop).
+    const bool gone = discarding_ != Discarding::kNone && l.dead;
+    const bool allowed = level_drops || staged || gone || p == dead_move_;
     if (!allowed) {
       return Violation(absl::StrFormat("discard [%#x, %#x) on stream %d hits live allocation "
                                        "%#x (+%d)", plo, phi, x, p, l.size));
@@ -138,7 +152,11 @@ absl::Status ArenaChecker::CheckDiscard(std::uintptr_t lo, std::uintptr_t hi, St
         }
       }
     }
-    l.dead = true;
+    if (level_drops || p == dead_move_) {
+      l.dead = true;
+    } else if (staged) {
+      l.staged = true;
+    }
   }
   for (const Use& u : retired_) {
     if (u.stream != x && Overlaps(plo, phi, u.lo, u.hi) && !Ordered(x, u.stream, u.ticket)) {
@@ -201,10 +219,64 @@ absl::Status ArenaChecker::CheckCalls() {
       case PlacementRecord::Op::kPrefetch:
         if (!r.location.is_host()) s = CheckPopulation(lo, hi, r.stream);
         break;
+      case PlacementRecord::Op::kCopy: s = CheckCopy(r); break;
     }
     if (!s.ok()) return s;
   }
   for (; w < waits.size(); ++w) AddWait(waits[w]);
+  for (auto& [p, l] : live_) {
+    if (!l.restored) continue;
+    l.restored = l.staged = l.copied = false;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ArenaChecker::CheckCopy(const PlacementRecord& r) {
+  const auto src = reinterpret_cast<std::uintptr_t>(r.src);
+  const auto dst = reinterpret_cast<std::uintptr_t>(r.ptr);
+  for (auto& [p, l] : live_) {
+    if (Overlaps(src, src + r.bytes, p, p + l.size)) {
+      // Only a Sleep copies out of an allocation, and only whole pages of
+      // its block (which may reach past the requested size into its
+      // rounding, never into another allocation: that one starts inside).
+      if (discarding_ != Discarding::kSleep || src < p || src % kPageSize != 0 ||
+          r.bytes % kPageSize != 0) {
+        return Violation(absl::StrFormat("copy out of [%#x, +%d) on stream %d outside a sleep "
+                                         "or beyond allocation %#x (+%d)", src, r.bytes,
+                                         r.stream, p, l.size));
+      }
+      std::vector<Stream> users = l.uses;
+      users.push_back(l.stream);
+      for (Stream u : users) {
+        auto before = submitted_at_sleep_.find(u);
+        if (!Ordered(r.stream, u, before == submitted_at_sleep_.end() ? 0 : before->second)) {
+          return Violation(absl::StrFormat("sleep copies %#x out on stream %d before the work "
+                                           "queued on its user stream %d", p, r.stream, u));
+        }
+      }
+      l.copied = true;
+    }
+    if (Overlaps(dst, dst + r.bytes, p, p + l.size)) {
+      // Only staged contents are copied back, into their own allocation (in
+      // pieces where the staging's chunks split them).
+      if (!l.staged || dst < p) {
+        return Violation(absl::StrFormat("copy into [%#x, +%d) on stream %d overwrites live "
+                                         "allocation %#x (+%d), which was not staged", dst,
+                                         r.bytes, r.stream, p, l.size));
+      }
+      l.restored = true;  // no longer staged once this batch of calls is checked
+    }
+  }
+  if (absl::Status s = CheckPopulation(dst, dst + r.bytes, r.stream); !s.ok()) return s;
+  return absl::OkStatus();
+}
+
+absl::Status ArenaChecker::CheckTags() const {
+  for (const auto& [p, l] : live_) {
+    if (!l.dead && !l.staged && !TagIntact(p, l)) {
+      return Violation(absl::StrFormat("the contents of live %#x (+%d) changed", p, l.size));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -312,7 +384,9 @@ absl::Status ArenaChecker::DoFree(std::uintptr_t p) {
   auto it = live_.find(p);
   const Live l = it->second;
   Note(absl::StrFormat("free %#x (+%d, stream %d)", p, l.size, l.stream));
-  if (!l.dead && !TagIntact(p, l)) {
+  // A staged allocation freed while asleep: its contents were in the
+  // staging, which the free forgets.
+  if (!l.dead && !l.staged && !TagIntact(p, l)) {
     return Violation(absl::StrFormat("the contents of live %#x (+%d) changed", p, l.size));
   }
   live_.erase(it);
@@ -345,25 +419,59 @@ absl::Status ArenaChecker::DoMove(StepSource& in) {
   if (!c.ok()) return c;
   if (dead) {  // the user overwrites what it declared dead
     l.dead = false;
+    l.staged = l.copied = false;
     WriteTag(p, l);
+  }
+  // A staged allocation's contents come back with the move, bit for bit.
+  if (l.staged) return Violation(absl::StrFormat("move left %#x's contents in the staging", p));
+  if (!l.dead && !TagIntact(p, l)) {
+    return Violation(absl::StrFormat("the contents of %#x (+%d) changed in a move", p, l.size));
   }
   l.away = target.is_host();
   return absl::OkStatus();
 }
 
-absl::Status ArenaChecker::DoSleep(Stream s) {
-  Note(absl::StrFormat("sleep on %d", s));
+absl::Status ArenaChecker::DoSleep(Stream s, SleepLevel level) {
+  Note(absl::StrFormat("sleep level %d on %d", static_cast<int>(level), s));
+  sleep_level_ = level;
   submitted_at_sleep_.clear();
   submitted_at_sleep_[kDefaultStream] = Submitted(kDefaultStream);
   for (Stream u : streams_) submitted_at_sleep_[u] = Submitted(u);
   discarding_ = Discarding::kSleep;
-  absl::StatusOr<std::size_t> slept = alloc_->Sleep(0, s);
+  absl::StatusOr<std::size_t> slept = alloc_->Sleep(0, s, level);
   absl::Status c = CheckCalls();
   discarding_ = Discarding::kNone;
   if (!slept.ok()) return Violation(absl::StrCat("sleep failed: ", slept.status().ToString()));
   if (!c.ok()) return c;
   asleep_ = true;
-  for (auto& [p, l] : live_) l.away = true;
+  for (auto& [p, l] : live_) {
+    l.away = true;
+    // Copied out but not discarded (a partial page only): still in place.
+    if (!l.staged) l.copied = false;
+  }
+  // What was not discarded is still there (migrated to the host).
+  return CheckTags();
+}
+
+absl::Status ArenaChecker::DoReleaseStaging() {
+  Note("release sleep staging");
+  absl::StatusOr<std::size_t> r = alloc_->ReleaseSleepStaging(0);
+  if (!contexts_.empty()) return ExpectRefused(r.status(), "release_sleep_staging");
+  bool holds = false;
+  for (const auto& [p, l] : live_) holds = holds || l.staged;
+  if (holds) {
+    // Refused, changing nothing: the staged contents stay restorable.
+    if (r.status().code() != absl::StatusCode::kFailedPrecondition) {
+      return Violation(absl::StrCat("release_sleep_staging while it holds contents: ",
+                                    r.status().ToString()));
+    }
+    return absl::OkStatus();
+  }
+  if (!r.ok()) return Violation(absl::StrCat("release_sleep_staging: ", r.status().ToString()));
+  if (alloc_->GetStats(0)->host_staging_bytes[kAllPools].current != 0 ||
+      backend_->LiveResources().pinned_bytes != 0) {
+    return Violation("release_sleep_staging left pinned memory");
+  }
   return absl::OkStatus();
 }
 
@@ -434,6 +542,7 @@ absl::Status ArenaChecker::Step(StepSource& in) {
     Note("empty_cache");
     s = alloc_->EmptyCache();
     if (!contexts_.empty()) s = ExpectRefused(s, "empty_cache");
+    if (s.ok() && in.Next(2) == 0) s = DoReleaseStaging();
   } else if (op < 87) {
     static constexpr double kFractions[] = {1.0 / 64, 1.0 / 8, 0.25, 0.5, 0.75, 1.0};
     const double f = kFractions[in.Next(6)];
@@ -443,16 +552,22 @@ absl::Status ArenaChecker::Step(StepSource& in) {
     s = DoMove(in);
   } else if (op < 92) {
     if (std::uintptr_t p = PickLive(in); p != 0) {
-      Note(absl::StrFormat("disposable %#x", p));
-      s = alloc_->SetDisposable(reinterpret_cast<void*>(p), true);
-      live_.at(p).disposable = true;
+      if (in.Next(2) == 0) {
+        Note(absl::StrFormat("disposable %#x", p));
+        s = alloc_->SetDisposable(reinterpret_cast<void*>(p), true);
+        live_.at(p).disposable = true;
+      } else {
+        Note(absl::StrFormat("keep %#x", p));
+        s = alloc_->SetKeep(reinterpret_cast<void*>(p), true);
+        live_.at(p).keep = true;
+      }
     }
   } else if (op < 94) {
     const Stream st = PickStream(in);
     if (!contexts_.empty()) {
       s = ExpectRefused(alloc_->Sleep(0, st).status(), "sleep");
     } else if (!asleep_) {
-      s = DoSleep(st);
+      s = DoSleep(st, static_cast<SleepLevel>(in.Next(3)));
     }
   } else if (op < 97) {
     const Stream st = PickStream(in);
@@ -465,8 +580,14 @@ absl::Status ArenaChecker::Step(StepSource& in) {
       if (s.ok()) s = CheckCalls();
       discarding_ = Discarding::kNone;
       asleep_ = false;
-      for (auto& [p, l] : live_) l.away = false;
+      for (auto& [p, l] : live_) {
+        l.away = false;
+        if (s.ok() && l.staged) {
+          s = Violation(absl::StrFormat("wake left %#x's contents in the staging", p));
+        }
+      }
       if (s.ok()) s = CheckResident();
+      if (s.ok()) s = CheckTags();
     }
   } else if (op < 98) {
     if (contexts_.empty()) {
@@ -551,11 +672,19 @@ absl::Status ArenaChecker::Finish() {
   if (stats.reserved_bytes[kAllPools].current != 0 || backend_->PopulatedBytes(0) != 0) {
     return Violation("memory stays reserved after freeing everything and emptying the cache");
   }
+  // The staging is what the statistics say, and goes with the allocator.
+  if (static_cast<std::size_t>(stats.host_staging_bytes[kAllPools].current) !=
+      backend_->LiveResources().pinned_bytes) {
+    return Violation(absl::StrFormat("host_staging_bytes %d but %d bytes pinned",
+                                     stats.host_staging_bytes[kAllPools].current,
+                                     backend_->LiveResources().pinned_bytes));
+  }
   alloc_.reset();
   const HostResourceCounts left = backend_->LiveResources();
-  if (left.managed_allocations != 0 || left.events != 0) {
-    return Violation(absl::StrFormat("leaked %d managed allocations and %d events",
-                                     left.managed_allocations, left.events));
+  if (left.managed_allocations != 0 || left.events != 0 || left.pinned_allocations != 0) {
+    return Violation(absl::StrFormat("leaked %d managed allocations, %d events and %d pinned "
+                                     "buffers", left.managed_allocations, left.events,
+                                     left.pinned_allocations));
   }
   return absl::OkStatus();
 }

@@ -15,15 +15,20 @@
 //  * no block is handed out over a live allocation, or while another stream
 //    may still use it (its last use there has not completed);
 //  * no page is discarded under a live allocation (except what Sleep and a
-//    contents-dead Move may discard) or before another stream's last use of
+//    contents-dead Move may discard: disposable allocations, at level 2 all
+//    not marked keep, and those whose pages a Sleep has copied into its
+//    staging first, after their streams' work) or before another stream's last use of
 //    it completed, and no page is populated by one stream before another
 //    stream's discard of it has run or been waited for;
 //  * a live block's pages are on the device it was allocated for;
 //  * a block freed into a private pool is handed out to no other pool and
 //    not to the shared cache while the pool lives; while a pool is being
 //    allocated to, sleep, wake, empty_cache, forget and move are refused;
-//  * the tag written into each allocation is intact when it is freed (the
-//    host backend zero-fills discarded pages, as a GPU loses them).
+//  * the tag written into each allocation is intact when it is freed, after
+//    every Wake and after a Move (the host backend zero-fills discarded
+//    pages, as a GPU loses them, and copies through staging for real): data
+//    survives sleep and wake bit-exactly, at every level, except what that
+//    level may discard; a staged allocation freed while asleep is exempt.
 //  * a checkpoint lists exactly the pool's live allocations; a restore
 //    reports the pool's live allocations freed and the checkpoint's created,
 //    re-creates none over a live allocation, another pool's free space or
@@ -114,6 +119,13 @@ class ArenaChecker {
     bool disposable = false;
     bool dead = false;  // contents legitimately thrown away
     bool away = false;  // moved off its device or asleep
+    bool keep = false;  // survives a level-2 sleep
+    // A Sleep copied its whole pages out (copied), then discarded them
+    // (staged): its contents are in the staging until Wake or Move copies
+    // them back.
+    bool copied = false;
+    bool staged = false;
+    bool restored = false;  // copied back by the calls being checked
     std::uint32_t pool = 0;  // the private pool it was allocated for (0: shared)
   };
   struct Use {  // a freed block's last use by one stream
@@ -135,8 +147,10 @@ class ArenaChecker {
   absl::Status DoAlloc(StepSource& in);
   absl::Status DoFree(std::uintptr_t p);
   absl::Status DoMove(StepSource& in);
-  absl::Status DoSleep(Stream s);
+  absl::Status DoSleep(Stream s, SleepLevel level);
   absl::Status DoForget(StepSource& in);
+  // Refused while a staged allocation is live; else gives all of it back.
+  absl::Status DoReleaseStaging();
   absl::Status DoPoolStep(StepSource& in);
   // Takes pool `pool`'s checkpoint (and, by `in`'s choice, restores it at once).
   absl::Status DoTakeCheckpoint(StepSource& in, std::uint32_t pool);
@@ -162,6 +176,12 @@ class ArenaChecker {
   absl::Status CheckDiscard(std::uintptr_t lo, std::uintptr_t hi, Stream x, std::int64_t ticket,
                             bool then_populate);
   absl::Status CheckPopulation(std::uintptr_t lo, std::uintptr_t hi, Stream s);
+  // A copy from `src` to `dst` on stream x: out of a live allocation only
+  // during a Sleep and after its streams' work; into one, only after the
+  // discards it follows.
+  absl::Status CheckCopy(const PlacementRecord& r);
+  // Every live allocation that is not dead or staged still holds its tag.
+  absl::Status CheckTags() const;
   void Prune();
   // With prefetch on allocation in an arena, the whole pages of a live
   // allocation (or of every one) that is not away are on device 0.
@@ -186,6 +206,7 @@ class ArenaChecker {
   // Move: the moved one).
   enum class Discarding { kNone, kSleep, kWake };
   Discarding discarding_ = Discarding::kNone;
+  SleepLevel sleep_level_ = SleepLevel::kOffload;  // of the Sleep under way
   std::uintptr_t dead_move_ = 0;
   absl::flat_hash_map<Stream, std::int64_t> submitted_at_sleep_;
   // Private pools: open contexts (pool, the one stream its filter takes, or

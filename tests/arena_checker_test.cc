@@ -49,6 +49,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"strict", "idle_page_slack:0"},
                       Case{"discard_on_free", "discard_on_free:1"},
                       Case{"release_threshold", "release_threshold:16M"},
+                      Case{"staging_bound", "sleep_staging_max:24M"},
+                      Case{"migrate_only", "sleep_staging_max:0"},
                       Case{"small_arenas", "arena_size:16M"},
                       Case{"gc", "garbage_collection_threshold:0.5,arena_size:32M"},
                       Case{"power2", "roundup_power2_divisions:4"},

@@ -6,9 +6,15 @@
 // needs one order of events, so here every live block carries a tag that
 // another thread's misplaced block or a wrong discard would overwrite, and
 // the invariants and the accounting are checked when the threads are done.
+// A staging Sleep (level 1) leaves contents reachable only through Wake or
+// Move, so the host touches tags (writing after an allocation, checking
+// before a free) only under a shared lock that sleep and wake take alone,
+// and checks them only while awake.
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <random>
+#include <shared_mutex>
 #include <thread>
 #include <vector>
 
@@ -47,7 +53,8 @@ TEST_F(AllocatorTest, CheckerStepsFromFourThreadsKeepEveryTagAndInvariant) {
     constexpr int kSteps = 1500;
     std::atomic<int> failures{0};
     std::atomic<std::uint64_t> next_tag{1};
-    std::atomic<bool> asleep{false};
+    std::shared_mutex phase_mu;  // exclusive: sleep and wake; shared: tag reads and writes
+    bool asleep = false;           // guarded by phase_mu
     auto worker = [&](int id) {
       std::mt19937_64 rng(77 + id);
       Stream own[2] = {*backend_->CreateStream(0), *backend_->CreateStream(0)};
@@ -57,6 +64,7 @@ TEST_F(AllocatorTest, CheckerStepsFromFourThreadsKeepEveryTagAndInvariant) {
         const int op = rng() % 100;
         if (op < 35 || live.empty()) {
           const std::size_t n = rng() % 4 == 0 ? kMiB + rng() % (12 * kMiB) : 1 + rng() % 65536;
+          std::shared_lock<std::shared_mutex> phase(phase_mu);
           auto p = alloc_->Allocate(n, 0, s);
           if (!p.ok()) {
             if (!absl::IsResourceExhausted(p.status())) ++failures;
@@ -67,7 +75,8 @@ TEST_F(AllocatorTest, CheckerStepsFromFourThreadsKeepEveryTagAndInvariant) {
           live.push_back(t);
         } else if (op < 60) {
           const std::size_t i = rng() % live.size();
-          if (live[i].checked && !Intact(live[i])) {
+          std::shared_lock<std::shared_mutex> phase(phase_mu);
+          if (!asleep && live[i].checked && !Intact(live[i])) {
             ADD_FAILURE() << "thread " << id << ": contents of " << live[i].p << " changed";
             ++failures;
           }
@@ -84,6 +93,7 @@ TEST_F(AllocatorTest, CheckerStepsFromFourThreadsKeepEveryTagAndInvariant) {
           Tagged& t = live[rng() % live.size()];
           const bool dead = rng() % 3 == 0;
           const Location where = rng() % 2 ? Location::Host() : Location::Device(0);
+          std::shared_lock<std::shared_mutex> phase(phase_mu);
           if (!alloc_->Move(t.p, where, s, dead).ok()) ++failures;
           if (dead) Write(t);  // the owner rewrites what it declared dead
         } else if (op < 86) {
@@ -91,12 +101,13 @@ TEST_F(AllocatorTest, CheckerStepsFromFourThreadsKeepEveryTagAndInvariant) {
           if (!alloc_->SetDisposable(t.p, true).ok()) ++failures;
           t.checked = false;
         } else if (op < 88) {
-          // One thread at a time changes the sleep state.
-          bool expected = rng() % 2 == 0;
-          if (asleep.compare_exchange_strong(expected, !expected)) {
-            auto r = expected ? alloc_->Wake(0, s) : alloc_->Sleep(0, s);
-            if (!r.ok()) ++failures;
-          }
+          // One thread at a time changes the sleep state, staging or
+          // migrating.
+          std::unique_lock<std::shared_mutex> phase(phase_mu);
+          const SleepLevel level = rng() % 2 ? SleepLevel::kOffload : SleepLevel::kMigrate;
+          auto r = asleep ? alloc_->Wake(0, s) : alloc_->Sleep(0, s, level);
+          if (!r.ok()) ++failures;
+          asleep = !asleep;
         } else if (op < 90) {
           if (!alloc_->EmptyCache().ok()) ++failures;
         } else if (op < 92) {
@@ -121,7 +132,8 @@ TEST_F(AllocatorTest, CheckerStepsFromFourThreadsKeepEveryTagAndInvariant) {
         }
       }
       for (const Tagged& t : live) {
-        if (t.checked && !Intact(t)) ++failures;
+        std::shared_lock<std::shared_mutex> phase(phase_mu);
+        if (!asleep && t.checked && !Intact(t)) ++failures;
         if (!alloc_->Free(t.p).ok()) ++failures;
       }
       for (Stream st : own) {

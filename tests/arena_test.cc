@@ -374,7 +374,8 @@ TEST_F(ArenaTest, SleepMovesEverythingOutAndWakeBringsItBack) {
   ASSERT_TRUE(alloc_->Free(idle).ok());
   ASSERT_TRUE(alloc_->SetDisposable(kv, true).ok());
   backend_->ClearRecords();
-  auto slept = alloc_->Sleep(0, s1_);
+  // The migrating path (sleep_test.cc tests the staging one).
+  auto slept = alloc_->Sleep(0, s1_, SleepLevel::kMigrate);
   ASSERT_TRUE(slept.ok()) << slept.status();
   EXPECT_EQ(*slept, 14 * kMiB);
   // One batch each: the live data to the host, the disposable discarded, and

@@ -1,5 +1,7 @@
 #include "policy/config.h"
 
+#include <limits>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -60,6 +62,20 @@ TEST(ConfigTest, RoundTripsThroughToString) {
   EXPECT_TRUE(again->accessed_by_all);
 }
 
+TEST(ConfigTest, SleepStagingMax) {
+  EXPECT_EQ(ParseAllocatorConfig("")->sleep_staging_max, std::numeric_limits<std::size_t>::max());
+  auto c = ParseAllocatorConfig("sleep_staging_max:6G");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sleep_staging_max, std::size_t{6} << 30);
+  auto again = ParseAllocatorConfig(c->ToString());
+  ASSERT_TRUE(again.ok()) << c->ToString();
+  EXPECT_EQ(again->sleep_staging_max, std::size_t{6} << 30);
+  EXPECT_EQ(ParseAllocatorConfig("sleep_staging_max:0")->sleep_staging_max, 0u);
+  EXPECT_EQ(ParseAllocatorConfig("sleep_staging_max:0,sleep_staging_max:none")->sleep_staging_max,
+            std::numeric_limits<std::size_t>::max());
+  EXPECT_EQ(ParseAllocatorConfig("sleep_staging_max:none")->ToString(), "");
+}
+
 TEST(ConfigTest, UnknownKeyNamesKeyAndAcceptedKeys) {
   auto c = ParseAllocatorConfig("max_split_size_mb:64,expandable_segments:True");
   ASSERT_FALSE(c.ok());
@@ -82,6 +98,7 @@ TEST(ConfigTest, BadValuesNameKeyAndAcceptedValues) {
            Case{"release_threshold:lots", "release_threshold", "a size"},
            Case{"accessed_by:0+x", "accessed_by", "device ids"},
            Case{"multicast:2", "multicast", "0 or 1"},
+           Case{"sleep_staging_max:all", "sleep_staging_max", "none, or a size"},
        }) {
     auto c = ParseAllocatorConfig(k.text);
     ASSERT_FALSE(c.ok()) << k.text;

@@ -39,6 +39,39 @@ TEST(HostBackendTest, BadDeviceAndForeignFree) {
   EXPECT_THAT(b.FreeManaged(&x).message(), HasSubstr("not a managed allocation"));
 }
 
+TEST(HostBackendTest, PinnedMemoryAndCopies) {
+  HostBackend b({.device_count = 1, .pinned_capacity = 8 << 20});
+  const std::size_t n = 4 << 20;
+  void* pinned = *b.AllocatePinnedHost(n);
+  void* managed = *b.ReserveManaged(0, n);
+  std::memset(pinned, 7, n);
+  // Into unpopulated managed pages: populated on the copy's device.
+  ASSERT_TRUE(b.CopyBatch({{managed, pinned, n}}, kDefaultStream).ok());
+  EXPECT_EQ(static_cast<unsigned char*>(managed)[n - 1], 7);
+  EXPECT_EQ(b.PageLocation(managed), 0);
+  auto records = b.Records();
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].op, PlacementRecord::Op::kCopy);
+  EXPECT_EQ(records[0].src, pinned);
+  // Bad input copies nothing: one bad copy in a batch refuses the batch.
+  std::memset(pinned, 9, n);
+  char stack[64];
+  auto bad = b.CopyBatch({{managed, pinned, n}, {managed, stack, 64}}, kDefaultStream);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("source"));
+  EXPECT_EQ(static_cast<unsigned char*>(managed)[0], 7);
+  EXPECT_EQ(b.CopyBatch({{pinned, managed, n + 1}}, kDefaultStream).code(),
+            absl::StatusCode::kInvalidArgument);  // past the end of both
+  EXPECT_EQ(b.CopyBatch({{pinned, managed, n}}, 12345).code(), absl::StatusCode::kInvalidArgument);
+  // The capacity and the frees.
+  EXPECT_EQ(b.AllocatePinnedHost(8 << 20).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(b.FreePinnedHost(managed).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.LiveResources().pinned_bytes, n);
+  ASSERT_TRUE(b.FreePinnedHost(pinned).ok());
+  EXPECT_EQ(b.LiveResources().pinned_allocations, 0);
+  ASSERT_TRUE(b.FreeManaged(managed).ok());
+}
+
 TEST(HostBackendTest, ManualCompletionHoldsEvents) {
   HostBackend b({.manual_completion = true});
   Stream s = *b.CreateStream(0);

@@ -4,8 +4,12 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -300,6 +304,79 @@ class CudaBackend final : public Backend {
     return a;
   }
 
+  // ---- pinned host memory and copies (sleep staging) ----
+  // Pinning is what makes a first sleep slow (vLLM's pinned backups take
+  // seconds): the kernel must populate and zero every host page, then the
+  // driver locks and maps them. Populating in parallel (several threads
+  // fault in disjoint parts, on huge pages where the kernel gives them)
+  // and then registering the populated range is faster than
+  // cudaHostAlloc's one thread; where registering fails, cudaHostAlloc.
+  absl::StatusOr<void*> AllocatePinnedHost(std::size_t bytes) override {
+#if CUDART_VERSION >= 13000
+    if (bytes == 0) return absl::InvalidArgumentError("AllocatePinnedHost: size 0");
+    constexpr std::size_t kHuge = std::size_t{2} << 20;
+    const std::size_t len = (bytes + kHuge - 1) / kHuge * kHuge;
+    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED) {
+      (void)madvise(p, len, MADV_HUGEPAGE);
+      const unsigned threads =
+          static_cast<unsigned>(std::clamp<std::size_t>(len / (16 << 20), 1, 16));
+      std::vector<std::thread> touch;
+      const std::size_t part = (len / threads + kHuge - 1) / kHuge * kHuge;
+      for (unsigned t = 0; t < threads; ++t) {
+        touch.emplace_back([p, len, part, t] {
+          auto* c = static_cast<volatile char*>(p);
+          for (std::size_t o = t * part; o < std::min(len, (t + 1) * part); o += 4096) c[o] = 0;
+        });
+      }
+      for (std::thread& t : touch) t.join();
+      if (cudaHostRegister(p, len, cudaHostRegisterDefault) == cudaSuccess) {
+        MutexLock l(&pinned_mu_);
+        pinned_[p] = len;
+        return p;
+      }
+      (void)cudaGetLastError();
+      munmap(p, len);
+    }
+    void* q = nullptr;
+    CMA_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&q, bytes, cudaHostAllocDefault));
+    return q;
+#else
+    (void)bytes;
+    // Before CUDA 13 there is no discard: a staged sleep would free nothing.
+    return absl::UnimplementedError("sleep staging needs CUDA 13's discard");
+#endif
+  }
+
+  absl::Status FreePinnedHost(void* ptr) override {
+    std::size_t len = 0;
+    {
+      MutexLock l(&pinned_mu_);
+      auto it = pinned_.find(ptr);
+      if (it != pinned_.end()) {
+        len = it->second;
+        pinned_.erase(it);
+      }
+    }
+    if (len == 0) {
+      CMA_CUDA_RETURN_IF_ERROR(cudaFreeHost(ptr));
+      return absl::OkStatus();
+    }
+    // Unlike cudaFreeHost, unregistering does not wait for queued copies.
+    CMA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    CMA_CUDA_RETURN_IF_ERROR(cudaHostUnregister(ptr));
+    munmap(ptr, len);
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyBatch(absl::Span<const Copy> copies, Stream stream) override {
+    for (const Copy& c : copies) {
+      CMA_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDefault, AsStream(stream)));
+    }
+    return absl::OkStatus();
+  }
+
   // ---- streams and events ----
   absl::StatusOr<Stream> CreateStream(int device) override {
     CMA_RETURN_IF_ERROR(CheckDevice(device));
@@ -588,6 +665,8 @@ class CudaBackend final : public Backend {
   const DriverApi* const cu_;
   absl::Mutex side_mu_;
   absl::flat_hash_map<int, SideStream> side_ ABSL_GUARDED_BY(side_mu_);
+  absl::Mutex pinned_mu_;
+  absl::flat_hash_map<void*, std::size_t> pinned_ ABSL_GUARDED_BY(pinned_mu_);  // registered
 };
 
 }  // namespace

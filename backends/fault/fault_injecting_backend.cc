@@ -8,7 +8,7 @@ namespace cma {
 const char* FaultKindName(FaultKind k) {
   static constexpr const char* kNames[] = {
       "any",   "allocation", "free",    "event_record", "event_query", "event_create", "stream_sync",
-      "prefetch", "advise",  "discard", "vmm_map",      "export",      "other"};
+      "prefetch", "advise",  "discard", "vmm_map",      "export",      "other", "copy"};
   const int i = static_cast<int>(k);
   return i >= 0 && i < static_cast<int>(FaultKind::kCount) ? kNames[i] : "?";
 }
@@ -104,6 +104,18 @@ absl::StatusOr<RangeAttributes> FaultInjectingBackend::GetRangeAttributes(void* 
                                                                           std::size_t bytes) {
   CMA_FAULT(kOther, "GetRangeAttributes");
   return inner_.GetRangeAttributes(ptr, bytes);
+}
+absl::StatusOr<void*> FaultInjectingBackend::AllocatePinnedHost(std::size_t bytes) {
+  CMA_FAULT(kAllocation, "AllocatePinnedHost");
+  return inner_.AllocatePinnedHost(bytes);
+}
+absl::Status FaultInjectingBackend::FreePinnedHost(void* ptr) {
+  CMA_FAULT(kFree, "FreePinnedHost");
+  return inner_.FreePinnedHost(ptr);
+}
+absl::Status FaultInjectingBackend::CopyBatch(absl::Span<const Copy> copies, Stream stream) {
+  CMA_FAULT(kCopy, "CopyBatch");
+  return inner_.CopyBatch(copies, stream);
 }
 absl::StatusOr<Stream> FaultInjectingBackend::CreateStream(int device) {
   CMA_FAULT(kOther, "CreateStream");

@@ -25,8 +25,8 @@ namespace cma {
 
 enum class FaultKind {
   kAny = 0,
-  kAllocation,  // AllocateManaged, ReserveManaged, VmmCreate
-  kFree,        // FreeManaged, VmmRelease
+  kAllocation,  // AllocateManaged, ReserveManaged, VmmCreate, AllocatePinnedHost
+  kFree,        // FreeManaged, VmmRelease, FreePinnedHost
   kEventRecord,
   kEventQuery,  // QueryEvent, QueryStream, SynchronizeEvent
   kEventCreate,
@@ -37,6 +37,7 @@ enum class FaultKind {
   kVmmMap,      // VmmReserve, VmmMap, VmmSetAccess
   kExport,      // VmmExport, VmmImport
   kOther,
+  kCopy,        // CopyBatch
   kCount,
 };
 const char* FaultKindName(FaultKind k);
@@ -74,6 +75,9 @@ class FaultInjectingBackend final : public Backend {
   absl::Status DiscardAndPrefetchBatch(absl::Span<const Range> ranges, Location location,
                                        Stream stream) override;
   absl::StatusOr<RangeAttributes> GetRangeAttributes(void* ptr, std::size_t bytes) override;
+  absl::StatusOr<void*> AllocatePinnedHost(std::size_t bytes) override;
+  absl::Status FreePinnedHost(void* ptr) override;
+  absl::Status CopyBatch(absl::Span<const Copy> copies, Stream stream) override;
   absl::StatusOr<Stream> CreateStream(int device) override;
   absl::Status DestroyStream(Stream stream) override;
   absl::Status ValidateStream(int device, Stream stream) override;

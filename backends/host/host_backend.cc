@@ -40,6 +40,7 @@ HostBackend::~HostBackend() {
     if (p.fd >= 0) close(p.fd);
   }
   for (auto& [addr, a] : managed_) munmap(reinterpret_cast<void*>(addr), a.bytes);
+  for (auto& [addr, bytes] : pinned_) munmap(reinterpret_cast<void*>(addr), bytes);
 }
 
 void HostBackend::Count(const char* method) { ++calls_[method]; }
@@ -616,6 +617,8 @@ HostResourceCounts HostBackend::LiveResources() const {
   c.reservations = static_cast<int>(reservations_.size());
   c.mappings = static_cast<int>(mappings_.size());
   c.multicast_objects = static_cast<int>(multicast_.size());
+  c.pinned_allocations = static_cast<int>(pinned_.size());
+  c.pinned_bytes = pinned_bytes_;
   return c;
 }
 

@@ -37,6 +37,9 @@ struct HostBackendOptions {
   std::size_t vmm_granularity = std::size_t{2} << 20;
   bool multicast_supported = false;
   bool fabric_handles = false;
+  // Pinned host memory (AllocatePinnedHost) this process may hold, like the
+  // page-locked limit of a real host: past it the call fails.
+  std::size_t pinned_capacity = std::size_t{64} << 30;
   // Reported in DeviceFacts only: false stands for a GPU whose managed
   // memory does not migrate on fault (ROCm without XNACK), so that the
   // allocator's refusals can be tested; the emulation itself is unchanged.
@@ -45,7 +48,7 @@ struct HostBackendOptions {
 
 // One recorded placement call.
 struct PlacementRecord {
-  enum class Op { kAdvise, kPrefetch, kDiscard, kDiscardAndPrefetch };
+  enum class Op { kAdvise, kPrefetch, kDiscard, kDiscardAndPrefetch, kCopy };
   Op op;
   void* ptr;
   std::size_t bytes;
@@ -57,6 +60,7 @@ struct PlacementRecord {
   // stream has completed this much work (a discard queued behind a kernel).
   std::int64_t ticket = 0;
   std::uint64_t seq = 0;  // order among records and waits
+  const void* src = nullptr;  // kCopy: the source (`ptr` is the destination)
 };
 
 // One StreamWaitEvent call: `stream`'s later work waits until `on` has
@@ -82,8 +86,11 @@ struct HostResourceCounts {
   int reservations = 0;
   int mappings = 0;
   int multicast_objects = 0;
+  int pinned_allocations = 0;
+  std::size_t pinned_bytes = 0;
   friend bool operator==(const HostResourceCounts& a, const HostResourceCounts& b) {
-    return a.managed_allocations == b.managed_allocations &&
+    return a.pinned_allocations == b.pinned_allocations && a.pinned_bytes == b.pinned_bytes &&
+           a.managed_allocations == b.managed_allocations &&
            a.managed_bytes == b.managed_bytes && a.streams == b.streams &&
            a.events == b.events && a.physical_handles == b.physical_handles &&
            a.reservations == b.reservations && a.mappings == b.mappings &&
@@ -121,6 +128,16 @@ class HostBackend final : public Backend {
   absl::Status DiscardAndPrefetchBatch(absl::Span<const Range> ranges, Location location,
                                        Stream stream) override;
   absl::StatusOr<RangeAttributes> GetRangeAttributes(void* ptr, std::size_t bytes) override;
+
+  // Pinned host memory is anonymous mmap counted against
+  // options.pinned_capacity. A copy runs at once (like every placement
+  // here) and is recorded (Op::kCopy, with its stream's ticket): each side
+  // must lie wholly inside one managed allocation or one pinned buffer; a
+  // copy into unpopulated managed pages populates them on the stream's
+  // device (the allocation's for the default stream), as a GPU's would.
+  absl::StatusOr<void*> AllocatePinnedHost(std::size_t bytes) override;
+  absl::Status FreePinnedHost(void* ptr) override;
+  absl::Status CopyBatch(absl::Span<const Copy> copies, Stream stream) override;
 
   absl::StatusOr<Stream> CreateStream(int device) override;
   absl::Status DestroyStream(Stream stream) override;
@@ -272,6 +289,10 @@ class HostBackend final : public Backend {
   absl::flat_hash_map<Event, EventState> events_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<PhysicalHandle, PhysicalMemory> physical_ ABSL_GUARDED_BY(mu_);
   std::map<std::uintptr_t, std::size_t> reservations_ ABSL_GUARDED_BY(mu_);
+  std::map<std::uintptr_t, std::size_t> pinned_ ABSL_GUARDED_BY(mu_);  // base -> bytes
+  std::size_t pinned_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Whether [p, p + bytes) lies wholly inside one pinned buffer.
+  bool InPinned(const void* p, std::size_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<std::uintptr_t, Mapping> mappings_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<MulticastHandle, std::vector<int>> multicast_ ABSL_GUARDED_BY(mu_);
   std::vector<PlacementRecord> records_ ABSL_GUARDED_BY(mu_);

@@ -232,10 +232,31 @@ int cma_set_disposable(void* ptr, int disposable) {
   return s.ok() ? 0 : Fail(s);
 }
 
-long long cma_sleep(int device, void* stream) {
+int cma_set_keep(void* ptr, int keep) {
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return -1;
-  absl::StatusOr<std::size_t> n = a->Sleep(device, AsStream(stream));
+  absl::Status s = a->SetKeep(ptr, keep != 0);
+  return s.ok() ? 0 : Fail(s);
+}
+
+long long cma_sleep(int device, void* stream) { return cma_sleep_level(device, stream, 1); }
+
+long long cma_sleep_level(int device, void* stream, int level) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  if (level < 0 || level > 2) {
+    return Fail(absl::InvalidArgumentError(absl::StrFormat(
+        "cma: sleep level %d (0: migrate, 1: offload, 2: discard)", level)));
+  }
+  absl::StatusOr<std::size_t> n =
+      a->Sleep(device, AsStream(stream), static_cast<cma::SleepLevel>(level));
+  return n.ok() ? static_cast<long long>(*n) : Fail(n.status());
+}
+
+long long cma_release_sleep_staging(int device) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::StatusOr<std::size_t> n = a->ReleaseSleepStaging(device);
   return n.ok() ? static_cast<long long>(*n) : Fail(n.status());
 }
 
@@ -341,6 +362,17 @@ int cma_device_of(void* ptr) {
   if (a == nullptr) return -1;
   absl::StatusOr<int> d = a->DeviceOf(ptr);
   return d.ok() ? *d : Fail(d.status());
+}
+
+size_t cma_allocation_size(void* ptr) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return 0;
+  absl::StatusOr<std::size_t> n = a->RequestedSize(ptr);
+  if (!n.ok()) {
+    Fail(n.status());
+    return 0;
+  }
+  return *n;
 }
 
 int cma_set_memory_fraction(double fraction, int device) {

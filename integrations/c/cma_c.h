@@ -43,14 +43,26 @@ int cma_record_stream(void* ptr, void* stream);
 /* Zero-copy move of an allocation to `location`, ordered on `stream`.
  * The host must cma_synchronize(stream) before touching data moved to it. */
 int cma_move(void* ptr, int location, void* stream, int contents_dead);
-/* Sleep mode: cma_sleep moves every allocation of `device` to the host in
- * one batch (those marked disposable are discarded instead) and gives the
- * idle cache back, ordered on `stream`; same addresses, device memory
- * reclaimable by others. cma_wake brings them back. Both return the bytes
- * handled, or -1. Synchronise `stream` before relying on either. */
+/* Sleep mode (vLLM's, addresses kept), ordered on `stream`: every
+ * allocation of `device` leaves it and the idle cache is given back, so
+ * that the device memory is reclaimable by others; cma_wake brings them
+ * back. cma_sleep_level's `level`: 1 (cma_sleep's) keeps every allocation
+ * not marked disposable, copied through pinned host staging that stays
+ * allocated across cycles (stats host_staging_bytes.all.current; bounded by
+ * the config's sleep_staging_max; cma_release_sleep_staging gives it back);
+ * 2 keeps only those marked with cma_set_keep and discards the rest; 0
+ * migrates kept pages to the host instead of staging them (slower; their
+ * contents stay readable from the host while asleep). Staged contents are
+ * reachable only through cma_wake or cma_move while asleep. Disposable
+ * allocations are always discarded. All return the bytes handled, or -1.
+ * Synchronise `stream` before relying on either. cma_release_sleep_staging
+ * fails (code 9, failed precondition) while the staging holds contents. */
 int cma_set_disposable(void* ptr, int disposable);
+int cma_set_keep(void* ptr, int keep);
 long long cma_sleep(int device, void* stream);
+long long cma_sleep_level(int device, void* stream, int level);
 long long cma_wake(int device, void* stream);
+long long cma_release_sleep_staging(int device);
 /* Advice for one allocation; preferred: -2 none, -1 host, >= 0 device. */
 int cma_advise(void* ptr, int read_mostly, int preferred, const int* accessed_by,
                int n_accessed_by);
@@ -122,6 +134,9 @@ int cma_reset_peak_stats(int device);
 int cma_reset_accumulated_stats(int device);
 /* The allocation's owning device, or -1 (with cma_last_error) if none. */
 int cma_device_of(void* ptr);
+/* The bytes requested for the allocation that starts at `ptr`; 0 (and
+ * cma_last_error) when `ptr` does not start one. */
+size_t cma_allocation_size(void* ptr);
 /* Caps a device's managed memory at `fraction` of its total memory. */
 int cma_set_memory_fraction(double fraction, int device);
 

@@ -27,10 +27,40 @@ TEST_F(CApiTest, MallocFreeAndStats) {
   EXPECT_EQ(stats["requested_bytes.all.current"], 1000);
   EXPECT_EQ(stats["num_ooms"], 0);
   EXPECT_EQ(cma_device_of(p), 0);
+  EXPECT_EQ(cma_allocation_size(p), 1000u);
+  EXPECT_EQ(cma_allocation_size(static_cast<char*>(p) + 8), 0u);
   EXPECT_EQ(cma_free(p), 0);
   EXPECT_EQ(Json(cma_stats_json(-1))["allocation.all.current"], 0);
   EXPECT_STREQ(cma_backend_name(), "host");
   EXPECT_EQ(cma_device_count(), 2);
+}
+
+TEST_F(CApiTest, SleepLevelsAndTheStagingRelease) {
+  const std::size_t n = std::size_t{4} << 20;
+  auto* w = static_cast<unsigned char*>(cma_malloc(n, 0, nullptr));
+  auto* kv = static_cast<unsigned char*>(cma_malloc(n, 0, nullptr));
+  ASSERT_NE(w, nullptr);
+  ASSERT_NE(kv, nullptr);
+  std::memset(w, 0x3c, n);
+  ASSERT_EQ(cma_set_disposable(kv, 1), 0);
+  EXPECT_EQ(cma_sleep_level(0, nullptr, 3), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("sleep level 3"));
+  ASSERT_EQ(cma_sleep(0, nullptr), static_cast<long long>(2 * n));  // level 1
+  EXPECT_EQ(Json(cma_stats_json(0))["host_staging_bytes.all.current"], n);
+  EXPECT_EQ(cma_release_sleep_staging(0), -1);  // it holds w's contents
+  EXPECT_EQ(cma_last_error_code(), 9);
+  ASSERT_EQ(cma_wake(0, nullptr), static_cast<long long>(2 * n));
+  EXPECT_EQ(w[n - 1], 0x3c);
+  EXPECT_EQ(cma_release_sleep_staging(0), static_cast<long long>(n));
+  EXPECT_EQ(Json(cma_stats_json(0))["host_staging_bytes.all.current"], 0);
+  // Level 2 keeps only what is marked keep.
+  ASSERT_EQ(cma_set_keep(w, 1), 0);
+  ASSERT_EQ(cma_sleep_level(0, nullptr, 2), static_cast<long long>(2 * n));
+  ASSERT_EQ(cma_wake(0, nullptr), static_cast<long long>(2 * n));
+  EXPECT_EQ(w[0], 0x3c);
+  EXPECT_EQ(cma_set_keep(w + 1, 1), -1);
+  EXPECT_EQ(cma_free(w), 0);
+  EXPECT_EQ(cma_free(kv), 0);
 }
 
 TEST_F(CApiTest, ErrorsReachLastError) {

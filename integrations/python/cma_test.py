@@ -118,3 +118,28 @@ def test_forget_stream_refuses_the_default_stream_and_ignores_one_never_used():
     cma.forget_stream(0xDEAD)  # never seen by cma: nothing to wait for or release
     assert cma.stats(0)["allocation.all.current"] == 1
     cma.free(p)
+
+
+def test_sleep_levels_staging_and_its_release():
+    n = 4 << 20
+    w = cma.malloc(n)
+    kv = cma.malloc(n)
+    view = cma.host_view(w, n)
+    view[:] = 7
+    cma.set_disposable(kv)
+    with pytest.raises(cma.CmaError, match="sleep level 9"):
+        cma.sleep(0, level=9)
+    assert cma.sleep(0) == 2 * n                      # level 1: staged
+    assert cma.stats(0)["host_staging_bytes.all.current"] == n
+    with pytest.raises(cma.CmaError, match="wake them first"):
+        cma.release_sleep_staging(0)
+    assert cma.wake(0) == 2 * n
+    assert int(view.min()) == 7 and int(view.max()) == 7
+    assert cma.release_sleep_staging(0) == n
+    assert cma.stats(0)["host_staging_bytes.all.current"] == 0
+    cma.set_keep(w)
+    cma.sleep(0, level=2)
+    cma.wake(0)
+    assert int(view.min()) == 7
+    cma.free(w)
+    cma.free(kv)

@@ -73,6 +73,7 @@ def lib():
                 "cma_forget_stream": (i, [vp]),
                 "cma_reset_peak_stats": (i, [i]),
                 "cma_device_of": (i, [vp]),
+                "cma_allocation_size": (sz, [vp]),
                 "cma_set_memory_fraction": (i, [ctypes.c_double, i]),
                 "cma_stats_json": (vp, [i]),
                 "cma_snapshot_json": (vp, []),
@@ -83,6 +84,9 @@ def lib():
                 "cma_record_history": (i, [i, i]),
                 "cma_set_disposable": (i, [vp, i]),
                 "cma_sleep": (ctypes.c_longlong, [i, vp]),
+                "cma_sleep_level": (ctypes.c_longlong, [i, vp, i]),
+                "cma_set_keep": (i, [vp, i]),
+                "cma_release_sleep_staging": (ctypes.c_longlong, [i]),
                 "cma_wake": (ctypes.c_longlong, [i, vp]),
                 "cma_history_json": (vp, []),
                 "cma_symmetric_alloc": (vp, [vp, sz, i]),
@@ -234,10 +238,33 @@ def set_disposable(ptr, disposable=True):
     _check(lib().cma_set_disposable(ptr, int(bool(disposable))))
 
 
-def sleep(device=0, stream=0):
-    """Every allocation of `device` to the host (disposable ones discarded);
-    returns the bytes. Synchronise `stream` before relying on it."""
-    n = lib().cma_sleep(device, stream or None)
+def allocation_size(ptr):
+    """The bytes requested for the allocation starting at `ptr`; None when
+    no allocation starts there."""
+    n = lib().cma_allocation_size(ptr)
+    return n if n else None
+
+
+def set_keep(ptr, keep=True):
+    """A level-2 sleep keeps this allocation's contents (until it is freed)."""
+    _check(lib().cma_set_keep(ptr, int(bool(keep))))
+
+
+def sleep(device=0, stream=0, level=1):
+    """Every allocation of `device` leaves it (cma_c.h's cma_sleep_level):
+    level 1 stages kept contents in pinned host memory kept across cycles,
+    2 keeps only those marked keep, 0 migrates; disposable ones are
+    discarded. Returns the bytes. Synchronise `stream` before relying on it."""
+    n = lib().cma_sleep_level(device, stream or None, int(level))
+    if n < 0:
+        raise _error()
+    return n
+
+
+def release_sleep_staging(device=0):
+    """Gives `device`'s sleep staging (pinned host memory) back; returns the
+    bytes. Raises while it holds a sleeping allocation's contents."""
+    n = lib().cma_release_sleep_staging(device)
     if n < 0:
         raise _error()
     return n

@@ -116,26 +116,60 @@ def mark_disposable(tensor, disposable=True):
     _lib.set_disposable(ptr, disposable)
 
 
-def sleep(device=None, stream=None):
-    """Sleep mode: every cma tensor of the device moves to the host in one
-    batch call (disposable ones are discarded) and the idle cache is given
-    back; same tensors, same addresses. Another process can then cudaMalloc
-    that memory (cudaMemGetInfo does not show it free). Returns the bytes."""
+def mark_keep(tensor, keep=True):
+    """sleep(level=2) keeps this tensor's contents; cleared when its memory is freed."""
+    ptr, _ = _owned_storage(tensor)
+    _lib.set_keep(ptr, keep)
+
+
+def sleep(device=None, stream=None, level=1):
+    """Sleep mode, vLLM's levels, addresses kept: every cma tensor of the
+    device leaves it and the idle cache is given back, so another process can
+    cudaMalloc that memory (cudaMemGetInfo does not show it free); same
+    tensors, same addresses after wake(). Returns the bytes.
+      level 1: every tensor not marked disposable keeps its contents, copied
+        at the copy engine's speed into pinned host staging that stays
+        allocated across cycles (memory_stats()["host_staging_bytes.all.
+        current"], at most CMA_ALLOC_CONF's sleep_staging_max; the rest
+        migrates); release_staging() gives it back.
+      level 2: only tensors marked with mark_keep() keep theirs; the rest
+        are discarded (reload them after wake()).
+      level 0: kept tensors migrate to the host by prefetch (slower; their
+        contents stay readable from the CPU while asleep).
+    Disposable tensors (mark_disposable) are always discarded. At levels 1
+    and 2 a sleeping tensor's contents are reachable only through wake() or
+    move(): reading it otherwise sees garbage."""
     device = torch.device("cuda", torch.cuda.current_device()) if device is None \
         else torch.device(device)
     stream = stream or torch.cuda.current_stream(device)
-    n = _lib.sleep(device.index, stream.cuda_stream)
+    n = _lib.sleep(device.index, stream.cuda_stream, level)
     stream.synchronize()
     return n
 
 
-def wake(device=None, stream=None):
-    """Brings every cma tensor of the device back (disposable ones populated
-    empty, not migrated). Work queued on `stream` afterwards sees them."""
+def wake(device=None, stream=None, release_staging=False):
+    """Brings every cma tensor of the device back (disposable and discarded
+    ones populated empty, not migrated). Work queued on `stream` afterwards
+    sees them. With release_staging, the pinned staging is given back once
+    the copies out of it are done (the next sleep pins it again)."""
     device = torch.device("cuda", torch.cuda.current_device()) if device is None \
         else torch.device(device)
     stream = stream or torch.cuda.current_stream(device)
-    return _lib.wake(device.index, stream.cuda_stream)
+    n = _lib.wake(device.index, stream.cuda_stream)
+    if release_staging:
+        _lib.release_sleep_staging(device.index)
+    return n
+
+
+def release_staging(device=None):
+    """Gives back the pinned host memory sleep() keeps between cycles; returns the bytes."""
+    return _lib.release_sleep_staging(torch.cuda.current_device() if device is None
+                                      else torch.device(device).index or 0)
+
+
+def zero_copy():
+    """`with cma.torch.zero_copy():` .to()/.cpu()/.cuda() alias cma tensors (torch_zero_copy.py)."""
+    from cma import torch_zero_copy; return torch_zero_copy.ZeroCopyMode()  # noqa: E702
 
 
 def advise(tensor, read_mostly=False, preferred=None, accessed_by=()):

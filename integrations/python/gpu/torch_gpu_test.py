@@ -187,6 +187,20 @@ def test_sleep_and_wake_keep_tensors_and_values():
     assert r["same_pointer"] and r["values_kept"] and r["disposable_usable"], r
 
 
+def test_sleep_levels_and_staging():
+    r = run_script("sleep_levels_route.py", timeout=300)
+    RESULTS["sleep_levels"] = r
+    assert all(v is True for v in r["checks"].values()), r
+
+
+def test_zero_copy_mode():
+    r = run_script("zero_copy_route.py", timeout=300)
+    RESULTS["zero_copy"] = r
+    flat = {k: v for k, v in r.items() if k != "fallbacks_copy"}
+    assert all(v is True for v in flat.values()), r
+    assert all(r["fallbacks_copy"].values()), r
+
+
 def test_cupy_route():
     cupy = pytest.importorskip("cupy")
     import cma.cupy as cmac

@@ -1,0 +1,270 @@
+// Sleep and wake through pinned host staging (allocator/staging.h) on the
+// host backend, which really discards (zero-fills) pages and really copies:
+// levels 1 and 2, the staging kept across cycles and reported, its bound,
+// giving it back, the fallbacks to migrating, Move and Free while asleep.
+#include <cstring>
+#include <vector>
+
+#include "backends/fault/fault_injecting_backend.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace cma {
+namespace {
+
+using Op = PlacementRecord::Op;
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+class SleepTest : public AllocatorTest {
+ protected:
+  void SetUp() override { Remake(""); }
+  void Remake(const std::string& config, std::size_t pinned = std::size_t{1} << 30) {
+    Make({.device_count = 1,
+          .device_capacity = std::size_t{1} << 30,
+          .manual_completion = true,
+          .pinned_capacity = pinned},
+         config);
+    s1_ = *backend_->CreateStream(0);
+    backend_->ClearRecords();
+  }
+  void TearDown() override {
+    AllocatorTest::TearDown();
+    if (backend_) {
+      EXPECT_EQ(backend_->LiveResources().pinned_allocations, 0);  // the staging went too
+      backend_->DestroyStream(s1_).IgnoreError();
+    }
+  }
+  // `bytes` of a pattern that differs per allocation and per byte.
+  void* Filled(std::size_t bytes, unsigned char seed) {
+    void* p = Alloc(bytes, 0, s1_);
+    auto* c = static_cast<unsigned char*>(p);
+    for (std::size_t i = 0; i < bytes; ++i) c[i] = static_cast<unsigned char>(seed + i * 31 / 7);
+    return p;
+  }
+  static bool Intact(void* p, std::size_t bytes, unsigned char seed) {
+    auto* c = static_cast<unsigned char*>(p);
+    for (std::size_t i = 0; i < bytes; ++i) {
+      if (c[i] != static_cast<unsigned char>(seed + i * 31 / 7)) return false;
+    }
+    return true;
+  }
+  static bool Zeros(void* p, std::size_t bytes) {
+    auto* c = static_cast<unsigned char*>(p);
+    for (std::size_t i = 0; i < bytes; ++i) {
+      if (c[i] != 0) return false;
+    }
+    return true;
+  }
+  std::vector<PlacementRecord> Take(Op op) {
+    std::vector<PlacementRecord> out;
+    for (const PlacementRecord& r : backend_->Records()) {
+      if (r.op == op) out.push_back(r);
+    }
+    return out;
+  }
+  std::int64_t DevicePopulated() {
+    MemInfo m = *backend_->GetMemInfo(0);
+    return static_cast<std::int64_t>(m.total_bytes - m.free_bytes);
+  }
+  std::int64_t Staging() { return Stats().host_staging_bytes[kAllPools].current; }
+  Stream s1_ = 0;
+};
+
+TEST_F(SleepTest, LevelOneStagesKeptPagesDiscardsDisposableAndKeepsTheStaging) {
+  void* weights = Filled(8 * kMiB, 1);        // four whole pages
+  void* small = Filled(3000, 2);              // no whole page: migrates
+  void* kv = Filled(6 * kMiB, 3);
+  ASSERT_TRUE(alloc_->SetDisposable(kv, true).ok());
+  backend_->ClearRecords();
+  auto slept = alloc_->Sleep(0, s1_);  // level 1 is the default
+  ASSERT_TRUE(slept.ok()) << slept.status();
+  // The kept whole pages were copied into pinned staging, then discarded:
+  // the device holds nothing, the host only the small block's page.
+  auto copies = Take(Op::kCopy);
+  std::size_t copied = 0;
+  for (const PlacementRecord& c : copies) {
+    EXPECT_EQ(c.src, static_cast<char*>(weights) + copied);
+    copied += c.bytes;
+  }
+  EXPECT_EQ(copied, 8 * kMiB);
+  EXPECT_EQ(Staging(), 8 * kMiB);  // no more than the kept state
+  EXPECT_EQ(Stats().sleep_staged_bytes, 8 * kMiB);
+  EXPECT_EQ(backend_->LiveResources().pinned_bytes, 8 * kMiB);
+  // (The emulation moves whole pages only: the partial pages of the small
+  // block and of kv's ends stay counted on the device.)
+  EXPECT_LE(DevicePopulated(), 4 * kMiB);
+  EXPECT_EQ(backend_->PageLocation(weights), kPageUnpopulated);
+  EXPECT_TRUE(Zeros(weights, 8 * kMiB));  // really gone from the pages
+  // Copies before discards, in the sleep's stream order.
+  auto records = backend_->Records();
+  std::uint64_t last_copy = 0, first_discard = ~0ull;
+  for (const PlacementRecord& r : records) {
+    EXPECT_EQ(r.stream, s1_);
+    if (r.op == Op::kCopy) last_copy = std::max(last_copy, r.seq);
+    if (r.op == Op::kDiscard) first_discard = std::min(first_discard, r.seq);
+  }
+  EXPECT_LT(last_copy, first_discard);
+  backend_->ClearRecords();
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  EXPECT_TRUE(Intact(weights, 8 * kMiB, 1));  // bit for bit, same address
+  EXPECT_TRUE(Intact(small, 3000, 2));
+  EXPECT_EQ(backend_->PageLocation(weights), 0);
+  EXPECT_EQ(Stats().sleep_restored_bytes, 8 * kMiB);
+  EXPECT_EQ(Staging(), 8 * kMiB);  // kept for the next cycle
+  // Every later cycle reuses it: no pinning at all.
+  const std::int64_t pins = backend_->CallCount("AllocatePinnedHost");
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
+    ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  }
+  EXPECT_EQ(backend_->CallCount("AllocatePinnedHost"), pins);
+  EXPECT_TRUE(Intact(weights, 8 * kMiB, 1));
+  EXPECT_TRUE(Intact(small, 3000, 2));
+  for (void* p : {weights, small, kv}) ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(SleepTest, ReleaseIsRefusedWhileStagingHoldsContentsThenGivesItAllBack) {
+  void* weights = Filled(4 * kMiB, 9);
+  ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
+  const std::string before = Fingerprint(*alloc_);
+  auto refused = alloc_->ReleaseSleepStaging(0);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("wake"), std::string::npos) << refused.status();
+  EXPECT_EQ(Fingerprint(*alloc_), before);
+  EXPECT_EQ(alloc_->ReleaseSleepStaging(3).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  auto released = alloc_->ReleaseSleepStaging(0);
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(*released, 4 * kMiB);
+  EXPECT_EQ(Staging(), 0);
+  EXPECT_EQ(Stats().host_staging_bytes[kAllPools].peak, 4 * kMiB);
+  EXPECT_EQ(backend_->LiveResources().pinned_bytes, 0u);
+  EXPECT_EQ(*alloc_->ReleaseSleepStaging(0), 0u);  // nothing left: no-op
+  // The next sleep pins again and still keeps the data.
+  ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  EXPECT_TRUE(Intact(weights, 4 * kMiB, 9));
+  ASSERT_TRUE(alloc_->Free(weights).ok());
+}
+
+TEST_F(SleepTest, LevelTwoKeepsOnlyWhatIsMarkedKeep) {
+  void* weights = Filled(4 * kMiB, 4);
+  void* state = Filled(4 * kMiB, 5);
+  ASSERT_TRUE(alloc_->SetKeep(state, true).ok());
+  EXPECT_EQ(alloc_->SetKeep(reinterpret_cast<void*>(0x10), true).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(alloc_->Sleep(0, s1_, SleepLevel::kDiscard).ok());
+  EXPECT_EQ(Staging(), 4 * kMiB);  // the kept one only
+  EXPECT_EQ(DevicePopulated(), 0);
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  EXPECT_TRUE(Intact(state, 4 * kMiB, 5));
+  EXPECT_TRUE(Zeros(weights, 4 * kMiB));  // the user reloads these
+  EXPECT_EQ(DevicePopulated(), 8 * kMiB);  // both usable again, in place
+  for (void* p : {weights, state}) ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(SleepTest, BadLevelIsRefusedAndChangesNothing) {
+  void* p = Filled(4 * kMiB, 6);
+  backend_->ClearRecords();
+  const std::string before = Fingerprint(*alloc_);
+  auto s = alloc_->Sleep(0, s1_, static_cast<SleepLevel>(5));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("level 5"), std::string::npos) << s.status();
+  EXPECT_EQ(Fingerprint(*alloc_), before);
+  EXPECT_EQ(backend_->Records().size(), 0u);
+  ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(SleepTest, TheBoundCapsStagingAndTheRestMigrates) {
+  Remake("sleep_staging_max:6M");
+  void* a = Filled(4 * kMiB, 1);
+  void* b = Filled(4 * kMiB, 2);
+  ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
+  EXPECT_EQ(Staging(), 4 * kMiB);  // one fits under 6M, the other migrates
+  auto prefetches = Take(Op::kPrefetch);
+  ASSERT_FALSE(prefetches.empty());
+  EXPECT_EQ(prefetches.back().location, Location::Host());
+  EXPECT_EQ(backend_->PageLocation(b), kPageOnHost);
+  EXPECT_TRUE(Intact(b, 4 * kMiB, 2));  // migrated: readable while asleep
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  EXPECT_TRUE(Intact(a, 4 * kMiB, 1));
+  EXPECT_TRUE(Intact(b, 4 * kMiB, 2));
+  for (void* p : {a, b}) ASSERT_TRUE(alloc_->Free(p).ok());
+  Remake("sleep_staging_max:0");  // staging off: the migrating path
+  void* c = Filled(4 * kMiB, 3);
+  ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
+  EXPECT_EQ(Staging(), 0);
+  EXPECT_EQ(backend_->CallCount("AllocatePinnedHost"), 0);
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  EXPECT_TRUE(Intact(c, 4 * kMiB, 3));
+  ASSERT_TRUE(alloc_->Free(c).ok());
+}
+
+TEST_F(SleepTest, NoPinnedMemoryMeansMigratingNotFailing) {
+  Remake("", /*pinned=*/6 * kMiB);  // less than the 8 MiB the sleep asks for
+  void* a = Filled(4 * kMiB, 1);
+  void* b = Filled(4 * kMiB, 2);
+  ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
+  EXPECT_EQ(Staging(), 0);
+  EXPECT_EQ(backend_->PageLocation(a), kPageOnHost);
+  EXPECT_EQ(Stats().num_placement_errors, 0);
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  EXPECT_TRUE(Intact(a, 4 * kMiB, 1));
+  EXPECT_TRUE(Intact(b, 4 * kMiB, 2));
+  for (void* p : {a, b}) ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(SleepTest, FailedCopiesFallBackToMigrating) {
+  alloc_.reset();
+  FaultInjectingBackend faulty(*backend_);
+  auto made = CachingManagedAllocator::Create(faulty, "");
+  ASSERT_TRUE(made.ok());
+  auto& a = *made;
+  void* p = *a->Allocate(4 * kMiB, 0, s1_);
+  std::memset(p, 0x5a, 4 * kMiB);
+  faulty.SetPlan({.kind = FaultKind::kCopy, .fail_nth = 1});
+  ASSERT_TRUE(a->Sleep(0, s1_).ok());
+  EXPECT_EQ(faulty.Injected(), 1);
+  EXPECT_EQ(backend_->PageLocation(p), kPageOnHost);  // migrated instead
+  ASSERT_TRUE(a->Wake(0, s1_).ok());
+  EXPECT_EQ(static_cast<unsigned char*>(p)[4 * kMiB - 1], 0x5a);
+  ASSERT_TRUE(a->Free(p).ok());
+  a.reset();
+}
+
+TEST_F(SleepTest, MoveWhileAsleepBringsStagedContentsAlong) {
+  void* a = Filled(4 * kMiB, 7);
+  void* b = Filled(4 * kMiB, 8);
+  void* c = Filled(4 * kMiB, 9);
+  ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
+  ASSERT_TRUE(alloc_->Move(a, Location::Host(), s1_).ok());
+  EXPECT_EQ(backend_->PageLocation(a), kPageOnHost);
+  EXPECT_TRUE(Intact(a, 4 * kMiB, 7));  // readable on the host now
+  ASSERT_TRUE(alloc_->Move(b, Location::Device(0), s1_).ok());
+  EXPECT_EQ(backend_->PageLocation(b), 0);
+  EXPECT_TRUE(Intact(b, 4 * kMiB, 8));
+  // Declared dead: nothing is copied back.
+  backend_->ClearRecords();
+  ASSERT_TRUE(alloc_->Move(c, Location::Device(0), s1_, /*contents_dead=*/true).ok());
+  EXPECT_TRUE(Take(Op::kCopy).empty());
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  EXPECT_TRUE(Intact(a, 4 * kMiB, 7));
+  EXPECT_TRUE(Intact(b, 4 * kMiB, 8));
+  for (void* p : {a, b, c}) ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(SleepTest, FreeWhileAsleepForgetsTheStagedContents) {
+  void* a = Filled(4 * kMiB, 1);
+  void* b = Filled(4 * kMiB, 2);
+  ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  // A new allocation in its place is not overwritten by the wake.
+  void* again = Filled(4 * kMiB, 3);
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  EXPECT_TRUE(Intact(again, 4 * kMiB, 3));
+  EXPECT_TRUE(Intact(b, 4 * kMiB, 2));
+  for (void* p : {again, b}) ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+}  // namespace
+}  // namespace cma
