@@ -31,15 +31,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "py"))
 
-CHILD = r"""
-import sys, torch
-want = int(sys.argv[1])
-free, total = torch.cuda.mem_get_info()
-x = torch.empty(free + want, dtype=torch.uint8, device="cuda")  # cudaMalloc, native allocator
-x[-1] = 1
-torch.cuda.synchronize()
-print(free, free + want)
-"""
+# The reclaim probe (another process cudaMallocs free memory + `want`): the
+# same as torch_sleep_bench.py's.
+from torch_sleep_bench import CHILD  # noqa: E402
 
 STEPS_BEFORE = 2      # optimizer state exists from here on
 LEVEL1_CYCLES = 4     # the first, then steady ones
