@@ -21,7 +21,7 @@ void CmaCudaAllocator::Trace(TraceEntry::Action action, c10::DeviceIndex device,
   // Called with mu_ held.
   if (skip_.count(static_cast<int>(action)) != 0) return;
   TraceEntry te(action, device, addr, size, stream, Pool{0, 0}, c10::getApproximateTime(),
-                std::move(context), compile_context_.empty() ? "" : compile_context_.back(),
+                std::move(context), compile_context_.empty() ? "N/A" : compile_context_.back(),
                 user_metadata_);
   for (const auto& t : trackers_) t(te);
   if (!history_on_.load(std::memory_order_relaxed)) return;
