@@ -308,5 +308,24 @@ TEST_F(SleepTest, FreeWhileAsleepForgetsTheStagedContents) {
   for (void* p : {again, b}) ASSERT_TRUE(alloc_->Free(p).ok());
 }
 
+// The staging is freed when the allocator goes: after the copies out of it
+// on every stream that read it, a Move's as well as the last Wake's (a
+// registered chunk's unregistering waits for the current device only).
+TEST_F(SleepTest, DestructionWaitsForEveryStreamThatReadTheStaging) {
+  void* a = Filled(4 * kMiB, 1);
+  const Stream s2 = *backend_->CreateStream(0);
+  ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
+  ASSERT_TRUE(backend_->EnqueueWork(s2).ok());  // the move's copies queue behind this
+  ASSERT_TRUE(alloc_->Move(a, Location::Device(0), s2).ok());
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(backend_->CompleteWork(s1_).ok());
+  alloc_.reset();
+  auto idle = backend_->QueryStream(s2);
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  EXPECT_TRUE(*idle) << "the staging was freed before the move's copies out of it ran";
+  ASSERT_TRUE(backend_->DestroyStream(s2).ok());
+}
+
 }  // namespace
 }  // namespace cma
