@@ -37,9 +37,11 @@ DeviceAllocator::DeviceAllocator(int device, int device_count, Backend* backend,
 DeviceAllocator::~DeviceAllocator() {
   MutexLock l(&mu_);
   ProcessPendingFrees(/*synchronize=*/true);
-  // Copies out of the staging may still be queued on the last Wake's stream.
+  // Copies out of the staging may still be queued on the last Wake's stream
+  // and on the streams of Moves that restored from it.
   if (staging_.capacity() > 0) {
     (void)backend_->SynchronizeStream(sleep_wake_stream_);
+    for (Stream s : staging_readers_) (void)backend_->SynchronizeStream(s);
     (void)staging_.Release(*backend_);
   }
   for (auto& [base, seg] : segments_) {

@@ -185,8 +185,11 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
     }
   }
   if (!s.ok()) {
-    // Staged contents stay restorable (their pages were not discarded, and
-    // the staging holds them too): Wake brings everything back as usual.
+    // The allocations stay as they were (a failed call discards nothing):
+    // their pages hold their contents and the user may go on writing them,
+    // so what this call staged is forgotten; kept, a Move or the next
+    // cycle's Wake would copy that stale image back over newer writes.
+    for (Block* b : stage_owners) Unstage(b->addr);
     sleep_wake_stream_ = stream;
     return absl::Status(s.code(), absl::StrCat("cma: sleep failed: ", s.message()));
   }

@@ -232,6 +232,48 @@ TEST_F(SleepTest, FailedCopiesFallBackToMigrating) {
   a.reset();
 }
 
+// A Sleep that fails after its copies into the staging (here its discard
+// fails; the fault backend's failures have no side effect) leaves the
+// allocations where they were, so the user goes on writing them: neither
+// the next Sleep/Wake cycle nor a Move may bring back the staging's stale
+// copy over those writes.
+TEST_F(SleepTest, FailedSleepForgetsWhatItStagedSoLaterWritesSurvive) {
+  for (const FaultKind kind : {FaultKind::kDiscard, FaultKind::kPrefetch}) {
+    SCOPED_TRACE(FaultKindName(kind));
+    alloc_.reset();
+    FaultInjectingBackend faulty(*backend_);
+    auto made = CachingManagedAllocator::Create(faulty, "");
+    ASSERT_TRUE(made.ok());
+    auto& a = *made;
+    void* p = *a->Allocate(4 * kMiB, 0, s1_);
+    void* q = *a->Allocate(4 * kMiB, 0, s1_);
+    void* small = *a->Allocate(3000, 0, s1_);  // migrates: the sleep prefetches
+    std::memset(p, 0x11, 4 * kMiB);
+    std::memset(q, 0x33, 4 * kMiB);
+    std::memset(small, 0x44, 3000);
+    faulty.SetPlan({.kind = kind, .fail_nth = 1});
+    auto failed = a->Sleep(0, s1_);
+    ASSERT_FALSE(failed.ok());
+    EXPECT_EQ(faulty.Injected(), 1);
+    faulty.SetPlan({});
+    // Still awake as far as the user knows: new contents.
+    std::memset(p, 0x22, 4 * kMiB);
+    std::memset(q, 0x55, 4 * kMiB);
+    ASSERT_TRUE(a->Move(q, Location::Host(), s1_).ok());
+    EXPECT_EQ(static_cast<unsigned char*>(q)[0], 0x55);
+    EXPECT_EQ(static_cast<unsigned char*>(q)[4 * kMiB - 1], 0x55);
+    ASSERT_TRUE(a->Sleep(0, s1_).ok());
+    ASSERT_TRUE(a->Wake(0, s1_).ok());
+    EXPECT_EQ(static_cast<unsigned char*>(p)[0], 0x22);
+    EXPECT_EQ(static_cast<unsigned char*>(p)[4 * kMiB - 1], 0x22);
+    EXPECT_EQ(static_cast<unsigned char*>(q)[4 * kMiB - 1], 0x55);
+    EXPECT_EQ(static_cast<unsigned char*>(small)[2999], 0x44);
+    EXPECT_TRUE(a->CheckInvariants().ok()) << a->CheckInvariants();
+    for (void* x : {p, q, small}) ASSERT_TRUE(a->Free(x).ok());
+    a.reset();
+  }
+}
+
 TEST_F(SleepTest, MoveWhileAsleepBringsStagedContentsAlong) {
   void* a = Filled(4 * kMiB, 7);
   void* b = Filled(4 * kMiB, 8);
@@ -264,6 +306,25 @@ TEST_F(SleepTest, FreeWhileAsleepForgetsTheStagedContents) {
   EXPECT_TRUE(Intact(again, 4 * kMiB, 3));
   EXPECT_TRUE(Intact(b, 4 * kMiB, 2));
   for (void* p : {again, b}) ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+// The staging is freed when the allocator goes: after the copies out of it
+// on every stream that read it, a Move's as well as the last Wake's (a
+// registered chunk's unregistering waits for the current device only).
+TEST_F(SleepTest, DestructionWaitsForEveryStreamThatReadTheStaging) {
+  void* a = Filled(4 * kMiB, 1);
+  const Stream s2 = *backend_->CreateStream(0);
+  ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
+  ASSERT_TRUE(backend_->EnqueueWork(s2).ok());  // the move's copies queue behind this
+  ASSERT_TRUE(alloc_->Move(a, Location::Device(0), s2).ok());
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(backend_->CompleteWork(s1_).ok());
+  alloc_.reset();
+  auto idle = backend_->QueryStream(s2);
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  EXPECT_TRUE(*idle) << "the staging was freed before the move's copies out of it ran";
+  ASSERT_TRUE(backend_->DestroyStream(s2).ok());
 }
 
 }  // namespace

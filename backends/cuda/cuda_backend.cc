@@ -353,18 +353,22 @@ class CudaBackend final : public Backend {
     {
       MutexLock l(&pinned_mu_);
       auto it = pinned_.find(ptr);
-      if (it != pinned_.end()) {
-        len = it->second;
-        pinned_.erase(it);
-      }
+      if (it != pinned_.end()) len = it->second;
     }
     if (len == 0) {
       CMA_CUDA_RETURN_IF_ERROR(cudaFreeHost(ptr));
       return absl::OkStatus();
     }
     // Unlike cudaFreeHost, unregistering does not wait for queued copies.
+    // Forgotten only once unregistered: a failure here leaves the chunk
+    // known, so the caller (which keeps it) can retry the same way rather
+    // than hand a registered mmap to cudaFreeHost and leak it.
     CMA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
     CMA_CUDA_RETURN_IF_ERROR(cudaHostUnregister(ptr));
+    {
+      MutexLock l(&pinned_mu_);
+      pinned_.erase(ptr);
+    }
     munmap(ptr, len);
     return absl::OkStatus();
   }
