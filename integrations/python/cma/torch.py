@@ -46,6 +46,17 @@ def pool():
                        "with torch.cuda.use_mem_pool(pool): the pool then lives in cma.")
 
 
+def _index(device=None):
+    """The CUDA device index `device` names: the current device for None or
+    for "cuda" without an index, as PyTorch reads them."""
+    if device is None:
+        return torch.cuda.current_device()
+    d = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if d.type != "cuda":
+        raise ValueError(f"cma.torch: {device!r} is not a CUDA device")
+    return torch.cuda.current_device() if d.index is None else d.index
+
+
 def _owned_storage(tensor):
     ptr = tensor.untyped_storage().data_ptr()
     if _lib.device_of(ptr) is None:
@@ -106,7 +117,7 @@ def prefetch(tensor, device=None, stream=None):
     ptr, _ = _owned_storage(tensor)
     cuda_dev = device if device.type == "cuda" else torch.device("cuda", _lib.device_of(ptr))
     stream = stream or torch.cuda.current_stream(cuda_dev)
-    _lib.move(ptr, "cpu" if device.type == "cpu" else device.index or 0, stream.cuda_stream)
+    _lib.move(ptr, "cpu" if device.type == "cpu" else _index(device), stream.cuda_stream)
 
 
 def mark_disposable(tensor, disposable=True):
@@ -139,8 +150,7 @@ def sleep(device=None, stream=None, level=1):
     Disposable tensors (mark_disposable) are always discarded. At levels 1
     and 2 a sleeping tensor's contents are reachable only through wake() or
     move(): reading it otherwise sees garbage."""
-    device = torch.device("cuda", torch.cuda.current_device()) if device is None \
-        else torch.device(device)
+    device = torch.device("cuda", _index(device))
     stream = stream or torch.cuda.current_stream(device)
     n = _lib.sleep(device.index, stream.cuda_stream, level)
     stream.synchronize()
@@ -152,8 +162,7 @@ def wake(device=None, stream=None, release_staging=False):
     ones populated empty, not migrated). Work queued on `stream` afterwards
     sees them. With release_staging, the pinned staging is given back once
     the copies out of it are done (the next sleep pins it again)."""
-    device = torch.device("cuda", torch.cuda.current_device()) if device is None \
-        else torch.device(device)
+    device = torch.device("cuda", _index(device))
     stream = stream or torch.cuda.current_stream(device)
     n = _lib.wake(device.index, stream.cuda_stream)
     if release_staging:
@@ -163,8 +172,7 @@ def wake(device=None, stream=None, release_staging=False):
 
 def release_staging(device=None):
     """Gives back the pinned host memory sleep() keeps between cycles; returns the bytes."""
-    return _lib.release_sleep_staging(torch.cuda.current_device() if device is None
-                                      else torch.device(device).index or 0)
+    return _lib.release_sleep_staging(_index(device))
 
 
 def zero_copy():
@@ -177,14 +185,14 @@ def advise(tensor, read_mostly=False, preferred=None, accessed_by=()):
     ptr, _ = _owned_storage(tensor)
     if isinstance(preferred, (str, torch.device)):
         preferred = torch.device(preferred)
-        preferred = "cpu" if preferred.type == "cpu" else (preferred.index or 0)
+        preferred = "cpu" if preferred.type == "cpu" else _index(preferred)
     _lib.advise(ptr, read_mostly, preferred, tuple(accessed_by))
 
 
 def memory_stats(device=None):
     """This allocator's statistics with PyTorch's keys, and the symmetric
     heaps' (symmetric_bytes.current, ...) beside them: one view per device."""
-    return _lib.stats(-1 if device is None else torch.device(device).index or 0)
+    return _lib.stats(-1 if device is None else _index(device))
 
 
 def snapshot():
