@@ -67,6 +67,9 @@ long long cma_release_sleep_staging(int device);
 int cma_advise(void* ptr, int read_mostly, int preferred, const int* accessed_by,
                int n_accessed_by);
 int cma_synchronize(void* stream);
+/* Fails with cma_last_error_code() 9 (failed precondition) exactly when a
+ * private pool context is open on some device (a capture may be under way),
+ * releasing nothing; frameworks whose empty_cache is best effort ignore it. */
 int cma_empty_cache(void);
 /* Call before destroying `stream`: waits for its work, then its cached
  * blocks serve any stream and cma never uses the stream again (so

@@ -149,3 +149,20 @@ TEST_F(PoolCApiTest, EmptyCacheOfAReleasedPoolAndAccumulatedStatReset) {
 }
 
 }  // namespace
+
+namespace {
+
+// PyTorch's allocator class treats this one failure of cma_empty_cache as
+// "nothing released" (torch.cuda.graph calls empty_cache): its code is the
+// contract, so it is pinned here.
+TEST_F(PoolCApiTest, EmptyCacheInsideAPoolContextFailsWithFailedPrecondition) {
+  ASSERT_EQ(cma_pool_create_or_incref(0, 9, 0), 0) << cma_last_error();
+  ASSERT_EQ(cma_pool_begin(0, 9, 0, nullptr, nullptr, nullptr), 0) << cma_last_error();
+  EXPECT_EQ(cma_empty_cache(), -1);
+  EXPECT_EQ(cma_last_error_code(), 9);  // absl::StatusCode::kFailedPrecondition
+  ASSERT_EQ(cma_pool_end(0, 9, 0), 0);
+  EXPECT_EQ(cma_empty_cache(), 0) << cma_last_error();
+  ASSERT_EQ(cma_pool_release(0, 9, 0), 0);
+}
+
+}  // namespace

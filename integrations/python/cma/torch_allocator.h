@@ -196,8 +196,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
       // While a pool context is open (a capture may be under way) cma
       // releases nothing: torch.cuda.graph() and code inside use_mem_pool
       // call empty_cache, and it promises no release, only a best effort.
-      if (api.empty_cache() != 0 && !(api.last_error_code() == kFailedPrecondition &&
-                                      LastError().find("being allocated to") != std::string::npos)) {
+      if (api.empty_cache() != 0 && api.last_error_code() != kFailedPrecondition) {
         Fail("emptyCache");
       }
       return;
