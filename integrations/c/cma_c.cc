@@ -113,19 +113,7 @@ using cma::capi::last_error_code;
 using cma::capi::AsStream;
 using cma::capi::Global;
 
-namespace {
-
-// Runs `op` on the process's allocator: 0, or -1 with the reason in
-// cma_last_error.
-template <typename Op>
-int WithAllocator(Op op) {
-  CachingManagedAllocator* a = Get();
-  if (a == nullptr) return -1;
-  absl::Status s = op(*a);
-  return s.ok() ? 0 : Fail(s);
-}
-
-}  // namespace
+using cma::capi::WithAllocator;
 
 extern "C" {
 
@@ -193,10 +181,8 @@ int cma_free(void* ptr) {
 }
 
 int cma_record_stream(void* ptr, void* stream) {
-  CachingManagedAllocator* a = Get();
-  if (a == nullptr) return -1;
-  absl::Status s = a->RecordStream(ptr, AsStream(stream));
-  return s.ok() ? 0 : Fail(s);
+  return WithAllocator(
+      [&](CachingManagedAllocator& a) { return a.RecordStream(ptr, AsStream(stream)); });
 }
 
 int cma_move(void* ptr, int location, void* stream, int contents_dead) {
@@ -226,17 +212,12 @@ int cma_advise(void* ptr, int read_mostly, int preferred, const int* accessed_by
 }
 
 int cma_set_disposable(void* ptr, int disposable) {
-  CachingManagedAllocator* a = Get();
-  if (a == nullptr) return -1;
-  absl::Status s = a->SetDisposable(ptr, disposable != 0);
-  return s.ok() ? 0 : Fail(s);
+  return WithAllocator(
+      [&](CachingManagedAllocator& a) { return a.SetDisposable(ptr, disposable != 0); });
 }
 
 int cma_set_keep(void* ptr, int keep) {
-  CachingManagedAllocator* a = Get();
-  if (a == nullptr) return -1;
-  absl::Status s = a->SetKeep(ptr, keep != 0);
-  return s.ok() ? 0 : Fail(s);
+  return WithAllocator([&](CachingManagedAllocator& a) { return a.SetKeep(ptr, keep != 0); });
 }
 
 long long cma_sleep(int device, void* stream) { return cma_sleep_level(device, stream, 1); }
@@ -268,17 +249,12 @@ long long cma_wake(int device, void* stream) {
 }
 
 int cma_synchronize(void* stream) {
-  CachingManagedAllocator* a = Get();
-  if (a == nullptr) return -1;
-  absl::Status s = a->backend().SynchronizeStream(AsStream(stream));
-  return s.ok() ? 0 : Fail(s);
+  return WithAllocator(
+      [&](CachingManagedAllocator& a) { return a.backend().SynchronizeStream(AsStream(stream)); });
 }
 
 int cma_empty_cache(void) {
-  CachingManagedAllocator* a = Get();
-  if (a == nullptr) return -1;
-  absl::Status s = a->EmptyCache();
-  return s.ok() ? 0 : Fail(s);
+  return WithAllocator([&](CachingManagedAllocator& a) { return a.EmptyCache(); });
 }
 
 int cma_forget_stream(void* stream) {
@@ -376,10 +352,8 @@ size_t cma_allocation_size(void* ptr) {
 }
 
 int cma_set_memory_fraction(double fraction, int device) {
-  CachingManagedAllocator* a = Get();
-  if (a == nullptr) return -1;
-  absl::Status s = a->SetMemoryFraction(fraction, device);
-  return s.ok() ? 0 : Fail(s);
+  return WithAllocator(
+      [&](CachingManagedAllocator& a) { return a.SetMemoryFraction(fraction, device); });
 }
 
 char* cma_stats_json(int device) {

@@ -18,6 +18,15 @@ namespace capi {
 CachingManagedAllocator* Get();
 // Records `s` as the thread's last error; returns -1.
 int Fail(const absl::Status& s);
+// Runs `op` (absl::Status(CachingManagedAllocator&)) on the process's
+// allocator: 0, or -1 with the reason in cma_last_error.
+template <typename Op>
+int WithAllocator(Op op) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::Status s = op(*a);
+  return s.ok() ? 0 : Fail(s);
+}
 // A malloc'ed copy for the caller to cma_string_free.
 char* CopyString(const std::string& s);
 // Adds the symmetric heaps' statistics to a stats object: for one device,

@@ -16,6 +16,8 @@ using cma::CachingManagedAllocator;
 using cma::capi::Fail;
 using cma::capi::Get;
 
+using cma::capi::WithAllocator;
+
 extern "C" {
 
 int cma_pool_use_count(int device, unsigned long long id0, unsigned long long id1) {
@@ -26,10 +28,8 @@ int cma_pool_use_count(int device, unsigned long long id0, unsigned long long id
 }
 
 int cma_pool_empty_cache(int device, unsigned long long id0, unsigned long long id1) {
-  CachingManagedAllocator* a = Get();
-  if (a == nullptr) return -1;
-  absl::Status s = a->EmptyPoolCache(device, {id0, id1});
-  return s.ok() ? 0 : Fail(s);
+  return WithAllocator(
+      [&](CachingManagedAllocator& a) { return a.EmptyPoolCache(device, {id0, id1}); });
 }
 
 cma_pool_checkpoint* cma_pool_checkpoint_take(int device, unsigned long long id0,
