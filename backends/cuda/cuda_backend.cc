@@ -402,8 +402,16 @@ class CudaBackend final : public Backend {
   absl::Status ValidateStream(int device, Stream stream) override {
     CMA_RETURN_IF_ERROR(CheckDevice(device));
     if (stream == kDefaultStream) return absl::OkStatus();
+    // A stream first seen while it captures (PyTorch's side streams joined
+    // to a graph): cudaStreamGetDevice is refused on it, in any capture
+    // mode, and the refusal invalidates the capture. Asking whether it
+    // captures is allowed and proves the handle is a live stream; its device
+    // goes unchecked then (PyTorch hands only the current device's streams).
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    CMA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(AsStream(stream), &capturing));
+    if (capturing != cudaStreamCaptureStatusNone) return absl::OkStatus();
     int owner = -1;
-    RelaxedCaptureMode relaxed;  // a stream first seen during a capture (PyTorch's side streams)
+    RelaxedCaptureMode relaxed;  // another thread's global capture forbids it too
     CMA_CUDA_RETURN_IF_ERROR(cudaStreamGetDevice(AsStream(stream), &owner));
     if (owner != device) {
       return absl::InvalidArgumentError(absl::StrFormat(

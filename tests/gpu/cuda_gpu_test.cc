@@ -177,6 +177,45 @@ TEST_F(CudaGpuTest, PrefetchAndAdviseAreVisibleInRangeAttributes) {
   ASSERT_TRUE(alloc_->Free(p).ok());
 }
 
+TEST_F(CudaGpuTest, CaptureAllocatesOnAStreamFirstSeenInsideIt) {
+  // PyTorch's torch.cuda.graph: a pool context, a global-mode capture on
+  // s1, and a side stream joined to it that cma has never seen. Validating
+  // that stream must not break the capture.
+  if (std::strcmp(backend_->name(), "cuda") != 0) GTEST_SKIP() << "CUDA graphs";
+  cudaStream_t side;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t fork, join;
+  ASSERT_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+  const MemPoolId pool{0, 1};
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, nullptr).ok());
+  auto* cap = reinterpret_cast<cudaStream_t>(s1_);
+  ASSERT_EQ(cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(fork, cap), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(side, fork, 0), cudaSuccess);
+  constexpr std::size_t kBytes = 1 << 20;
+  auto p = alloc_->Allocate(kBytes, 0, reinterpret_cast<Stream>(side));
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(LaunchFill(*p, kBytes, 77, reinterpret_cast<Stream>(side)).ok());
+  ASSERT_EQ(cudaEventRecord(join, side), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(cap, join, 0), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(cap, &graph), cudaSuccess) << "the capture was invalidated";
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, pool).ok());
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, cap), cudaSuccess);
+  ASSERT_TRUE(LaunchCheck(*p, kBytes, 77, mismatches_, s1_).ok());
+  EXPECT_EQ(Mismatches(s1_), 0u);
+  ASSERT_TRUE(alloc_->Free(*p).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaEventDestroy(fork);
+  cudaEventDestroy(join);
+  cudaStreamDestroy(side);
+}
+
 TEST_F(CudaGpuTest, OomUnderConfiguredLimit) {
   auto limited = CachingManagedAllocator::Create(*backend_, "managed_budget:256M");
   ASSERT_TRUE(limited.ok());
