@@ -98,8 +98,9 @@ class CachingManagedAllocator {
   //    readable there while asleep; slower (host page population).
   // Disposable allocations (a KV cache) are always discarded, and Wake
   // populates discarded pages rather than migrating them. Discards take
-  // whole 2 MiB pages only: partial pages at an allocation's ends may hold
-  // a neighbour's data and migrate with it. Ordering, all on the GPU with
+  // whole 2 MiB pages only: a page at an allocation's end goes with it when
+  // everything else on it is free or leaves too (staged or discarded);
+  // otherwise the allocation's bytes there migrate. Ordering, all on the GPU with
   // no host sync: Sleep runs after the work already queued on every stream
   // that uses an allocation (its own and those named by RecordStream) and
   // after the last Wake; Wake runs after the Sleep, and work queued later

@@ -19,6 +19,7 @@
 #include "allocator/block.h"
 #include "allocator/mempool.h"
 #include "allocator/snapshot.h"
+#include "allocator/sleep_plan.h"
 #include "allocator/staging.h"
 #include "allocator/stats.h"
 #include "backends/backend.h"
@@ -338,13 +339,21 @@ class DeviceAllocator {
                              bool contents_dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The block at `addr` no longer has contents in the staging area.
   void Unstage(std::uintptr_t addr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sleep's plan for the kept, staged whole pages `whole` of blocks `owners`:
-  // copies into staging as chunks become available (growing the area while
-  // the copy engine works on the chunks before); those that do not fit the
-  // bound or the memory available are appended to `migrate`. Returns the
-  // copies issued, for the discards that follow them.
-  std::vector<Range> StageOut(const std::vector<Range>& whole, const std::vector<Block*>& owners,
-                              Stream stream, std::vector<Range>* migrate)
+  // Sleep's staging of `parts` (the leaving parts of kept blocks, in
+  // address order): copies into the staging as chunks become available
+  // (growing the area while the copy engine works on the chunks before);
+  // the parts that do not fit the bound or the memory available are
+  // appended to `migrate`. Returns the parts staged, for the discards that
+  // follow their copies.
+  struct StagedBlock {
+    Block* block;
+    Range bytes;
+  };
+  std::vector<StagedPart> StageOut(absl::Span<const StagedBlock> parts, Stream stream,
+                                   std::vector<Range>* migrate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Populates the pages of `plan` at `target` and copies the staged bytes
+  // back, on `stream`.
+  absl::Status CopyBack(const RestorePlan& plan, Location target, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int device_;
@@ -387,11 +396,12 @@ class DeviceAllocator {
   // repopulation, a Wake after the Sleep), and so are the free or Move of a
   // block whose pages a Sleep discarded.
   Stream sleep_wake_stream_ ABSL_GUARDED_BY(mu_) = kDefaultStream;
-  // Allocations whose whole pages a Sleep copied into staging_ and
-  // discarded, by block address: where in staging_ and which range.
+  // Allocations whose contents (all, or all but what sits on pages that
+  // stayed) a Sleep copied into staging_ before discarding their pages, by
+  // block address: where in staging_, and which bytes.
   struct Staged {
     std::size_t offset;
-    Range pages;
+    Range bytes;
   };
   absl::flat_hash_map<std::uintptr_t, Staged> staged_ ABSL_GUARDED_BY(mu_);
   StagingArea staging_ ABSL_GUARDED_BY(mu_);

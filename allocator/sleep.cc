@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/device_allocator.h"
+#include "allocator/sleep_plan.h"
 #include "backends/mutex_lock.h"
 
 namespace cma {
@@ -25,6 +26,22 @@ std::size_t TotalBytes(absl::Span<const Range> ranges) {
   return n;
 }
 
+// Appends `more` to `out`, extending the last copy where one continues it
+// in both address spaces (adjacent allocations staged back to back).
+void AppendMerged(absl::Span<const Copy> more, std::vector<Copy>* out) {
+  for (const Copy& c : more) {
+    if (!out->empty()) {
+      Copy& last = out->back();
+      if (static_cast<char*>(last.dst) + last.bytes == c.dst &&
+          static_cast<const char*>(last.src) + last.bytes == c.src) {
+        last.bytes += c.bytes;
+        continue;
+      }
+    }
+    out->push_back(c);
+  }
+}
+
 }  // namespace
 
 absl::Status DeviceAllocator::SetKeep(void* ptr, bool keep) {
@@ -39,44 +56,46 @@ void DeviceAllocator::Unstage(std::uintptr_t addr) {
   if (staged_.erase(addr) != 0 && staged_.empty()) staging_.Reset();
 }
 
-std::vector<Range> DeviceAllocator::StageOut(const std::vector<Range>& whole,
-                                             const std::vector<Block*>& owners, Stream stream,
-                                             std::vector<Range>* migrate) {
-  // Offsets first, within the configured bound; what does not fit migrates.
+std::vector<StagedPart> DeviceAllocator::StageOut(absl::Span<const StagedBlock> parts,
+                                                  Stream stream, std::vector<Range>* migrate) {
+  // Offsets first, in address order (adjacent parts stay adjacent in the
+  // staging: one copy), within the configured bound; what does not fit
+  // migrates.
   const std::size_t bound = config_->sleep_staging_max;
-  std::vector<std::size_t> offset(whole.size());
+  std::vector<std::size_t> offset(parts.size());
   std::vector<std::size_t> planned;
-  for (std::size_t i = 0; i < whole.size(); ++i) {
-    if (whole[i].bytes > bound - std::min(bound, staging_.used())) {
-      migrate->push_back(whole[i]);
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].bytes.bytes > bound - std::min(bound, staging_.used())) {
+      migrate->push_back(parts[i].bytes);
       continue;
     }
-    offset[i] = staging_.Take(whole[i].bytes);
+    offset[i] = staging_.Take(parts[i].bytes.bytes);
     planned.push_back(i);
   }
-  std::vector<Range> staged;
-  std::vector<Copy> copies;
-  std::vector<std::size_t> batch;  // the planned blocks whose copies are in `copies`
-  // Queues the copies gathered so far; on failure their blocks migrate.
+  std::vector<StagedPart> staged;
+  std::vector<Copy> copies, one;
+  std::vector<std::size_t> batch;  // the planned parts whose copies are in `copies`
+  // Queues the copies gathered so far; on failure their parts migrate.
   auto flush = [&]() {
     if (copies.empty()) return;
     if (backend_->CopyBatch(copies, stream).ok()) {
       for (std::size_t i : batch) {
-        staged_[owners[i]->addr] = {offset[i], whole[i]};
-        staged.push_back(whole[i]);
-        stats_.sleep_staged_bytes += static_cast<std::int64_t>(whole[i].bytes);
+        staged_[parts[i].block->addr] = {offset[i], parts[i].bytes};
+        staged.push_back({parts[i].bytes, offset[i]});
+        stats_.sleep_staged_bytes += static_cast<std::int64_t>(parts[i].bytes.bytes);
       }
     } else {
       ++stats_.num_placement_errors;
-      for (std::size_t i : batch) migrate->push_back(whole[i]);
+      for (std::size_t i : batch) migrate->push_back(parts[i].bytes);
     }
     copies.clear();
     batch.clear();
   };
   for (std::size_t k = 0; k < planned.size(); ++k) {
     const std::size_t i = planned[k];
+    const Range& r = parts[i].bytes;
     bool room = true;
-    while (offset[i] + whole[i].bytes > staging_.capacity()) {
+    while (offset[i] + r.bytes > staging_.capacity()) {
       flush();  // the copy engine starts on what has room while we pin more
       const std::size_t want = std::min(kStagingChunk, staging_.used() - staging_.capacity());
       if (!staging_.Grow(*backend_, (want + kPageSize - 1) / kPageSize * kPageSize).ok()) {
@@ -91,13 +110,15 @@ std::vector<Range> DeviceAllocator::StageOut(const std::vector<Range>& whole,
       // migrates, and the offsets it had are given back.
       std::size_t rest = 0;
       for (std::size_t j = k; j < planned.size(); ++j) {
-        migrate->push_back(whole[planned[j]]);
-        rest += whole[planned[j]].bytes;
+        migrate->push_back(parts[planned[j]].bytes);
+        rest += parts[planned[j]].bytes.bytes;
       }
       staging_.Untake(rest);
       break;
     }
-    staging_.AppendCopies(offset[i], whole[i].ptr, whole[i].bytes, /*to_staging=*/true, &copies);
+    one.clear();
+    staging_.AppendCopies(offset[i], r.ptr, r.bytes, /*to_staging=*/true, &one);
+    AppendMerged(one, &copies);
     batch.push_back(i);
   }
   flush();
@@ -138,14 +159,10 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
     }
   }
   staging_readers_.clear();
-  // Kept blocks' whole pages are staged (copied out, then discarded); their
-  // partial edge pages, which may hold neighbours' data, migrate, as does
-  // all of a block that stays where it is (already on the host) or when
-  // staging is off. Discarded blocks lose their whole pages only.
-  std::vector<Range> migrate, drop, stage;
-  std::vector<Block*> stage_owners;
-  std::size_t bytes = 0;
-  std::size_t kept = 0;
+  // Who leaves how: kept blocks are staged (copied out, then discarded)
+  // within the bound; a kept block that stays where it is (already on the
+  // host), or every one at level 0 or with staging off, migrates. Their
+  // bytes on pages that must stay (allocator/sleep_plan.h) migrate too.
   std::vector<Block*> blocks;
   blocks.reserve(allocated_.size());
   for (auto& [addr, b] : allocated_) blocks.push_back(b);
@@ -153,28 +170,55 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
   std::sort(blocks.begin(), blocks.end(), [](const Block* a, const Block* b) {
     return a->addr < b->addr;
   });
+  LeaveRoles roles;
+  std::vector<Range> migrate;
+  std::size_t bytes = 0, kept = 0, planned = 0;
+  const std::size_t bound = config_->sleep_staging_max;
   for (Block* b : blocks) {
     bytes += b->size;
     if (staged_.contains(b->addr)) continue;  // staged by an earlier Sleep, still away
-    const Range r{b->ptr(), b->size};
     if (b->disposable || (level == SleepLevel::kDiscard && !b->keep)) {
-      SplitAtPages(r, &drop, &migrate);
+      roles[b] = Leave::kDrop;
       continue;
     }
     ++kept;
-    if (level == SleepLevel::kMigrate || config_->sleep_staging_max == 0 ||
-        (b->placed && b->location.is_host())) {
-      migrate.push_back(r);
+    if (level == SleepLevel::kMigrate || bound == 0 || (b->placed && b->location.is_host()) ||
+        b->size > bound - std::min(bound, planned)) {
+      migrate.push_back({b->ptr(), b->size});
       continue;
     }
-    const std::size_t n = stage.size();
-    SplitAtPages(r, &stage, &migrate);
-    if (stage.size() > n) stage_owners.push_back(b);
+    planned += b->size;
+    roles[b] = Leave::kStage;
   }
-  const std::vector<Range> staged = StageOut(stage, stage_owners, stream, &migrate);
+  std::vector<StagedBlock> stage;
+  std::vector<Range> drop;
+  for (Block* b : blocks) {
+    auto role = roles.find(b);
+    if (role == roles.end()) continue;
+    const Range part = LeavingPart(b, roles);
+    if (part.bytes == 0) {
+      migrate.push_back({b->ptr(), b->size});
+      continue;
+    }
+    const auto lo = reinterpret_cast<std::uintptr_t>(part.ptr);
+    if (lo > b->addr) migrate.push_back({b->ptr(), lo - b->addr});
+    if (lo + part.bytes < b->addr + b->size) {
+      migrate.push_back({reinterpret_cast<void*>(lo + part.bytes),
+                         b->addr + b->size - lo - part.bytes});
+    }
+    if (role->second == Leave::kStage) {
+      stage.push_back({b, part});
+    } else {
+      drop.push_back(part);
+    }
+  }
+  const std::vector<StagedPart> staged = StageOut(stage, stream, &migrate);
   absl::Status s = Execute(PlacementAction::kPrefetch, migrate, Location::Host(), stream);
-  std::vector<Range> discard = drop;
-  discard.insert(discard.end(), staged.begin(), staged.end());
+  std::vector<Range> leaving = drop;
+  for (const StagedPart& p : staged) leaving.push_back(p.bytes);
+  // No page that anything migrating touches goes, whatever the plan
+  // assumed (a part that found no room in the staging migrates).
+  const std::vector<Range> discard = PagesToDiscard(leaving, migrate);
   if (s.ok() && !discard.empty()) {
     // After the copies out, in stream order: the pages' contents are in
     // the staging by the time they go.
@@ -189,14 +233,15 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
     // their pages hold their contents and the user may go on writing them,
     // so what this call staged is forgotten; kept, a Move or the next
     // cycle's Wake would copy that stale image back over newer writes.
-    for (Block* b : stage_owners) Unstage(b->addr);
+    for (const StagedBlock& p : stage) Unstage(p.block->addr);
     sleep_wake_stream_ = stream;
     return absl::Status(s.code(), absl::StrCat("cma: sleep failed: ", s.message()));
   }
   for (Block* b : blocks) {
     // A discarded block counts as away too: whoever reuses it after its
     // free brings its pages back to the device.
-    const bool discarded = b->disposable || (level == SleepLevel::kDiscard && !b->keep);
+    auto role = roles.find(b);
+    const bool discarded = role != roles.end() && role->second == Leave::kDrop;
     b->pages_discarded = b->pages_discarded || discarded || staged_.contains(b->addr);
     b->placed = true;
     b->location = Location::Host();
@@ -211,31 +256,38 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
   return bytes;
 }
 
+absl::Status DeviceAllocator::CopyBack(const RestorePlan& plan, Location target, Stream stream) {
+  // Pages first (populated at the target: the staged ones hold nothing),
+  // then the copies into them, in stream order.
+  absl::Status s = Execute(PlacementAction::kPrefetch, plan.prefetch, target, stream);
+  if (s.ok()) s = Execute(PlacementAction::kDiscardAndPrefetch, plan.repopulate, target, stream);
+  if (!s.ok() || plan.copies.empty()) return s;
+  std::vector<Copy> copies;
+  for (const StagedPart& c : plan.copies) {
+    staging_.AppendCopies(c.offset, c.bytes.ptr, c.bytes.bytes, /*to_staging=*/false, &copies);
+  }
+  s = backend_->CopyBatch(copies, stream);
+  if (s.ok()) stats_.sleep_restored_bytes += static_cast<std::int64_t>(plan.bytes);
+  return s;
+}
+
 absl::Status DeviceAllocator::RestoreStaged(absl::Span<Block* const> blocks, Location target,
                                             Stream stream, bool contents_dead) {
-  std::vector<Range> pages;
-  std::vector<Copy> copies;
+  std::vector<StagedPart> parts;
   std::vector<Block*> mine;
   for (Block* b : blocks) {
     auto it = staged_.find(b->addr);
     if (it == staged_.end()) continue;
     mine.push_back(b);
-    if (contents_dead) continue;
-    pages.push_back(it->second.pages);
-    staging_.AppendCopies(it->second.offset, it->second.pages.ptr, it->second.pages.bytes,
-                          /*to_staging=*/false, &copies);
+    if (!contents_dead) parts.push_back({it->second.bytes, it->second.offset});
   }
   if (mine.empty()) return absl::OkStatus();
   if (!contents_dead) {
-    // After the Sleep's copies out and discards; the pages are populated
-    // at the target (nothing to migrate: they hold nothing) and written.
+    // After the Sleep's copies out and discards.
     if (absl::Status w = OrderAfter(stream, sleep_wake_stream_); !w.ok()) return w;
-    if (absl::Status s = Execute(PlacementAction::kDiscardAndPrefetch, pages, target, stream);
-        !s.ok()) {
+    if (absl::Status s = CopyBack(PlanRestore(std::move(parts)), target, stream); !s.ok()) {
       return s;
     }
-    if (absl::Status s = backend_->CopyBatch(copies, stream); !s.ok()) return s;
-    stats_.sleep_restored_bytes += static_cast<std::int64_t>(TotalBytes(pages));
     if (stream != sleep_wake_stream_) staging_readers_.insert(stream);
   }
   for (Block* b : mine) {
@@ -256,22 +308,23 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
   }
   const Location here = Location::Device(device_);
   std::vector<Range> migrate, repopulate;
-  std::vector<Copy> copies;
-  std::size_t bytes = 0, restored = 0;
+  std::vector<StagedPart> parts;
+  std::size_t bytes = 0;
   for (auto& [addr, b] : allocated_) {
     if (b->placed && b->location == here) continue;
     bytes += b->size;
     const Range r{b->ptr(), b->size};
     auto st = staged_.find(addr);
     if (st != staged_.end()) {
-      // Its whole pages are populated here and copied back into; the
-      // partial ones at its ends migrate with the rest.
-      std::vector<Range> whole;
-      SplitAtPages(r, &whole, &migrate);
-      repopulate.push_back(st->second.pages);
-      staging_.AppendCopies(st->second.offset, st->second.pages.ptr, st->second.pages.bytes,
-                            /*to_staging=*/false, &copies);
-      restored += st->second.pages.bytes;
+      // Its staged part comes back by copy; what it has outside (on pages
+      // that stayed) migrates.
+      const Range& part = st->second.bytes;
+      parts.push_back({part, st->second.offset});
+      const auto lo = reinterpret_cast<std::uintptr_t>(part.ptr);
+      if (lo > addr) migrate.push_back({b->ptr(), lo - addr});
+      if (lo + part.bytes < addr + b->size) {
+        migrate.push_back({reinterpret_cast<void*>(lo + part.bytes), addr + b->size - lo - part.bytes});
+      }
     } else if (b->disposable) {
       // (A block a level-2 Sleep discarded migrates: a prefetch populates
       // pages that hold nothing, and keeps what a Move since put there.)
@@ -295,10 +348,8 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
   }
   absl::Status s = Execute(PlacementAction::kPrefetch, migrate, here, stream);
   if (s.ok()) s = Execute(PlacementAction::kDiscardAndPrefetch, repopulate, here, stream);
-  // The copies back follow the population of their pages in stream order.
-  if (s.ok() && !copies.empty()) s = backend_->CopyBatch(copies, stream);
+  if (s.ok()) s = CopyBack(PlanRestore(std::move(parts)), here, stream);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("cma: wake failed: ", s.message()));
-  stats_.sleep_restored_bytes += static_cast<std::int64_t>(restored);
   staged_.clear();
   staging_.Reset();
   std::size_t woken = 0;

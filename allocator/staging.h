@@ -5,10 +5,11 @@
 // population (every sleep populates fresh host pages, every wake frees
 // them), while a copy engine writing into page-locked memory that outlives
 // the cycle runs at the link's speed. So a Sleep copies each kept
-// allocation's whole 2 MiB pages into the staging area and discards them on
-// the device; Wake populates them again and copies back. Same addresses
-// throughout; the partial pages at an allocation's ends (shared with its
-// neighbours) migrate as before.
+// allocation's bytes into the staging area (adjacent allocations in one
+// copy; the area holds no more than those bytes) and discards their 2 MiB
+// pages on the device; Wake populates them again and copies back. Same
+// addresses throughout; bytes on a page that must stay (one shared with an
+// allocation that stays: allocator/sleep_plan.h) migrate instead.
 //
 // Internal to allocator/; guarded by the owning DeviceAllocator's mutex.
 // Ownership: the area owns its chunks until Release (the backend frees
