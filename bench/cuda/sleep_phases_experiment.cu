@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -294,6 +295,42 @@ void WakePipelined(State& st, size_t chunk, cudaStream_t s, cudaStream_t pop, do
   CHECK(cudaEventDestroy(done));
 }
 
+// The state's pages populated then copied back on `s`, 256 MiB copies;
+// the KV cache's pages populated meanwhile on `kv_stream` (or after the
+// copies on `s` when null): does its population overlap the copies, and
+// do the copies keep their speed?
+void WakeKvAside(State& st, cudaStream_t s, cudaStream_t kv_stream, double* state_pop_ms,
+                 double* copy_ms, double* total_ms) {
+  cudaEvent_t ev[4];
+  for (auto& e : ev) CHECK(cudaEventCreate(&e));
+  CHECK(cudaEventRecord(ev[0], s));
+  if (kv_stream != nullptr) {
+    CHECK(cudaStreamWaitEvent(kv_stream, ev[0], 0));
+    DiscardAndPrefetch({st.kv}, kDev, kv_stream);
+  }
+  Prefetch({st.kept_pages}, kDev, s);
+  CHECK(cudaEventRecord(ev[1], s));
+  for (const Range& c : Chunks(st.kept_pages, 256 * kMiB)) {
+    CHECK(cudaMemcpyAsync(c.p, st.staging + (c.p - st.kept_pages.p), c.n, cudaMemcpyDefault, s));
+  }
+  CHECK(cudaEventRecord(ev[2], s));
+  if (kv_stream != nullptr) {
+    cudaEvent_t kv_done;
+    CHECK(cudaEventCreateWithFlags(&kv_done, cudaEventDisableTiming));
+    CHECK(cudaEventRecord(kv_done, kv_stream));
+    CHECK(cudaStreamWaitEvent(s, kv_done, 0));
+    CHECK(cudaEventDestroy(kv_done));
+  } else {
+    DiscardAndPrefetch({st.kv}, kDev, s);
+  }
+  CHECK(cudaEventRecord(ev[3], s));
+  CHECK(cudaStreamSynchronize(s));
+  *state_pop_ms = Ms(ev[0], ev[1]);
+  *copy_ms = Ms(ev[1], ev[2]);
+  *total_ms = Ms(ev[0], ev[3]);
+  for (auto& e : ev) CHECK(cudaEventDestroy(e));
+}
+
 // ---- pinning the staging ----
 
 double Seconds(std::chrono::steady_clock::time_point t0) {
@@ -381,7 +418,9 @@ void Cycles(const char* what, State& st, int cycles, F f) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // `sp kv`: only the KV-beside-copies section (after the setup).
+  const bool all = argc < 2 || std::string(argv[1]) != "kv";
   setvbuf(stdout, nullptr, _IOLBF, 0);  // a timeout must not lose what was measured
   CHECK(cudaFree(nullptr));
   State st;
@@ -421,7 +460,7 @@ int main() {
 
   Section("copy floor");
   // Copy floor: the same bytes between cudaMalloc memory and the staging.
-  {
+  if (all) {
     char* d = nullptr;
     CHECK(cudaMalloc(&d, st.kept_pages.n));
     cudaEvent_t a, b, c;
@@ -456,7 +495,7 @@ int main() {
   }
 
   Section("per-tensor staging (cma today)");
-  Cycles("per-tensor", st, 3, [&](int c) {
+  if (all) Cycles("per-tensor", st, 3, [&](int c) {
     double cp, mig, dis, pop, cb;
     std::vector<Range> whole;
     auto t0 = std::chrono::steady_clock::now();
@@ -471,6 +510,7 @@ int main() {
   });
   Section("page runs");
   for (size_t chunk : {64 * kMiB, 256 * kMiB, size_t{1} << 40}) {
+    if (!all) break;
     for (Populate how : {Populate::kDiscardAndPrefetch, Populate::kPrefetch}) {
       const char* hn = how == Populate::kPrefetch ? "prefetch" : "discard+prefetch";
       Cycles("run", st, 2, [&](int c) {
@@ -488,8 +528,23 @@ int main() {
       });
     }
   }
+  Section("kv population beside the copies");
+  for (const bool aside : {false, true, false, true}) {
+    Cycles("kv aside", st, 1, [&](int) {
+      double cp, dis, state_pop, copy, total;
+      SleepRun(st, 256 * kMiB, s, &cp, &dis);
+      auto t0 = std::chrono::steady_clock::now();
+      WakeKvAside(st, s, aside ? pop : nullptr, &state_pop, &copy, &total);
+      const double wake_s = Seconds(t0);
+      printf("wake, kv populated %-22s: %.1f ms (%.1f GB/s) = state pages %.1f + copy %.1f, "
+             "events %.1f\n",
+             aside ? "on a side stream" : "after, on the stream", wake_s * 1e3, gb / wake_s,
+             state_pop, copy, total);
+    });
+  }
   Section("pipelined wake");
   for (size_t chunk : {64 * kMiB, 256 * kMiB}) {
+    if (!all) break;
     Cycles("pipelined", st, 2, [&](int c) {
       double cp, dis, total;
       auto t0 = std::chrono::steady_clock::now();
@@ -505,7 +560,7 @@ int main() {
   }
   Section("fault-populated copy");
   // Copying straight into discarded pages (population by fault), on 512 MiB.
-  {
+  if (all) {
     Range part{st.kept_pages.p, 512 * kMiB};
     Discard({part}, s);
     cudaEvent_t a, b;
@@ -519,7 +574,7 @@ int main() {
            Ms(a, b), part.n / Ms(a, b) / 1e6);
   }
   Section("pinning");
-  PinWays(st.kept_pages.n);
+  if (all) PinWays(st.kept_pages.n);
   Section("end");
   CHECK(cudaFreeHost(st.staging));
   CHECK(cudaFree(raw));
