@@ -262,6 +262,10 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
 
 void DeviceAllocator::ForgetIdlePage(Segment* seg, std::size_t page) {
   seg->pages.clear_populated(page);
+  // Discarded again on some stream: Wake leaves it to whoever populates it next.
+  if (ABSL_PREDICT_FALSE(!slept_edge_pages_.empty())) {
+    slept_edge_pages_.erase(seg->base + page * kPageSize);
+  }
   UpdateStat(stats_.reserved_bytes, seg->pool, -static_cast<std::int64_t>(kPageSize));
   --idle_pages_;
   stats_.idle_populated_bytes -= static_cast<std::int64_t>(kPageSize);

@@ -339,18 +339,31 @@ class DeviceAllocator {
                              bool contents_dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The block at `addr` no longer has contents in the staging area.
   void Unstage(std::uintptr_t addr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sleep's staging of `parts` (the leaving parts of kept blocks, in
+  // Sleep's staging of `parts` (the bytes of kept blocks that leave, in
   // address order): copies into the staging as chunks become available
-  // (growing the area while the copy engine works on the chunks before);
-  // the parts that do not fit the bound or the memory available are
-  // appended to `migrate`. Returns the parts staged, for the discards that
-  // follow their copies.
+  // (growing the area while the copy engine works on the chunks before),
+  // recording each block staged in staged_; the parts that do not fit the
+  // bound or the memory available are appended to `migrate`.
   struct StagedBlock {
     Block* block;
     Range bytes;
   };
-  std::vector<StagedPart> StageOut(absl::Span<const StagedBlock> parts, Stream stream,
-                                   std::vector<Range>* migrate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StageOut(absl::Span<const StagedBlock> parts, Stream stream, std::vector<Range>* migrate)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wake's share of slept_edge_pages_ (emptied): the pages the page map
+  // still counts populated, in address order.
+  std::vector<Range> TakeSleptEdgePages() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `ranges` (each inside the segments) cut where one segment ends.
+  std::vector<Range> SplitAtSegments(std::vector<Range> ranges) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the first and last pages of `parts` that lie in `discarded`
+  // (sorted, disjoint) in slept_edge_pages_.
+  void RememberEdgePages(absl::Span<const Range> parts, absl::Span<const Range> discarded)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a Sleep's discard on `stream`: the free `blocks` on its pages
+  // are used next only after it (allocator/sleep.cc says how).
+  absl::Status OrderFreeBlocksAfter(absl::Span<Block* const> blocks, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Populates the pages of `plan` at `target` and copies the staged bytes
   // back, on `stream`.
   absl::Status CopyBack(const RestorePlan& plan, Location target, Stream stream)
@@ -405,6 +418,11 @@ class DeviceAllocator {
   };
   absl::flat_hash_map<std::uintptr_t, Staged> staged_ ABSL_GUARDED_BY(mu_);
   StagingArea staging_ ABSL_GUARDED_BY(mu_);
+  // Pages shared by several blocks (an allocation's edge pages) that a
+  // Sleep discarded, by address. The page map goes on counting them
+  // populated while asleep (as it does a sleeping block's own pages);
+  // Wake populates every one it still counts, in use or not.
+  absl::flat_hash_set<std::uintptr_t> slept_edge_pages_ ABSL_GUARDED_BY(mu_);
   // Streams other than sleep_wake_stream_ that a Move's restore read
   // staging_ on: the next Sleep writes there only after them.
   absl::flat_hash_set<Stream> staging_readers_ ABSL_GUARDED_BY(mu_);

@@ -56,8 +56,8 @@ void DeviceAllocator::Unstage(std::uintptr_t addr) {
   if (staged_.erase(addr) != 0 && staged_.empty()) staging_.Reset();
 }
 
-std::vector<StagedPart> DeviceAllocator::StageOut(absl::Span<const StagedBlock> parts,
-                                                  Stream stream, std::vector<Range>* migrate) {
+void DeviceAllocator::StageOut(absl::Span<const StagedBlock> parts, Stream stream,
+                               std::vector<Range>* migrate) {
   // Offsets first, in address order (adjacent parts stay adjacent in the
   // staging: one copy), within the configured bound; what does not fit
   // migrates.
@@ -72,7 +72,6 @@ std::vector<StagedPart> DeviceAllocator::StageOut(absl::Span<const StagedBlock> 
     offset[i] = staging_.Take(parts[i].bytes.bytes);
     planned.push_back(i);
   }
-  std::vector<StagedPart> staged;
   std::vector<Copy> copies, one;
   std::vector<std::size_t> batch;  // the planned parts whose copies are in `copies`
   // Queues the copies gathered so far; on failure their parts migrate.
@@ -81,7 +80,6 @@ std::vector<StagedPart> DeviceAllocator::StageOut(absl::Span<const StagedBlock> 
     if (backend_->CopyBatch(copies, stream).ok()) {
       for (std::size_t i : batch) {
         staged_[parts[i].block->addr] = {offset[i], parts[i].bytes};
-        staged.push_back({parts[i].bytes, offset[i]});
         stats_.sleep_staged_bytes += static_cast<std::int64_t>(parts[i].bytes.bytes);
       }
     } else {
@@ -118,11 +116,14 @@ std::vector<StagedPart> DeviceAllocator::StageOut(absl::Span<const StagedBlock> 
     }
     one.clear();
     staging_.AppendCopies(offset[i], r.ptr, r.bytes, /*to_staging=*/true, &one);
-    AppendMerged(one, &copies);
+    if (k > 0 && parts[planned[k - 1]].block->segment != parts[i].block->segment) {
+      copies.insert(copies.end(), one.begin(), one.end());  // two managed ranges: two copies
+    } else {
+      AppendMerged(one, &copies);
+    }
     batch.push_back(i);
   }
   flush();
-  return staged;
 }
 
 absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel level) {
@@ -134,31 +135,6 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
   MutexLock l(&mu_);
   if (absl::Status s = RefuseWhileQuiet("sleep"); !s.ok()) return s;
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
-  // The contract: Sleep is ordered after the work already queued on every
-  // stream that uses an allocation (its own and those named by
-  // RecordStream), so no kernel still running there sees its data copied,
-  // moved or discarded. `stream` waits for each of them on the GPU; no
-  // host sync.
-  absl::flat_hash_set<Stream> users;
-  for (auto& [addr, b] : allocated_) {
-    if (b->stream != stream) users.insert(b->stream);
-    for (Stream u : b->stream_uses) {
-      if (u != stream) users.insert(u);
-    }
-  }
-  // And after the last Wake, whose repopulation these discards must follow,
-  // and after every read of the staging these copies overwrite.
-  users.insert(sleep_wake_stream_);
-  users.insert(staging_readers_.begin(), staging_readers_.end());
-  users.erase(stream);
-  for (Stream u : users) {
-    // Unordered, the discard below could run before a kernel's last use.
-    if (absl::Status w = OrderAfter(stream, u); !w.ok()) {
-      return absl::Status(w.code(), absl::StrCat("cma: sleep could not order after a stream "
-                                                 "that uses an allocation: ", w.message()));
-    }
-  }
-  staging_readers_.clear();
   // Who leaves how: kept blocks are staged (copied out, then discarded)
   // within the bound; a kept block that stays where it is (already on the
   // host), or every one at level 0 or with staging off, migrates. Their
@@ -191,15 +167,18 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
     roles[b] = Leave::kStage;
   }
   std::vector<StagedBlock> stage;
+  std::vector<Range> stage_pages;  // per entry of `stage`: the part whose pages go
   std::vector<Range> drop;
+  std::vector<Block*> free_neighbours;
   for (Block* b : blocks) {
     auto role = roles.find(b);
     if (role == roles.end()) continue;
-    const Range part = LeavingPart(b, roles);
+    Range part = LeavingPart(b, roles);
     if (part.bytes == 0) {
       migrate.push_back({b->ptr(), b->size});
       continue;
     }
+    FreeNeighboursOnPages(b, part, &free_neighbours);
     const auto lo = reinterpret_cast<std::uintptr_t>(part.ptr);
     if (lo > b->addr) migrate.push_back({b->ptr(), lo - b->addr});
     if (lo + part.bytes < b->addr + b->size) {
@@ -207,18 +186,61 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
                          b->addr + b->size - lo - part.bytes});
     }
     if (role->second == Leave::kStage) {
-      stage.push_back({b, part});
+      // Only what the caller asked for is copied; the rounding beyond it
+      // holds nothing and goes with the pages.
+      const std::uintptr_t asked = b->addr + b->requested;
+      Range copied = part;
+      if (lo + copied.bytes > asked) copied.bytes = asked > lo ? asked - lo : 0;
+      if (copied.bytes != 0) {
+        stage.push_back({b, copied});
+        stage_pages.push_back(part);
+      }
     } else {
       drop.push_back(part);
     }
   }
-  const std::vector<StagedPart> staged = StageOut(stage, stream, &migrate);
+  // The contract: Sleep is ordered after the work already queued on every
+  // stream that uses an allocation (its own and those named by
+  // RecordStream), so no kernel still running there sees its data copied,
+  // moved or discarded. `stream` waits for each of them on the GPU; no
+  // host sync.
+  absl::flat_hash_set<Stream> users;
+  for (auto& [addr, b] : allocated_) {
+    if (b->stream != stream) users.insert(b->stream);
+    for (Stream u : b->stream_uses) {
+      if (u != stream) users.insert(u);
+    }
+  }
+  // And after the last use of each free block on a page that goes (its
+  // stream's work may still read it), after the last Wake, whose
+  // repopulation these discards must follow, and after every read of the
+  // staging these copies overwrite.
+  for (const Block* b : free_neighbours) users.insert(b->stream);
+  users.insert(sleep_wake_stream_);
+  users.insert(staging_readers_.begin(), staging_readers_.end());
+  users.erase(stream);
+  for (Stream u : users) {
+    // Unordered, the discard below could run before a kernel's last use.
+    if (absl::Status w = OrderAfter(stream, u); !w.ok()) {
+      return absl::Status(w.code(), absl::StrCat("cma: sleep could not order after a stream "
+                                                 "that uses an allocation: ", w.message()));
+    }
+  }
+  staging_readers_.clear();
+  StageOut(stage, stream, &migrate);
   absl::Status s = Execute(PlacementAction::kPrefetch, migrate, Location::Host(), stream);
+  // The pages of the staged blocks' parts go (their rounding beyond the
+  // request included: a free forgets every page inside a staged block).
   std::vector<Range> leaving = drop;
-  for (const StagedPart& p : staged) leaving.push_back(p.bytes);
+  for (std::size_t i = 0; i < stage.size(); ++i) {
+    auto st = staged_.find(stage[i].block->addr);
+    if (st != staged_.end() && st->second.bytes.ptr == stage[i].bytes.ptr) {
+      leaving.push_back(stage_pages[i]);
+    }
+  }
   // No page that anything migrating touches goes, whatever the plan
   // assumed (a part that found no room in the staging migrates).
-  const std::vector<Range> discard = PagesToDiscard(leaving, migrate);
+  const std::vector<Range> discard = SplitAtSegments(PagesToDiscard(leaving, migrate));
   if (s.ok() && !discard.empty()) {
     // After the copies out, in stream order: the pages' contents are in
     // the staging by the time they go.
@@ -226,6 +248,8 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
     if (s.ok()) {
       ++stats_.discard_calls;
       stats_.discarded_bytes += static_cast<std::int64_t>(TotalBytes(discard));
+      s = OrderFreeBlocksAfter(free_neighbours, stream);
+      RememberEdgePages(leaving, discard);
     }
   }
   if (!s.ok()) {
@@ -256,6 +280,92 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
   return bytes;
 }
 
+std::vector<Range> DeviceAllocator::SplitAtSegments(std::vector<Range> ranges) const {
+  std::vector<Range> out;
+  for (const Range& r : ranges) {
+    auto lo = reinterpret_cast<std::uintptr_t>(r.ptr);
+    const std::uintptr_t hi = lo + r.bytes;
+    while (lo < hi) {
+      auto it = segments_.upper_bound(lo);
+      if (it == segments_.begin()) {  // not expected: every page here lies in a segment
+        out.push_back({reinterpret_cast<void*>(lo), hi - lo});
+        break;
+      }
+      const Segment* seg = std::prev(it)->second;
+      const std::uintptr_t end = std::min(hi, seg->base + seg->size);
+      out.push_back({reinterpret_cast<void*>(lo), end - lo});
+      lo = end;
+    }
+  }
+  return out;
+}
+
+void DeviceAllocator::RememberEdgePages(absl::Span<const Range> parts,
+                                        absl::Span<const Range> discarded) {
+  auto gone = [&](std::uintptr_t page) {
+    auto it = std::upper_bound(discarded.begin(), discarded.end(), page,
+                               [](std::uintptr_t a, const Range& r) {
+                                 return a < reinterpret_cast<std::uintptr_t>(r.ptr);
+                               });
+    if (it == discarded.begin()) return false;
+    --it;
+    return page < reinterpret_cast<std::uintptr_t>(it->ptr) + it->bytes;
+  };
+  for (const Range& p : parts) {
+    const auto lo = reinterpret_cast<std::uintptr_t>(p.ptr), hi = lo + p.bytes;
+    if (p.bytes == 0) continue;
+    // Only pages the part shares (it starts or ends inside them); a page
+    // wholly inside one block is that block's to account for.
+    if (lo % kPageSize != 0 && gone(lo / kPageSize * kPageSize)) {
+      slept_edge_pages_.insert(lo / kPageSize * kPageSize);
+    }
+    if (hi % kPageSize != 0 && gone(hi / kPageSize * kPageSize)) {
+      slept_edge_pages_.insert(hi / kPageSize * kPageSize);
+    }
+  }
+}
+
+std::vector<Range> DeviceAllocator::TakeSleptEdgePages() {
+  std::vector<Range> pages;
+  for (std::uintptr_t page : slept_edge_pages_) {
+    auto it = segments_.upper_bound(page);
+    if (it == segments_.begin()) continue;
+    const Segment* seg = std::prev(it)->second;
+    if (page >= seg->base + seg->size) continue;  // its segment has gone
+    // (A classic segment counts as populated whole.)
+    if (seg->arena && !seg->pages.populated(seg->PageOf(page))) continue;  // forgotten since
+    pages.push_back({reinterpret_cast<void*>(page), kPageSize});
+  }
+  slept_edge_pages_.clear();
+  std::sort(pages.begin(), pages.end(), [](const Range& x, const Range& y) {
+    return x.ptr < y.ptr;
+  });
+  return pages;
+}
+
+absl::Status DeviceAllocator::OrderFreeBlocksAfter(absl::Span<Block* const> blocks,
+                                                  Stream stream) {
+  // Their streams take them back without asking the GPU (same-stream reuse)
+  // or, once seen idle, lend them to others: both must come after the
+  // discard queued on `stream`. So each stream waits for it, and the blocks
+  // count as used from now (an idle mark older than the discard no longer
+  // lends them).
+  const std::uint64_t seq = ++free_seq_;
+  absl::flat_hash_set<Stream> waiters;
+  for (Block* b : blocks) {
+    b->free_seq = seq;
+    if (b->stream != stream) waiters.insert(b->stream);
+  }
+  for (Stream w : waiters) {
+    if (absl::Status o = OrderAfter(w, stream); !o.ok()) {
+      return absl::Status(o.code(), absl::StrCat("could not order a stream with free blocks on "
+                                                 "the discarded pages after the sleep: ",
+                                                 o.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DeviceAllocator::CopyBack(const RestorePlan& plan, Location target, Stream stream) {
   // Pages first (populated at the target: the staged ones hold nothing),
   // then the copies into them, in stream order.
@@ -279,7 +389,7 @@ absl::Status DeviceAllocator::RestoreStaged(absl::Span<Block* const> blocks, Loc
     auto it = staged_.find(b->addr);
     if (it == staged_.end()) continue;
     mine.push_back(b);
-    if (!contents_dead) parts.push_back({it->second.bytes, it->second.offset});
+    if (!contents_dead) parts.push_back({it->second.bytes, it->second.offset, b->segment});
   }
   if (mine.empty()) return absl::OkStatus();
   if (!contents_dead) {
@@ -319,7 +429,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
       // Its staged part comes back by copy; what it has outside (on pages
       // that stayed) migrates.
       const Range& part = st->second.bytes;
-      parts.push_back({part, st->second.offset});
+      parts.push_back({part, st->second.offset, b->segment});
       const auto lo = reinterpret_cast<std::uintptr_t>(part.ptr);
       if (lo > addr) migrate.push_back({b->ptr(), lo - addr});
       if (lo + part.bytes < addr + b->size) {
@@ -349,6 +459,11 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
   absl::Status s = Execute(PlacementAction::kPrefetch, migrate, here, stream);
   if (s.ok()) s = Execute(PlacementAction::kDiscardAndPrefetch, repopulate, here, stream);
   if (s.ok()) s = CopyBack(PlanRestore(std::move(parts)), here, stream);
+  // Shared pages the Sleep discarded that the page map still counts: those
+  // no block in use touches any more (freed while asleep) are populated
+  // again too, so that the map and the device agree (the others already
+  // are, by the migrations and copies above).
+  if (s.ok()) s = Execute(PlacementAction::kPrefetch, TakeSleptEdgePages(), here, stream);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("cma: wake failed: ", s.message()));
   staged_.clear();
   staging_.Reset();

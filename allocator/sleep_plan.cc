@@ -16,7 +16,9 @@ Range Between(std::uintptr_t lo, std::uintptr_t hi) {
 }
 
 bool Leaves(const Block* x, const LeaveRoles& roles) {
-  if (x->is_free()) return true;  // no contents (and no stream still using it)
+  // A free block has no contents and no stream still using it; a private
+  // pool's is never discarded (a CUDA graph replays into it).
+  if (x->is_free()) return x->mempool == 0;
   return x->allocated && roles.contains(x);
 }
 
@@ -36,6 +38,17 @@ bool PageMayGo(const Block* b, std::uintptr_t page, const LeaveRoles& roles) {
 }
 
 }  // namespace
+
+void FreeNeighboursOnPages(const Block* b, const Range& part, std::vector<Block*>* out) {
+  if (part.bytes == 0) return;
+  const std::uintptr_t lo = Down(Lo(part)), hi = Up(Hi(part));
+  for (Block* x = b->prev; x != nullptr && x->addr + x->size > lo; x = x->prev) {
+    if (x->is_free()) out->push_back(x);
+  }
+  for (Block* x = b->next; x != nullptr && x->addr < hi; x = x->next) {
+    if (x->is_free()) out->push_back(x);
+  }
+}
 
 Range LeavingPart(const Block* b, const LeaveRoles& roles) {
   const std::uintptr_t lo = b->addr, hi = b->addr + b->size;
@@ -89,12 +102,13 @@ RestorePlan PlanRestore(std::vector<StagedPart> parts) {
   for (const StagedPart& p : parts) {
     if (p.bytes.bytes == 0) continue;
     plan.bytes += p.bytes.bytes;
-    if (!covered.empty() && Hi(covered.back()) == Lo(p.bytes)) {
+    const bool same_segment = !plan.copies.empty() && plan.copies.back().segment == p.segment;
+    if (same_segment && Hi(covered.back()) == Lo(p.bytes)) {
       covered.back().bytes += p.bytes.bytes;
     } else {
       covered.push_back(p.bytes);
     }
-    StagedPart* last = plan.copies.empty() ? nullptr : &plan.copies.back();
+    StagedPart* last = same_segment ? &plan.copies.back() : nullptr;
     if (last != nullptr && Hi(last->bytes) == Lo(p.bytes) &&
         last->offset + last->bytes.bytes == p.offset) {
       last->bytes.bytes += p.bytes.bytes;
@@ -102,13 +116,11 @@ RestorePlan PlanRestore(std::vector<StagedPart> parts) {
       plan.copies.push_back(p);
     }
   }
+  // One range per page (adjacent pages may belong to two segments, which
+  // one range must not span).
   auto prefetch_page = [&plan](std::uintptr_t page) {
     if (!plan.prefetch.empty() && Hi(plan.prefetch.back()) > page) return;  // already there
-    if (!plan.prefetch.empty() && Hi(plan.prefetch.back()) == page) {
-      plan.prefetch.back().bytes += kPageSize;
-    } else {
-      plan.prefetch.push_back(Between(page, page + kPageSize));
-    }
+    plan.prefetch.push_back(Between(page, page + kPageSize));
   };
   for (const Range& c : covered) {
     const std::uintptr_t lo = Lo(c), hi = Hi(c);

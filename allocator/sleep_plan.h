@@ -5,9 +5,9 @@
 //
 // A discard takes whole pages. A page an allocation shares with others
 // (its partial edge pages) may go too when every other byte on it is free
-// or leaves as well (staged or thrown away); then the allocation's bytes
-// there are staged exactly and the page discarded, rather than migrated at
-// the speed of host page population. Anything else on the page (an
+// (outside a private pool) or leaves as well (staged or thrown away); then
+// the allocation's bytes there are staged exactly and the page discarded,
+// rather than migrated at the speed of host page population. Anything else on the page (an
 // allocation that stays or migrates, a block whose frees still wait for
 // other streams, memory outside the segment) keeps the page in place.
 //
@@ -40,14 +40,21 @@ using LeaveRoles = absl::flat_hash_map<const Block*, Leave>;
 // page of it may go. The rest of `b` stays and migrates.
 Range LeavingPart(const Block* b, const LeaveRoles& roles);
 
+// The free blocks that share a page with `part` (the leaving part of `b`):
+// a discard of those pages is queued on the sleeping stream, so the
+// streams they would next be used on must wait for it.
+void FreeNeighboursOnPages(const Block* b, const Range& part, std::vector<Block*>* out);
+
 // The whole pages under `parts` (page-rounded, merged), less every page
-// that any of `stays` touches; sorted, disjoint.
+// that any of `stays` touches; sorted, disjoint. Ranges may span segments
+// that lie back to back: the caller splits them (SplitAtSegments).
 std::vector<Range> PagesToDiscard(absl::Span<const Range> parts, absl::Span<const Range> stays);
 
 // One allocation's staged bytes: where they live and where in the staging.
 struct StagedPart {
   Range bytes;
   std::size_t offset;
+  const Segment* segment;  // ranges of two segments never merge (two managed ranges)
 };
 
 // How staged parts come back: their pages populated at the target (pages

@@ -236,11 +236,9 @@ absl::Status ArenaChecker::CheckCopy(const PlacementRecord& r) {
   const auto dst = reinterpret_cast<std::uintptr_t>(r.ptr);
   for (auto& [p, l] : live_) {
     if (Overlaps(src, src + r.bytes, p, p + l.size)) {
-      // Only a Sleep copies out of an allocation, and only whole pages of
-      // its block (which may reach past the requested size into its
-      // rounding, never into another allocation: that one starts inside).
-      if (discarding_ != Discarding::kSleep || src < p || src % kPageSize != 0 ||
-          r.bytes % kPageSize != 0) {
+      // Only a Sleep copies out of an allocation (exact bytes; adjacent
+      // allocations in one copy).
+      if (discarding_ != Discarding::kSleep) {
         return Violation(absl::StrFormat("copy out of [%#x, +%d) on stream %d outside a sleep "
                                          "or beyond allocation %#x (+%d)", src, r.bytes,
                                          r.stream, p, l.size));
@@ -257,9 +255,10 @@ absl::Status ArenaChecker::CheckCopy(const PlacementRecord& r) {
       l.copied = true;
     }
     if (Overlaps(dst, dst + r.bytes, p, p + l.size)) {
-      // Only staged contents are copied back, into their own allocation (in
-      // pieces where the staging's chunks split them).
-      if (!l.staged || dst < p) {
+      // Only staged contents are copied back: every allocation a copy
+      // writes was staged (a copy may span adjacent ones, or a piece of
+      // one where the staging's chunks split it).
+      if (!l.staged) {
         return Violation(absl::StrFormat("copy into [%#x, +%d) on stream %d overwrites live "
                                          "allocation %#x (+%d), which was not staged", dst,
                                          r.bytes, r.stream, p, l.size));
