@@ -9,10 +9,14 @@ torch.cuda.graph and torch.compile(mode="reduce-overhead") (their private
 pools live in cma's core), torch.cuda.MemPool/use_mem_pool,
 caching_allocator_alloc, set_per_process_memory_fraction (cma's managed
 budget), OOM observers, and torch.OutOfMemoryError on out-of-memory.
+A MemPool with another allocator (MemPool(allocator), e.g. a
+CUDAPluggableAllocator or NCCL's mem_allocator) takes its memory from that
+allocator, cached per pool as PyTorch's native allocator does
+(torch_foreign_pool.h; use_on_oom and no_split work there).
 Not supported, with an error naming cma: CUDA IPC of tensors
 (torch.multiprocessing sharing: managed memory has no cudaIpc handle),
-MemPool(use_on_oom=True), MemPool(no_split=True), a MemPool with another
-allocator.
+use_on_oom=True and no_split=True for a MemPool without an allocator (cma's
+own pools).
 
 move(tensor, device) is RFC-0023's zero-copy tensor.to(): the returned tensor
 aliases the same managed memory (same data_ptr) on the other device; the data

@@ -62,6 +62,116 @@ void FillStatArray(const StatMap& m, const std::string& name, c10::CachingAlloca
 CmaCudaAllocator* g_allocator = nullptr;
 
 void Delete(void* ptr) { g_allocator->DeleteFromDataPtr(ptr); }
+void DeleteForeign(void* ptr) { g_allocator->DeleteForeignFromDataPtr(ptr); }
+
+// ---- private pools (torch_allocator.h): cma's core pools, and MemPools with
+// their own allocator (torch_foreign_pool.h) ----
+
+void CmaCudaAllocator::createOrIncrefPool(c10::DeviceIndex device, Pool pool,
+                                          std::shared_ptr<cca::CUDAAllocator> allocator) {
+  if (allocator != nullptr && allocator.get() != this) {
+    // MemPool(allocator): the pool's memory comes from that allocator.
+    size_t free_bytes = 0, total = 0;
+    if (api.mem_info(device, &free_bytes, &total) != 0) Fail("createOrIncrefPool");
+    if (api.pool_use_count(device, pool.first, pool.second) >= 0) {
+      char msg[200];
+      std::snprintf(msg, sizeof(msg),
+                    "caching_managed_allocator: createOrIncrefPool: pool (%llu, %llu) exists "
+                    "already as one of cma's pools; another allocator cannot be given to it",
+                    static_cast<unsigned long long>(pool.first),
+                    static_cast<unsigned long long>(pool.second));
+      TORCH_CHECK(false, std::string(msg));
+    }
+    foreign_.Create(device, pool, std::move(allocator));
+    return;
+  }
+  if (foreign_.Incref(device, pool)) return;
+  if (api.pool_create_or_incref(device, pool.first, pool.second) != 0) {
+    Fail("createOrIncrefPool");
+  }
+}
+
+void CmaCudaAllocator::beginAllocateToPool(c10::DeviceIndex device, Pool pool,
+                                           std::function<bool(cudaStream_t)> filter) {
+  auto shared = std::make_shared<const std::function<bool(cudaStream_t)>>(std::move(filter));
+  if (foreign_.Knows(device, pool)) {
+    // cma's core keeps a context open beside it that routes nothing there
+    // but keeps the core quiet, as any open context does (a CUDA graph may
+    // be captured into this pool). Opened first: a failure changes nothing.
+    if (api.pool_begin(device, pool.first, pool.second, &RejectAll, nullptr, nullptr) != 0) {
+      Fail("beginAllocateToPool");
+    }
+    if (foreign_.Begin(device, pool, shared)) return;
+    // Released and emptied meanwhile by another thread: the pool is cma's now.
+    (void)api.pool_end(device, pool.first, pool.second);
+    (void)api.pool_release(device, pool.first, pool.second);
+  }
+  auto* ctx = new ForeignPools::Filter(shared);  // cma's core deletes it (DeleteFilter)
+  if (api.pool_begin(device, pool.first, pool.second, &CallFilter, ctx, &DeleteFilter) != 0) {
+    Fail("beginAllocateToPool");
+  }
+  foreign_.NoteCmaBegin(device, pool, std::move(shared));
+}
+
+void CmaCudaAllocator::endAllocateToPool(c10::DeviceIndex device, Pool pool) {
+  if (foreign_.End(device, pool, /*foreign=*/true)) {
+    // The core's quiet context, and the reference its begin took.
+    if (api.pool_end(device, pool.first, pool.second) != 0 ||
+        api.pool_release(device, pool.first, pool.second) != 0) {
+      Fail("endAllocateToPool");
+    }
+    return;
+  }
+  if (api.pool_end(device, pool.first, pool.second) != 0) Fail("endAllocateToPool");
+  foreign_.End(device, pool, /*foreign=*/false);
+}
+
+void CmaCudaAllocator::releasePool(c10::DeviceIndex device, Pool pool) {
+  // Called from CUDAGraph's and MemPool's destructors: it must not throw.
+  if (foreign_.Release(device, pool)) return;
+  if (api.pool_release(device, pool.first, pool.second) != 0) {
+    TORCH_WARN("caching_managed_allocator: releasePool: ", LastError());
+  }
+}
+
+int CmaCudaAllocator::getPoolUseCount(c10::DeviceIndex device, Pool pool) {
+  int n = 0;
+  if (foreign_.UseCount(device, pool, &n)) return n;
+  n = api.pool_use_count(device, pool.first, pool.second);
+  return n < 0 ? 0 : n;  // a released, empty pool has no users (PyTorch's answer too)
+}
+
+// PyTorch calls these two only from MemPool's constructor, right after
+// createOrIncrefPool: a refusal there means no MemPool is made and its
+// destructor never runs, so the reference just taken is given back first
+// (else the pool would never be released).
+void CmaCudaAllocator::setUseOnOOM(c10::DeviceIndex device, Pool pool, bool use_on_oom) {
+  if (foreign_.SetUseOnOOM(device, pool, use_on_oom)) return;
+  // MemPool's destructor turns it off for every pool: that is a no-op.
+  if (use_on_oom) {
+    (void)api.pool_release(device, pool.first, pool.second);
+    Unsupported("MemPool(use_on_oom=True) without an allocator",
+                "cma's own pools do not lend their free blocks to other allocations on OOM "
+                "(a MemPool with its own allocator, MemPool(allocator, use_on_oom=True), does)");
+  }
+}
+
+void CmaCudaAllocator::setNoSplit(c10::DeviceIndex device, Pool pool) {
+  if (foreign_.SetNoSplit(device, pool)) return;
+  (void)api.pool_release(device, pool.first, pool.second);
+  Unsupported("MemPool(no_split=True) without an allocator",
+              "cma splits cached blocks in every pool of its own");
+}
+
+bool CmaCudaAllocator::checkPoolLiveAllocations(c10::DeviceIndex device, Pool pool,
+                                                const std::unordered_set<void*>& expected) {
+  bool same = false;
+  if (foreign_.CheckLive(device, pool, expected, &same)) return same;
+  std::vector<void*> ptrs(expected.begin(), expected.end());
+  const int r = api.pool_check_live(device, pool.first, pool.second, ptrs.data(), ptrs.size());
+  if (r < 0) Fail("checkPoolLiveAllocations");
+  return r == 1;
+}
 
 template <typename Fn>
 void Resolve(void* handle, const char* name, Fn& fn) {

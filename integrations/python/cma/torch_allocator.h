@@ -7,14 +7,18 @@
 //
 // Every virtual of the interface is served by cma through its C ABI
 // (cma_c.h, resolved from the libcma.so that cma._lib loaded) or raises an
-// error naming cma and the method. PyTorch's own Python functions
+// error naming cma and the method. A MemPool given another allocator
+// (MemPool(allocator=...)) is served from that allocator, cached per pool
+// here in the glue (torch_foreign_pool.h). PyTorch's own Python functions
 // (torch.cuda.memory_stats, _snapshot, _record_memory_history, MemPool,
 // torch.cuda.graph, caching_allocator_alloc, OOM observers) then reach cma
 // unpatched.
 //
 // Thread safety: every method may be called from any thread. The allocation
 // and free paths take no lock of this file unless history recording, a trace
-// tracker or the memory profiler is on.
+// tracker or the memory profiler is on, or a context of a foreign-allocator
+// pool is open (then allocations consult its routing; cma's own frees never
+// do: foreign blocks have their own deleter).
 //
 // Formatting: numbers are formatted with snprintf and only strings reach
 // c10's message builders (formatting a number through an iostream in this
@@ -46,6 +50,7 @@
 #include <vector>
 
 #include "cma_c.h"
+#include "torch_foreign_pool.h"
 
 namespace cma_torch {
 namespace internal {
@@ -113,6 +118,7 @@ struct Live {
 };
 
 void Delete(void* ptr);
+void DeleteForeign(void* ptr);  // the deleter of blocks of foreign-allocator pools
 
 class CmaCudaAllocator final : public cca::CUDAAllocator {
  public:
@@ -121,8 +127,9 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     c10::DeviceIndex device = 0;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-    void* p = Allocate(nbytes, device, stream, "allocate");
-    return {p, p, &Delete, c10::Device(c10::DeviceType::CUDA, device)};
+    bool foreign = false;
+    void* p = Allocate(nbytes, device, stream, "allocate", &foreign);
+    return {p, p, foreign ? &DeleteForeign : &Delete, c10::Device(c10::DeviceType::CUDA, device)};
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
@@ -143,6 +150,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   void raw_delete(void* ptr) override {
     if (ptr == nullptr) return;
     if (Tracking()) RecordFree(ptr);
+    if (C10_UNLIKELY(foreign_.AnyLive()) && foreign_.Free(ptr)) return;
     if (api.free(ptr) != 0) Fail("raw_delete");
   }
 
@@ -154,6 +162,13 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     if (Tracking()) RecordFree(ptr);
     if (api.free(ptr) != 0) {
       TORCH_WARN("caching_managed_allocator: freeing a tensor's memory failed: ", LastError());
+    }
+  }
+  void DeleteForeignFromDataPtr(void* ptr) {
+    if (ptr == nullptr) return;
+    if (Tracking()) RecordFree(ptr);
+    if (!foreign_.Free(ptr)) {
+      TORCH_WARN("caching_managed_allocator: a MemPool's block to free is unknown");
     }
   }
 
@@ -173,17 +188,15 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   bool isEnabled() const override { return true; }
   std::string name() override { return "caching_managed_allocator"; }
 
-  // PyTorch's fraction as the user set it (1.0 until then); cma's budget is
-  // that fraction of the device's total memory.
+  // PyTorch's fraction as the user set it (1.0 until then). It covers every
+  // pool: cma's budget is that fraction of the device's total memory less
+  // the bytes held from MemPools' own allocators (torch_foreign_pool.h).
   double getMemoryFraction(c10::DeviceIndex device) override {
-    std::lock_guard<std::mutex> l(mu_);
-    auto it = fractions_.find(device);
-    return it == fractions_.end() ? 1.0 : it->second;
+    double f = 1.0;
+    return foreign_.Fraction(device, &f) ? f : 1.0;
   }
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
-    if (api.set_memory_fraction(fraction, device) != 0) Fail("setMemoryFraction");
-    std::lock_guard<std::mutex> l(mu_);
-    fractions_[device] = fraction;
+    foreign_.SetFraction(fraction, device);
   }
 
   std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override {
@@ -199,6 +212,11 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
       if (api.empty_cache() != 0 && api.last_error_code() != kFailedPrecondition) {
         Fail("emptyCache");
       }
+      if (foreign_.AnyPools()) foreign_.EmptyCache(pool);  // released pools' free segments
+      return;
+    }
+    if (foreign_.AnyPools() && foreign_.KnowsAnyDevice(pool)) {
+      foreign_.EmptyCache(pool);
       return;
     }
     // A pool's idle blocks (MemPool's destructor calls this after releasing
@@ -228,7 +246,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
       if (x->in_device && !b->active && b->size > x->largest) x->largest = b->size;
     };
     if (api.snapshot_visit(on_segment, on_block, &ctx) != 0) Fail("cacheInfo");
-    *largest_block = ctx.largest;
+    *largest_block = std::max(ctx.largest, foreign_.LargestFree(device));
   }
 
   void* getBaseAllocation(void*, size_t*) override {
@@ -236,6 +254,10 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   }
 
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
+    if (ptr.get() != nullptr && ptr.get_deleter() == &DeleteForeign) {
+      if (!foreign_.RecordStream(ptr.get(), stream)) Fail("recordStream (a MemPool's block)");
+      return;
+    }
     // Foreign memory (another allocator's DataPtr) is not cma's to track.
     if (ptr.get() == nullptr || ptr.get_deleter() != &Delete) return;
     if (api.record_stream(ptr.get(), stream.stream()) != 0) Fail("recordStream");
@@ -260,73 +282,41 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     s.num_device_alloc = Get(m, "num_device_alloc");
     s.num_device_free = Get(m, "num_device_free");
     s.max_split_size = -1;  // cma splits any block (PyTorch reports SIZE_MAX this way)
+    foreign_.AddStats(device, &s);
     return s;
   }
   void resetAccumulatedStats(c10::DeviceIndex device) override {
     if (api.reset_accumulated_stats(device) != 0) Fail("resetAccumulatedStats");
+    foreign_.ResetAccumulatedStats(device);
   }
   void resetPeakStats(c10::DeviceIndex device) override {
     if (api.reset_peak_stats(device) != 0) Fail("resetPeakStats");
+    foreign_.ResetPeakStats(device);
   }
 
-  // ---- private pools: MemPool and CUDA graphs ----
+  // ---- private pools: MemPool and CUDA graphs (torch_allocator.cc) ----
+  // cma's own pools live in its core; a MemPool given another allocator
+  // lives in foreign_ (torch_foreign_pool.h). Every pool context is
+  // mirrored in foreign_ so that the latest context accepting a stream wins
+  // across both kinds.
   void createOrIncrefPool(c10::DeviceIndex device, Pool pool,
-                          std::shared_ptr<cca::CUDAAllocator> allocator) override {
-    if (allocator != nullptr && allocator.get() != this) {
-      Unsupported("a MemPool with another allocator",
-                  "under cma.torch.use_as_default() every pool is cma's; create the MemPool "
-                  "without an allocator");
-    }
-    if (api.pool_create_or_incref(device, pool.first, pool.second) != 0) {
-      Fail("createOrIncrefPool");
-    }
-  }
+                          std::shared_ptr<cca::CUDAAllocator> allocator) override;
   void beginAllocateToPool(c10::DeviceIndex device, Pool pool,
-                           std::function<bool(cudaStream_t)> filter) override {
-    auto* ctx = new std::function<bool(cudaStream_t)>(std::move(filter));
-    if (api.pool_begin(device, pool.first, pool.second, &CallFilter, ctx, &DeleteFilter) != 0) {
-      Fail("beginAllocateToPool");
-    }
-  }
-  void endAllocateToPool(c10::DeviceIndex device, Pool pool) override {
-    if (api.pool_end(device, pool.first, pool.second) != 0) Fail("endAllocateToPool");
-  }
-  void releasePool(c10::DeviceIndex device, Pool pool) override {
-    // Called from CUDAGraph's and MemPool's destructors: it must not throw.
-    if (api.pool_release(device, pool.first, pool.second) != 0) {
-      TORCH_WARN("caching_managed_allocator: releasePool: ", LastError());
-    }
-  }
-  int getPoolUseCount(c10::DeviceIndex device, Pool pool) override {
-    const int n = api.pool_use_count(device, pool.first, pool.second);
-    return n < 0 ? 0 : n;  // a released, empty pool has no users (PyTorch's answer too)
-  }
-  // PyTorch calls these two only from MemPool's constructor, right after
-  // createOrIncrefPool: a refusal there means no MemPool is made and its
-  // destructor never runs, so the reference just taken is given back first
-  // (else the pool would never be released).
-  void setUseOnOOM(c10::DeviceIndex device, Pool pool, bool use_on_oom) override {
-    // MemPool's destructor turns it off for every pool: that is a no-op.
-    if (use_on_oom) {
-      (void)api.pool_release(device, pool.first, pool.second);
-      Unsupported("MemPool(use_on_oom=True)",
-                  "cma's pools do not lend their free blocks to other allocations on OOM");
-    }
-  }
-  void setNoSplit(c10::DeviceIndex device, Pool pool) override {
-    (void)api.pool_release(device, pool.first, pool.second);
-    Unsupported("MemPool(no_split=True)", "cma splits cached blocks in every pool");
-  }
+                           std::function<bool(cudaStream_t)> filter) override;
+  void endAllocateToPool(c10::DeviceIndex device, Pool pool) override;
+  void releasePool(c10::DeviceIndex device, Pool pool) override;
+  int getPoolUseCount(c10::DeviceIndex device, Pool pool) override;
+  void setUseOnOOM(c10::DeviceIndex device, Pool pool, bool use_on_oom) override;
+  void setNoSplit(c10::DeviceIndex device, Pool pool) override;
   bool checkPoolLiveAllocations(c10::DeviceIndex device, Pool pool,
-                                const std::unordered_set<void*>& expected) override {
-    std::vector<void*> ptrs(expected.begin(), expected.end());
-    const int r = api.pool_check_live(device, pool.first, pool.second, ptrs.data(), ptrs.size());
-    if (r < 0) Fail("checkPoolLiveAllocations");
-    return r == 1;
-  }
+                                const std::unordered_set<void*>& expected) override;
 
   std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device,
                                                           Pool pool) override {
+    if (foreign_.Knows(device, pool)) {
+      Unsupported("getCheckpointState of a MemPool with another allocator",
+                  "torch.compile's cudagraph trees checkpoint cma's own pools only");
+    }
     cma_pool_checkpoint* cp = api.pool_checkpoint_take(device, pool.first, pool.second);
     if (cp == nullptr) Fail("getCheckpointState");
     return std::make_shared<Checkpoint>(cp);
@@ -458,33 +448,63 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     cma_pool_checkpoint* cp;
   };
 
+  // cma's core holds a copy of the shared filter (the mirror in foreign_
+  // holds another).
   static int CallFilter(void* ctx, void* stream) {
     try {
-      return (*static_cast<std::function<bool(cudaStream_t)>*>(ctx))(
-                 static_cast<cudaStream_t>(stream))
-                 ? 1
-                 : 0;
+      return (**static_cast<ForeignPools::Filter*>(ctx))(static_cast<cudaStream_t>(stream)) ? 1
+                                                                                            : 0;
     } catch (...) {  // an exception must not cross cma's C ABI
       return 0;
     }
   }
-  static void DeleteFilter(void* ctx) {
-    delete static_cast<std::function<bool(cudaStream_t)>*>(ctx);
-  }
+  static void DeleteFilter(void* ctx) { delete static_cast<ForeignPools::Filter*>(ctx); }
+  // The filter of the context cma's core keeps open beside a foreign pool's:
+  // it routes nothing to the core, but keeps the core quiet (no call that
+  // would break a CUDA graph capture) while the foreign context is open.
+  static int RejectAll(void*, void*) { return 0; }
 
   bool Tracking() const {
     return history_on_.load(std::memory_order_relaxed) ||
            trackers_on_.load(std::memory_order_relaxed) || c10::memoryProfilingEnabled();
   }
 
-  void* Allocate(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream, const char* what) {
+  // *foreign: the memory came from a foreign-allocator pool (free it with
+  // DeleteForeign). nullptr: `foreign` is not wanted (raw_alloc; raw_delete
+  // finds such blocks itself).
+  void* Allocate(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream, const char* what,
+                 bool* foreign = nullptr) {
     if (nbytes == 0) return nullptr;  // PyTorch never dereferences empty storage
     // PyTorch's own answer (and message) for absurd sizes, before any arithmetic.
     TORCH_CHECK_WITH(OutOfMemoryError, nbytes < (size_t{1} << 60),
                      "CUDA out of memory. Tried to allocate more than 1EB memory.");
-    void* p = api.malloc(nbytes, device, stream);
-    if (p == nullptr) RaiseAllocationError(nbytes, device, stream, what);
+    void* p = nullptr;
+    // The one load cma's own allocations pay for foreign pools.
+    if (C10_UNLIKELY(foreign_.AnyOpen()) && foreign_.Allocate(nbytes, device, stream, &p)) {
+      if (foreign != nullptr) *foreign = true;
+    } else {
+      p = api.malloc(nbytes, device, stream);
+      if (C10_UNLIKELY(p == nullptr) && foreign_.AnyPools()) {
+        p = AfterOutOfMemory(nbytes, device, stream, foreign);
+      }
+      if (p == nullptr) RaiseAllocationError(nbytes, device, stream, what);
+    }
     if (Tracking()) RecordAlloc(p, nbytes, device, stream);
+    return p;
+  }
+  // PyTorch's last resorts before out-of-memory, for foreign pools: free the
+  // cached segments of released pools and retry, then borrow a free block of
+  // a use_on_oom pool. cma's last error stays the failure's when both fail.
+  void* AfterOutOfMemory(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream,
+                         bool* foreign) {
+    if (api.last_error_code() != kResourceExhausted) return nullptr;
+    void* p = nullptr;
+    if (foreign_.ReleaseFreeable(device) > 0) {
+      p = api.malloc(nbytes, device, stream);
+      if (p != nullptr || api.last_error_code() != kResourceExhausted) return p;
+    }
+    p = foreign_.TakeOnOom(nbytes, device, stream);
+    if (p != nullptr && foreign != nullptr) *foreign = true;
     return p;
   }
 
@@ -510,10 +530,10 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   std::vector<std::string> compile_context_;
   std::string user_metadata_;
   std::unordered_map<void*, Live> live_;
-  std::unordered_map<int, double> fractions_;
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
   std::vector<c10::CachingDeviceAllocator::AllocatorTraceTracker> trackers_;
   c10::ApproximateClockToUnixTimeConverter clock_;
+  ForeignPools foreign_;  // MemPools with another allocator, and the memory fraction
 };
 
 extern CmaCudaAllocator* g_allocator;  // torch_allocator.cc

@@ -180,6 +180,15 @@ def test_allocator_interface_end_to_end():
         assert value is True or not isinstance(value, bool), (key, r)
 
 
+def test_mempool_with_another_allocator():
+    # PyTorch's TestMemPool expectations for MemPool(allocator) (torch_foreign_pool.h).
+    r = run_script("foreign_pool_route.py", timeout=400)
+    RESULTS["foreign_pool"] = r
+    failed = {k: v for k, v in r.items() if k != "dummy_calls" and v is not True}
+    assert not failed, failed
+    assert r["dummy_calls"][0] > 0 and r["dummy_calls"][0] == r["dummy_calls"][1], r
+
+
 def test_sleep_and_wake_keep_tensors_and_values():
     r = run_script("sleep_route.py", timeout=300)
     RESULTS["sleep"] = r
