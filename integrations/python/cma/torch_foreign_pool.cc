@@ -266,22 +266,22 @@ void* ForeignPools::HandOut(Block* b, size_t requested) {
 void ForeignPools::FreeBlock(Block* b) {
   PoolState* p = b->segment->pool;
   auto& set = b->segment->small ? p->free_small : p->free_large;
+  // `lo` takes in its next neighbour `hi`, which goes.
+  auto absorb = [](Block* lo, Block* hi) {
+    lo->size += hi->size;
+    lo->next = hi->next;
+    if (hi->next != nullptr) hi->next->prev = lo;
+    delete hi;
+  };
   if (b->prev != nullptr && b->prev->in_free) {
     Block* prev = b->prev;
     set.erase(prev);
-    prev->size += b->size;
-    prev->next = b->next;
-    if (b->next != nullptr) b->next->prev = prev;
-    delete b;
+    absorb(prev, b);
     b = prev;
   }
   if (b->next != nullptr && b->next->in_free) {
-    Block* next = b->next;
-    set.erase(next);
-    b->size += next->size;
-    b->next = next->next;
-    if (next->next != nullptr) next->next->prev = b;
-    delete next;
+    set.erase(b->next);
+    absorb(b, b->next);
   }
   b->in_free = true;
   set.insert(b);

@@ -12,21 +12,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 import cma  # noqa: E402
 import cma.torch as cmat  # noqa: E402
+from route_checks import make_check  # noqa: E402
 
 cmat.use_as_default()
 out = {}
 MiB = 1 << 20
 
 
-def check(name):
-    def wrap(fn):
-        try:
-            r = fn()
-            out[name] = True if r is True else f"failed: {r!r}"
-        except Exception as e:  # noqa: BLE001 - reported, the test fails on it
-            out[name] = f"raised {type(e).__name__}: {str(e).splitlines()[0][:300]}"
-        return fn
-    return wrap
+check = make_check(out)
 
 
 @check("allocator_is_cma")

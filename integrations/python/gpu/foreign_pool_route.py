@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 import cma  # noqa: E402
 import cma.torch as cmat  # noqa: E402
+from route_checks import make_check  # noqa: E402
 
 cmat.use_as_default()
 out = {}
@@ -61,17 +62,12 @@ def counts():
     return ALLOCS.value, FREES.value
 
 
-def check(name):
-    def wrap(fn):
-        try:
-            r = fn()
-            out[name] = True if r is True else f"failed: {r!r}"
-        except Exception as e:  # noqa: BLE001 - reported, the test fails on it
-            out[name] = f"raised {type(e).__name__}: {str(e).splitlines()[0][:300]}"
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        return fn
-    return wrap
+def _settle():
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+check = make_check(out, after=_settle)
 
 
 def limited(additional_mb):
