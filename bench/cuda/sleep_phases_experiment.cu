@@ -419,8 +419,10 @@ void Cycles(const char* what, State& st, int cycles, F f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // `sp kv`: only the KV-beside-copies section (after the setup).
-  const bool all = argc < 2 || std::string(argv[1]) != "kv";
+  // `sp kv`: only the KV-beside-copies section (after the setup); `sp
+  // delay`: only the wake-after-a-pause section.
+  const std::string only = argc < 2 ? "" : argv[1];
+  const bool all = only.empty();
   setvbuf(stdout, nullptr, _IOLBF, 0);  // a timeout must not lose what was measured
   CHECK(cudaFree(nullptr));
   State st;
@@ -528,8 +530,38 @@ int main(int argc, char** argv) {
       });
     }
   }
+  Section("wake after a pause, populating twice");
+  for (int delay_ms : {0, 0, 5, 5, 50, 50, 300, 300}) {
+    if (!all && only != "delay") break;
+    Cycles("delay", st, 1, [&](int) {
+      double cp, dis;
+      SleepRun(st, 256 * kMiB, s, &cp, &dis);
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      cudaEvent_t ev[4];
+      for (auto& e : ev) CHECK(cudaEventCreate(&e));
+      auto t0 = std::chrono::steady_clock::now();
+      CHECK(cudaEventRecord(ev[0], s));
+      DiscardAndPrefetch({st.kept_pages, st.kv}, kDev, s);
+      CHECK(cudaEventRecord(ev[1], s));
+      CHECK(cudaStreamSynchronize(s));
+      const double call1 = Seconds(t0) * 1e3;
+      // A second population: free if the first populated everything.
+      Prefetch({st.kept_pages, st.kv}, kDev, s);
+      CHECK(cudaEventRecord(ev[2], s));
+      for (const Range& c : Chunks(st.kept_pages, 256 * kMiB)) {
+        CHECK(cudaMemcpyAsync(c.p, st.staging + (c.p - st.kept_pages.p), c.n, cudaMemcpyDefault,
+                              s));
+      }
+      CHECK(cudaEventRecord(ev[3], s));
+      CHECK(cudaStreamSynchronize(s));
+      printf("pause %3d ms: populate %.1f ms (host %.1f), populate again %.1f, copy %.1f ms\n",
+             delay_ms, Ms(ev[0], ev[1]), call1, Ms(ev[1], ev[2]), Ms(ev[2], ev[3]));
+      for (auto& e : ev) CHECK(cudaEventDestroy(e));
+    });
+  }
   Section("kv population beside the copies");
   for (const bool aside : {false, true, false, true}) {
+    if (!all && only != "kv") break;
     Cycles("kv aside", st, 1, [&](int) {
       double cp, dis, state_pop, copy, total;
       SleepRun(st, 256 * kMiB, s, &cp, &dis);
