@@ -220,6 +220,38 @@ TEST_F(ArenaRegressionTest, SleepWaitsForEachAllocationsStreamsAndDiscardsWholeP
   EXPECT_EQ(BackendPopulated(), Reserved());
 }
 
+// Found by the arena checker: a Sleep that discards a page an allocation
+// shares with a free block must run after the free block's stream (work
+// queued there may still read it), and that stream, which takes the block
+// back without asking the GPU, must run after the discard.
+TEST_F(ArenaRegressionTest, ASleepDiscardingAFreeBlocksPageIsOrderedBothWaysWithItsStream) {
+  void* a = Alloc(3 * kMiB, 0, s1_);                  // ends inside page 1
+  void* f = Alloc(256 * 1024, 0, s2_);                // right after it, same page
+  ASSERT_EQ(static_cast<char*>(f), static_cast<char*>(a) + 3 * kMiB) << "the arena packs them";
+  Work(s2_);                                          // its last use, still queued
+  ASSERT_TRUE(alloc_->Free(f).ok());
+  backend_->ClearRecords();
+  ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
+  const auto shared = (reinterpret_cast<std::uintptr_t>(a) + 3 * kMiB) / kPageSize * kPageSize;
+  std::uint64_t discard_seq = 0;
+  for (const PlacementRecord& r : backend_->Records()) {
+    const auto lo = reinterpret_cast<std::uintptr_t>(r.ptr);
+    if (r.op == Op::kDiscard && lo <= shared && lo + r.bytes >= shared + kPageSize) {
+      discard_seq = r.seq;
+    }
+  }
+  ASSERT_NE(discard_seq, 0u) << "the shared page went with the staged allocation";
+  bool sleep_waits = false, stream_waits = false;
+  for (const StreamWaitRecord& w : backend_->Waits()) {
+    sleep_waits |= w.stream == s1_ && w.on == s2_ && w.seq < discard_seq;
+    stream_waits |= w.stream == s2_ && w.on == s1_ && w.seq > discard_seq;
+  }
+  EXPECT_TRUE(sleep_waits) << "the discard may run before the free block's last use";
+  EXPECT_TRUE(stream_waits) << "the free block's stream may reuse it before the discard";
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  ASSERT_TRUE(alloc_->Free(a).ok());
+}
+
 // Found by the arena checker's fuzzer: a disposable block freed while
 // asleep has lost its pages, so it must not wait in the last-freed slot,
 // whose blocks are handed out again as wholly populated.
