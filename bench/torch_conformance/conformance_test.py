@@ -366,28 +366,37 @@ def _has_pytest():
     return importlib.util.find_spec("pytest") is not None
 
 
+def _run_fake_route(route, test_text, timeout_s, skip=(), **kwargs):
+    """Runs run_conformance.run_route on `test_text` as test_cuda.py against
+    the fake torch (FAKE_TORCH, without the files under `skip` prefixes) on
+    PYTHONPATH; returns (result, temporary folder)."""
+    d = tempfile.mkdtemp()
+    site = os.path.join(d, "site")
+    for rel, text in FAKE_TORCH.items():
+        if rel.startswith(tuple(skip)):
+            continue
+        path = os.path.join(site, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(textwrap.dedent(text))
+    test_file = os.path.join(d, "test_cuda.py")
+    with open(test_file, "w") as f:
+        f.write(test_text)
+    old = dict(os.environ)
+    os.environ["PYTHONPATH"] = site
+    try:
+        r = run_conformance.run_route(route, test_file, os.path.join(d, "out"), timeout_s,
+                                      soft_s=1.0, hard_s=3.0, slow={}, poll_s=0.1, **kwargs)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    return r, d
+
+
 @unittest.skipUnless(_has_pytest(), "this interpreter has no pytest")
 class PluginUnderPytestTest(unittest.TestCase):
     def test_cma_route_end_to_end(self):
-        d = tempfile.mkdtemp()
-        site = os.path.join(d, "site")
-        for rel, text in FAKE_TORCH.items():
-            path = os.path.join(site, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(textwrap.dedent(text))
-        test_file = os.path.join(d, "test_cuda.py")
-        with open(test_file, "w") as f:
-            f.write(FAKE_TEST_FILE)
-        old = dict(os.environ)
-        os.environ["PYTHONPATH"] = site
-        try:
-            r = run_conformance.run_route("cma", test_file, os.path.join(d, "out"), 120,
-                                          soft_s=1.0, hard_s=3.0, slow={}, poll_s=0.1,
-                                          exclude=["test_memory_excluded"])
-        finally:
-            os.environ.clear()
-            os.environ.update(old)
+        r, d = _run_fake_route("cma", FAKE_TEST_FILE, 120, exclude=["test_memory_excluded"])
         with open(os.path.join(d, "out", "work", "cma.log")) as f:
             log = f.read()
         self.assertIsNone(r["fatal"], log[-3000:])
@@ -424,47 +433,13 @@ class PluginUnderPytestTest(unittest.TestCase):
         self.assertEqual({f["name"] for f in meta["fallbacks"]}, {"TEST_BRAND_NEW", "brandNewDecorator"})
 
     def test_a_file_that_does_not_import_is_fatal(self):
-        d = tempfile.mkdtemp()
-        test_file = os.path.join(d, "test_cuda.py")
-        with open(test_file, "w") as f:
-            f.write("import no_such_module_anywhere\n\ndef test_memory():\n    pass\n")
-        site = os.path.join(d, "site")
-        for rel, text in FAKE_TORCH.items():
-            path = os.path.join(site, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(textwrap.dedent(text))
-        old = dict(os.environ)
-        os.environ["PYTHONPATH"] = site
-        try:
-            r = run_conformance.run_route("native", test_file, os.path.join(d, "out"), 60,
-                                          soft_s=1.0, hard_s=3.0, slow={}, poll_s=0.1)
-        finally:
-            os.environ.clear()
-            os.environ.update(old)
+        r, _ = _run_fake_route(
+            "native", "import no_such_module_anywhere\n\ndef test_memory():\n    pass\n", 60)
         self.assertIn("no_such_module_anywhere", r["fatal"] or "")
 
     def test_cma_install_failure_is_fatal(self):
-        d = tempfile.mkdtemp()
-        test_file = os.path.join(d, "test_cuda.py")
-        with open(test_file, "w") as f:
-            f.write("def test_memory():\n    pass\n")
-        site = os.path.join(d, "site")
-        for rel, text in FAKE_TORCH.items():
-            if rel.startswith("cma/"):
-                continue   # no cma package: the route cannot be installed
-            path = os.path.join(site, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(textwrap.dedent(text))
-        old = dict(os.environ)
-        os.environ["PYTHONPATH"] = site
-        try:
-            r = run_conformance.run_route("cma", test_file, os.path.join(d, "out"), 60,
-                                          soft_s=1.0, hard_s=3.0, slow={}, poll_s=0.1)
-        finally:
-            os.environ.clear()
-            os.environ.update(old)
+        # No cma package: the route cannot be installed.
+        r, _ = _run_fake_route("cma", "def test_memory():\n    pass\n", 60, skip=("cma/",))
         self.assertIn("cma.torch.use_as_default() failed", r["fatal"] or "")
 
 
