@@ -346,7 +346,8 @@ class DeviceAllocator {
   // bound or the memory available are appended to `migrate`.
   struct StagedBlock {
     Block* block;
-    Range bytes;
+    Range bytes;  // copied: the part, up to the requested size
+    Range pages;  // whose pages go once staged: the whole part
   };
   void StageOut(absl::Span<const StagedBlock> parts, Stream stream, std::vector<Range>* migrate)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -354,7 +355,7 @@ class DeviceAllocator {
   // still counts populated, in address order.
   std::vector<Range> TakeSleptEdgePages() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `ranges` (each inside the segments) cut where one segment ends.
-  std::vector<Range> SplitAtSegments(std::vector<Range> ranges) const
+  std::vector<Range> SplitAtSegments(std::vector<Range> ranges)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the first and last pages of `parts` that lie in `discarded`
   // (sorted, disjoint) in slept_edge_pages_.

@@ -167,7 +167,6 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
     roles[b] = Leave::kStage;
   }
   std::vector<StagedBlock> stage;
-  std::vector<Range> stage_pages;  // per entry of `stage`: the part whose pages go
   std::vector<Range> drop;
   std::vector<Block*> free_neighbours;
   for (Block* b : blocks) {
@@ -192,8 +191,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
       Range copied = part;
       if (lo + copied.bytes > asked) copied.bytes = asked > lo ? asked - lo : 0;
       if (copied.bytes != 0) {
-        stage.push_back({b, copied});
-        stage_pages.push_back(part);
+        stage.push_back({b, copied, part});
       }
     } else {
       drop.push_back(part);
@@ -232,11 +230,8 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
   // The pages of the staged blocks' parts go (their rounding beyond the
   // request included: a free forgets every page inside a staged block).
   std::vector<Range> leaving = drop;
-  for (std::size_t i = 0; i < stage.size(); ++i) {
-    auto st = staged_.find(stage[i].block->addr);
-    if (st != staged_.end() && st->second.bytes.ptr == stage[i].bytes.ptr) {
-      leaving.push_back(stage_pages[i]);
-    }
+  for (const StagedBlock& p : stage) {
+    if (staged_.contains(p.block->addr)) leaving.push_back(p.pages);  // (not staged: migrated)
   }
   // No page that anything migrating touches goes, whatever the plan
   // assumed (a part that found no room in the staging migrates).
@@ -280,18 +275,17 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
   return bytes;
 }
 
-std::vector<Range> DeviceAllocator::SplitAtSegments(std::vector<Range> ranges) const {
+std::vector<Range> DeviceAllocator::SplitAtSegments(std::vector<Range> ranges) {
   std::vector<Range> out;
   for (const Range& r : ranges) {
     auto lo = reinterpret_cast<std::uintptr_t>(r.ptr);
     const std::uintptr_t hi = lo + r.bytes;
     while (lo < hi) {
-      auto it = segments_.upper_bound(lo);
-      if (it == segments_.begin()) {  // not expected: every page here lies in a segment
+      const Segment* seg = SegmentAt(lo);
+      if (seg == nullptr) {  // not expected: every page here lies in a segment
         out.push_back({reinterpret_cast<void*>(lo), hi - lo});
         break;
       }
-      const Segment* seg = std::prev(it)->second;
       const std::uintptr_t end = std::min(hi, seg->base + seg->size);
       out.push_back({reinterpret_cast<void*>(lo), end - lo});
       lo = end;
@@ -328,10 +322,8 @@ void DeviceAllocator::RememberEdgePages(absl::Span<const Range> parts,
 std::vector<Range> DeviceAllocator::TakeSleptEdgePages() {
   std::vector<Range> pages;
   for (std::uintptr_t page : slept_edge_pages_) {
-    auto it = segments_.upper_bound(page);
-    if (it == segments_.begin()) continue;
-    const Segment* seg = std::prev(it)->second;
-    if (page >= seg->base + seg->size) continue;  // its segment has gone
+    const Segment* seg = SegmentAt(page);
+    if (seg == nullptr) continue;  // its segment has gone
     // (A classic segment counts as populated whole.)
     if (seg->arena && !seg->pages.populated(seg->PageOf(page))) continue;  // forgotten since
     pages.push_back({reinterpret_cast<void*>(page), kPageSize});
