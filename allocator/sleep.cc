@@ -236,6 +236,15 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
   // No page that anything migrating touches goes, whatever the plan
   // assumed (a part that found no room in the staging migrates).
   const std::vector<Range> discard = SplitAtSegments(PagesToDiscard(leaving, migrate));
+  // A staged block none of whose pages go (each touched by something that
+  // migrates) keeps its contents in place: its staged copy is moot, and a
+  // Wake must not copy it back over them.
+  for (const StagedBlock& p : stage) {
+    const auto lo = reinterpret_cast<std::uintptr_t>(p.pages.ptr);
+    if (staged_.contains(p.block->addr) && !OverlapsAny(discard, lo, lo + p.pages.bytes)) {
+      Unstage(p.block->addr);
+    }
+  }
   if (s.ok() && !discard.empty()) {
     // After the copies out, in stream order: the pages' contents are in
     // the staging by the time they go.
@@ -296,15 +305,7 @@ std::vector<Range> DeviceAllocator::SplitAtSegments(std::vector<Range> ranges) {
 
 void DeviceAllocator::RememberEdgePages(absl::Span<const Range> parts,
                                         absl::Span<const Range> discarded) {
-  auto gone = [&](std::uintptr_t page) {
-    auto it = std::upper_bound(discarded.begin(), discarded.end(), page,
-                               [](std::uintptr_t a, const Range& r) {
-                                 return a < reinterpret_cast<std::uintptr_t>(r.ptr);
-                               });
-    if (it == discarded.begin()) return false;
-    --it;
-    return page < reinterpret_cast<std::uintptr_t>(it->ptr) + it->bytes;
-  };
+  auto gone = [&](std::uintptr_t page) { return OverlapsAny(discarded, page, page + kPageSize); };
   for (const Range& p : parts) {
     const auto lo = reinterpret_cast<std::uintptr_t>(p.ptr), hi = lo + p.bytes;
     if (p.bytes == 0) continue;

@@ -50,6 +50,13 @@ void FreeNeighboursOnPages(const Block* b, const Range& part, std::vector<Block*
   }
 }
 
+bool OverlapsAny(absl::Span<const Range> sorted, std::uintptr_t lo, std::uintptr_t hi) {
+  // The last range starting below hi is the only candidate.
+  auto it = std::upper_bound(sorted.begin(), sorted.end(), hi - 1,
+                             [](std::uintptr_t a, const Range& r) { return a < Lo(r); });
+  return it != sorted.begin() && lo < Hi(*std::prev(it));
+}
+
 Range LeavingPart(const Block* b, const LeaveRoles& roles) {
   const std::uintptr_t lo = b->addr, hi = b->addr + b->size;
   const std::uintptr_t from = lo % kPageSize == 0 || PageMayGo(b, Down(lo), roles) ? lo : Up(lo);

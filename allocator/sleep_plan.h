@@ -50,6 +50,9 @@ void FreeNeighboursOnPages(const Block* b, const Range& part, std::vector<Block*
 // that lie back to back: the caller splits them (SplitAtSegments).
 std::vector<Range> PagesToDiscard(absl::Span<const Range> parts, absl::Span<const Range> stays);
 
+// Whether [lo, hi) overlaps any of `sorted` (sorted by address, disjoint).
+bool OverlapsAny(absl::Span<const Range> sorted, std::uintptr_t lo, std::uintptr_t hi);
+
 // One allocation's staged bytes: where they live and where in the staging.
 struct StagedPart {
   Range bytes;

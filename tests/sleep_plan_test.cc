@@ -3,6 +3,7 @@
 #include "allocator/sleep_plan.h"
 
 #include <cstdint>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "policy/size_policy.h"
@@ -72,6 +73,20 @@ TEST(PlanRestoreTest, APageTwoSeparatePartsShareIsPrefetchedOnce) {
   EXPECT_EQ(Off(plan.prefetch[0]), 0u);
   EXPECT_EQ(plan.prefetch[0].bytes, kPageSize);
   EXPECT_EQ(plan.copies.size(), 2u);
+}
+
+TEST(OverlapsAnyTest, FindsTheRangeThatStartsBelowTheEnd) {
+  const std::vector<Range> sorted = {At(2 * kMiB, 2 * kMiB), At(8 * kMiB, 2 * kMiB)};
+  auto hit = [&](std::size_t lo, std::size_t hi) {
+    return OverlapsAny(sorted, kBase + lo, kBase + hi);
+  };
+  EXPECT_FALSE(hit(0, 2 * kMiB));           // ends where the first begins
+  EXPECT_TRUE(hit(3 * kMiB, 9 * kMiB));     // spans both
+  EXPECT_TRUE(hit(4 * kMiB - 1, 4 * kMiB));  // the first's last byte
+  EXPECT_FALSE(hit(4 * kMiB, 8 * kMiB));    // the gap
+  EXPECT_TRUE(hit(9 * kMiB, 20 * kMiB));
+  EXPECT_FALSE(hit(10 * kMiB, 20 * kMiB));
+  EXPECT_FALSE(OverlapsAny({}, kBase, kBase + 1));
 }
 
 }  // namespace
