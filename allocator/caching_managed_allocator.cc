@@ -252,10 +252,11 @@ absl::Status CachingManagedAllocator::CreateOrIncrefPool(int device, MemPoolId i
 }
 
 absl::Status CachingManagedAllocator::BeginAllocateToPool(int device, MemPoolId id,
-                                                          StreamFilter filter) {
+                                                          StreamFilter filter,
+                                                          PoolContextOptions options) {
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();
-  (*d)->BeginAllocateToPool(id, std::move(filter));
+  (*d)->BeginAllocateToPool(id, std::move(filter), options);
   return absl::OkStatus();
 }
 

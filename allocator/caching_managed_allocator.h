@@ -139,7 +139,9 @@ class CachingManagedAllocator {
   // replays into them). Errors: kInvalidArgument for a bad device, an end
   // without a begin, a release without a reference, an unknown pool.
   absl::Status CreateOrIncrefPool(int device, MemPoolId id);
-  absl::Status BeginAllocateToPool(int device, MemPoolId id, StreamFilter filter);
+  // `options` (allocator/mempool.h): how frees during the context are reused.
+  absl::Status BeginAllocateToPool(int device, MemPoolId id, StreamFilter filter,
+                                   PoolContextOptions options = {});
   absl::Status EndAllocateToPool(int device, MemPoolId id);
   absl::Status ReleasePool(int device, MemPoolId id);
   // Whether any pool of `device` is being allocated to (false for a bad

@@ -129,6 +129,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   const bool quiet = ABSL_PREDICT_FALSE(this->quiet());
   if (quiet && hints != nullptr) return RefuseWhileQuiet("advice for an allocation");
   const std::uint32_t mempool = quiet ? RouteToPool(stream) : 0;
+  if (ABSL_PREDICT_FALSE(!capture_frees_.empty()) && mempool != 0) ReclaimJoinedFrees(stream, mempool);
   if (!pending_.empty() && !quiet) ProcessPendingFrees(/*synchronize=*/false);
   BoundUnmerged();
 
@@ -389,6 +390,7 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   if (defer) {
     b->pending_events = 1;
     deferred_.push_back(b);
+    if (ABSL_PREDICT_FALSE(b->mempool != 0)) NoteCaptureFree(b);
     return absl::OkStatus();
   }
   b->stream_uses.clear();

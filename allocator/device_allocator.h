@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "allocator/block.h"
+#include "allocator/capture_reuse.h"
 #include "allocator/mempool.h"
 #include "allocator/snapshot.h"
 #include "allocator/sleep_plan.h"
@@ -68,7 +69,8 @@ class DeviceAllocator {
   // ---- private pools (mempool.cc); see CachingManagedAllocator ----
   void CreateOrIncrefPool(MemPoolId id) ABSL_LOCKS_EXCLUDED(mu_);
   bool AllocatingToPool() ABSL_LOCKS_EXCLUDED(mu_);
-  void BeginAllocateToPool(MemPoolId id, StreamFilter filter) ABSL_LOCKS_EXCLUDED(mu_);
+  void BeginAllocateToPool(MemPoolId id, StreamFilter filter, PoolContextOptions options = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status EndAllocateToPool(MemPoolId id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ReleasePool(MemPoolId id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<bool> CheckPoolLiveAllocations(MemPoolId id, absl::Span<void* const> expected)
@@ -162,6 +164,12 @@ class DeviceAllocator {
   // it is released and holds nothing.
   void PoolBlockFreed(std::uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DissolveIfUnused(std::uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a free of `b` during a capture may be reused once the capture
+  // joins its streams: notes what it waits for in capture_frees_.
+  void NoteCaptureFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees noted by NoteCaptureFree for private pool `mempool` whose marks
+  // `stream`'s captured work now depends on: free in the pool again.
+  void ReclaimJoinedFrees(Stream stream, std::uint32_t mempool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees that needed events on other streams while quiet: recorded now.
   void RecordDeferredFrees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Orders `b`'s reuse after the other streams that used it: an event on
@@ -440,11 +448,15 @@ class DeviceAllocator {
   struct PoolContext {
     std::uint32_t index;
     StreamFilter filter;
+    PoolContextOptions options;
   };
   std::vector<PoolContext> contexts_ ABSL_GUARDED_BY(mu_);  // pools being allocated to
   // Freed while quiet but used on other streams: out of the pools, counted
   // as awaiting one event, until RecordDeferredFrees.
   std::vector<Block*> deferred_ ABSL_GUARDED_BY(mu_);
+  // Those of deferred_ freed during a capture into a pool whose context
+  // reuses after joins: what each waits for (allocator/capture_reuse.h).
+  absl::flat_hash_map<Block*, CaptureFree> capture_frees_ ABSL_GUARDED_BY(mu_);
   // Segments made while quiet: their config advice waits for the last pool
   // context's end.
   std::vector<std::uintptr_t> unadvised_ ABSL_GUARDED_BY(mu_);  // segment bases

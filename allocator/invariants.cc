@@ -81,6 +81,11 @@ absl::Status DeviceAllocator::CheckInvariants() {
   absl::flat_hash_map<const Block*, int> pending_count;
   for (const PendingFree& p : pending_) ++pending_count[p.block];
   for (const Block* b : deferred_) ++pending_count[b];  // one event, recorded later
+  for (const auto& [b, wait] : capture_frees_) {
+    if (std::find(deferred_.begin(), deferred_.end(), b) == deferred_.end()) {
+      return Broken(absl::StrFormat("block %#x waits for a capture's joins but is not deferred", b->addr));
+    }
+  }
   for (auto& [base, seg] : segments_) {
     if (base != seg->base) return Broken("segment map key differs from segment base");
     if (base < previous_end) return Broken(absl::StrFormat("segment %#x overlaps its predecessor", base));

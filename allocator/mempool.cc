@@ -12,9 +12,11 @@
 // events while captures are under way). Frees that need events wait in
 // deferred_ until the last pool context ends.
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
 #include "allocator/device_allocator.h"
 #include "backends/mutex_lock.h"
@@ -40,12 +42,13 @@ bool DeviceAllocator::AllocatingToPool() {
   return quiet();
 }
 
-void DeviceAllocator::BeginAllocateToPool(MemPoolId id, StreamFilter filter) {
+void DeviceAllocator::BeginAllocateToPool(MemPoolId id, StreamFilter filter,
+                                          PoolContextOptions options) {
   MutexLock l(&mu_);
   // As PyTorch's: the pool is created, or its use count raised, here too.
   const std::uint32_t index = PoolIndex(id);
   ++mempools_[index].use_count;
-  contexts_.push_back({index, std::move(filter)});
+  contexts_.push_back({index, std::move(filter), options});
 }
 
 absl::Status DeviceAllocator::EndAllocateToPool(MemPoolId id) {
@@ -156,7 +159,58 @@ void DeviceAllocator::FenceStreamUses(Block* b) {
   b->stream_uses.clear();
 }
 
+void DeviceAllocator::NoteCaptureFree(Block* b) {
+  bool reuse = false;
+  for (const PoolContext& c : contexts_) {
+    reuse = reuse || (c.index == b->mempool && c.options.reuse_after_join);
+  }
+  if (!reuse || b->pages_discarded || b->hints != nullptr) return;
+  // Every stream that used the block must be capturing into one capture:
+  // a use outside it (or a backend that cannot tell) is ordered only by
+  // the events the context's end records.
+  CaptureFree wait;
+  absl::InlinedVector<Stream, 4> streams(b->stream_uses.begin(), b->stream_uses.end());
+  streams.push_back(b->stream);
+  for (std::size_t i = 0; i < streams.size(); ++i) {
+    absl::StatusOr<std::optional<CaptureFrontier>> f = backend_->CaptureFrontierOf(streams[i]);
+    if (!f.ok() || !f->has_value() || (i > 0 && (*f)->capture != wait.capture)) return;
+    wait.capture = (*f)->capture;
+    wait.marks.insert(wait.marks.end(), (*f)->nodes.begin(), (*f)->nodes.end());
+  }
+  capture_frees_[b] = std::move(wait);
+}
+
+void DeviceAllocator::ReclaimJoinedFrees(Stream stream, std::uint32_t mempool) {
+  absl::StatusOr<std::optional<CaptureFrontier>> f = backend_->CaptureFrontierOf(stream);
+  if (!f.ok() || !f->has_value()) return;
+  // Bounded: a bigger graph keeps its frees until the context ends.
+  constexpr std::size_t kMaxNodesWalked = 1 << 16;
+  CaptureAncestors ancestors(
+      (*f)->nodes, [this](CaptureNode n) { return backend_->CaptureNodeDependencies(n); },
+      kMaxNodesWalked);
+  std::vector<Block*> joined;
+  for (const auto& [b, wait] : capture_frees_) {
+    // Only the block's own stream reuses it (a free block serves its
+    // stream): another stream's joins say nothing of that stream's order.
+    if (b->stream == stream && b->mempool == mempool && wait.capture == (*f)->capture &&
+        ancestors.ReachesAll(wait.marks)) {
+      joined.push_back(b);
+    }
+  }
+  // Address order: the same reuse whatever the map's order.
+  std::sort(joined.begin(), joined.end(),
+            [](const Block* x, const Block* y) { return x->addr < y->addr; });
+  for (Block* b : joined) {
+    capture_frees_.erase(b);
+    deferred_.erase(std::find(deferred_.begin(), deferred_.end(), b));
+    b->pending_events = 0;
+    b->stream_uses.clear();
+    BecameFree(b);
+  }
+}
+
 void DeviceAllocator::RecordDeferredFrees() {
+  capture_frees_.clear();
   std::vector<Block*> blocks;
   blocks.swap(deferred_);
   for (Block* b : blocks) {

@@ -28,6 +28,17 @@ using MemPoolId = std::pair<std::uint64_t, std::uint64_t>;
 // Called under the allocator's lock: it must not call back into it.
 using StreamFilter = std::function<bool(Stream)>;
 
+// How a pool context treats what is freed while it is open.
+struct PoolContextOptions {
+  // PyTorch's graph_capture_record_stream_reuse: a block of the pool freed
+  // during a CUDA graph capture while other streams used it (RecordStream)
+  // may serve the pool again inside the same capture, once the allocating
+  // stream's captured work depends on every use (allocator/capture_reuse.h),
+  // rather than only after the last context ends. Needs a backend that
+  // reports capture topology (CUDA 12.3+; the host backend's emulation).
+  bool reuse_after_join = false;
+};
+
 // One allocation of a private pool: its address, its block's (rounded)
 // size, the size it was requested with, and its stream.
 struct PoolAllocation {

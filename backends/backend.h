@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,16 @@ namespace cma {
 using Stream = std::uintptr_t;
 using Event = std::uintptr_t;
 inline constexpr Stream kDefaultStream = 0;
+
+// A node of a CUDA graph being captured (cudaGraphNode_t), opaque.
+using CaptureNode = std::uintptr_t;
+// A capturing stream's place in its graph: the capture (unique per capture
+// sequence) and the nodes the next work captured on the stream will depend
+// on (none at the capture's start).
+struct CaptureFrontier {
+  std::uint64_t capture = 0;
+  std::vector<CaptureNode> nodes;
+};
 
 // Where managed memory should live: one device, or the host.
 struct Location {
@@ -202,6 +213,16 @@ class Backend {
   // true while `stream` is being captured into a graph (CUDA graphs); the
   // host backend and backends without graphs never capture.
   virtual absl::StatusOr<bool> IsCapturing(Stream stream) { return false; }
+  // Where the graph a capturing stream records stands (nullopt when `stream`
+  // is not capturing, or the backend cannot tell: a block freed during a
+  // capture then waits for the capture's end). Legal during a capture.
+  virtual absl::StatusOr<std::optional<CaptureFrontier>> CaptureFrontierOf(Stream stream) {
+    return std::nullopt;
+  }
+  // The nodes `node` (of a graph being captured) depends on directly.
+  virtual absl::StatusOr<std::vector<CaptureNode>> CaptureNodeDependencies(CaptureNode node) {
+    return absl::UnimplementedError("CaptureNodeDependencies: this backend has no graphs");
+  }
   virtual absl::StatusOr<Event> CreateEvent(int device) = 0;
   virtual absl::Status DestroyEvent(Event event) = 0;
   virtual absl::Status RecordEvent(Event event, Stream stream) = 0;

@@ -84,6 +84,12 @@ class FaultInjectingBackend final : public Backend {
   absl::Status SynchronizeStream(Stream stream) override;
   absl::StatusOr<bool> QueryStream(Stream stream) override;
   absl::StatusOr<bool> IsCapturing(Stream stream) override { return inner_.IsCapturing(stream); }
+  absl::StatusOr<std::optional<CaptureFrontier>> CaptureFrontierOf(Stream stream) override {
+    return inner_.CaptureFrontierOf(stream);
+  }
+  absl::StatusOr<std::vector<CaptureNode>> CaptureNodeDependencies(CaptureNode node) override {
+    return inner_.CaptureNodeDependencies(node);
+  }
   absl::StatusOr<Event> CreateEvent(int device) override;
   absl::Status DestroyEvent(Event event) override;
   absl::Status RecordEvent(Event event, Stream stream) override;

@@ -449,10 +449,6 @@ void HostBackend::Touch(const void* ptr, std::size_t bytes, int device) {
                 PlacementRecord::Op::kPrefetch, Location::Device(device));
 }
 
-void HostBackend::SetCapturing(Stream stream, bool capturing) {
-  MutexLock l(&mu_);
-  if (auto st = FindStream(stream); st.ok()) (*st)->capturing = capturing;
-}
 
 absl::Status HostBackend::EnqueueWork(Stream stream) {
   MutexLock l(&mu_);

@@ -146,6 +146,9 @@ class HostBackend final : public Backend {
   absl::StatusOr<bool> QueryStream(Stream stream) override;
   // As CUDA's cudaStreamIsCapturing; a test marks a stream (SetCapturing).
   absl::StatusOr<bool> IsCapturing(Stream stream) override;
+  // The capture graph the test built (SetCapturing, AddCaptureNode, JoinCapture).
+  absl::StatusOr<std::optional<CaptureFrontier>> CaptureFrontierOf(Stream stream) override;
+  absl::StatusOr<std::vector<CaptureNode>> CaptureNodeDependencies(CaptureNode node) override;
   absl::StatusOr<Event> CreateEvent(int device) override;
   absl::Status DestroyEvent(Event event) override;
   absl::Status RecordEvent(Event event, Stream stream) override;
@@ -209,8 +212,16 @@ class HostBackend final : public Backend {
   // on a GPU, unpopulated pages (and pages on the host) are populated there
   // on first touch. Not recorded: it is the user's access, not a call.
   void Touch(const void* ptr, std::size_t bytes, int device);
-  // Marks `stream` as capturing a CUDA graph (IsCapturing reports it).
+  // Marks `stream` as capturing a CUDA graph (IsCapturing reports it): with
+  // `capturing`, a new capture sequence with an empty graph starts there.
   void SetCapturing(Stream stream, bool capturing);
+  // A graph node captured on `stream` (a kernel, a copy): it depends on the
+  // stream's frontier, and becomes it. 0 when the stream is not capturing.
+  CaptureNode AddCaptureNode(Stream stream);
+  // `waiter` waits for `waited` inside a capture (an event recorded on
+  // `waited` and waited on by `waiter`, as torch's wait_stream): `waiter`
+  // joins `waited`'s capture, and its frontier gains `waited`'s.
+  void JoinCapture(Stream waiter, Stream waited);
   // Changes a device's capacity (e.g. to create memory pressure mid-test).
   void SetDeviceCapacity(int device, std::size_t bytes);
 
@@ -224,6 +235,8 @@ class HostBackend final : public Backend {
     // once that stream gets there; later units cannot complete before it.
     std::map<std::int64_t, std::pair<Stream, std::int64_t>> waits;
     bool capturing = false;
+    std::uint64_t capture = 0;                 // while capturing: its sequence
+    std::vector<CaptureNode> capture_frontier;  // see CaptureFrontier
   };
   struct EventState {
     int device;
@@ -300,6 +313,8 @@ class HostBackend final : public Backend {
   std::uint64_t record_seq_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, std::int64_t> calls_ ABSL_GUARDED_BY(mu_);
   std::uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Every node AddCaptureNode made, with the nodes it depends on.
+  absl::flat_hash_map<CaptureNode, std::vector<CaptureNode>> capture_nodes_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cma

@@ -269,10 +269,22 @@ int cma_pool_create_or_incref(int device, unsigned long long id0, unsigned long 
 
 int cma_pool_begin(int device, unsigned long long id0, unsigned long long id1,
                    cma_stream_filter_fn filter, void* ctx, void (*release_ctx)(void* ctx)) {
+  return cma_pool_begin_flags(device, id0, id1, filter, ctx, release_ctx, 0);
+}
+
+int cma_pool_begin_flags(int device, unsigned long long id0, unsigned long long id1,
+                         cma_stream_filter_fn filter, void* ctx, void (*release_ctx)(void* ctx),
+                         unsigned flags) {
   // The caller's context lives as long as the filter that uses it.
   std::shared_ptr<void> owned(ctx, [release_ctx](void* c) {
     if (release_ctx != nullptr) release_ctx(c);
   });
+  if ((flags & ~CMA_POOL_REUSE_AFTER_JOIN) != 0) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrFormat("cma_pool_begin_flags: unknown flags %#x", flags & ~CMA_POOL_REUSE_AFTER_JOIN)));
+  }
+  cma::PoolContextOptions options;
+  options.reuse_after_join = (flags & CMA_POOL_REUSE_AFTER_JOIN) != 0;
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return -1;
   cma::StreamFilter f;
@@ -281,7 +293,7 @@ int cma_pool_begin(int device, unsigned long long id0, unsigned long long id1,
       return filter(owned.get(), reinterpret_cast<void*>(s)) != 0;
     };
   }
-  absl::Status s = a->BeginAllocateToPool(device, {id0, id1}, std::move(f));
+  absl::Status s = a->BeginAllocateToPool(device, {id0, id1}, std::move(f), options);
   return s.ok() ? 0 : Fail(s);
 }
 

@@ -86,6 +86,15 @@ typedef int (*cma_stream_filter_fn)(void* ctx, void* stream);
 int cma_pool_create_or_incref(int device, unsigned long long id0, unsigned long long id1);
 int cma_pool_begin(int device, unsigned long long id0, unsigned long long id1,
                    cma_stream_filter_fn filter, void* ctx, void (*release_ctx)(void* ctx));
+/* cma_pool_begin with flags: CMA_POOL_REUSE_AFTER_JOIN is PyTorch's
+ * graph_capture_record_stream_reuse (a block freed during a CUDA graph
+ * capture while other streams used it serves the pool again inside the
+ * capture once the allocating stream's captured work depends on every use).
+ * Unknown flags: -1, nothing begun, ctx released. */
+#define CMA_POOL_REUSE_AFTER_JOIN 1u
+int cma_pool_begin_flags(int device, unsigned long long id0, unsigned long long id1,
+                         cma_stream_filter_fn filter, void* ctx, void (*release_ctx)(void* ctx),
+                         unsigned flags);
 int cma_pool_end(int device, unsigned long long id0, unsigned long long id1);
 int cma_pool_release(int device, unsigned long long id0, unsigned long long id1);
 /* 1 when the pool's live allocations are exactly ptrs[0..n), 0 when not, -1 on error. */

@@ -44,6 +44,32 @@ std::vector<void*> InPool(std::initializer_list<size_t> sizes) {
   return out;
 }
 
+int released_contexts = 0;
+void CountRelease(void*) { ++released_contexts; }
+int AcceptAll(void*, void*) { return 1; }
+
+// Unknown flags begin nothing and give the caller's context back; the known
+// one begins a context as cma_pool_begin does.
+TEST_F(PoolCApiTest, BeginFlags) {
+  released_contexts = 0;
+  EXPECT_EQ(cma_pool_begin_flags(0, 7, 0, nullptr, nullptr, &CountRelease, 0x6), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("unknown flags 0x6"));
+  EXPECT_EQ(released_contexts, 1);
+  EXPECT_EQ(cma_pool_use_count(0, 7, 0), -1) << "a refused begin made the pool";
+  ASSERT_EQ(cma_pool_begin_flags(0, 7, 0, &AcceptAll, nullptr, &CountRelease,
+                                 CMA_POOL_REUSE_AFTER_JOIN),
+            0)
+      << cma_last_error();
+  EXPECT_EQ(cma_pool_use_count(0, 7, 0), 1);
+  void* p = cma_malloc(512, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(released_contexts, 1) << "the filter's context went while the filter is in use";
+  EXPECT_EQ(cma_pool_end(0, 7, 0), 0);
+  EXPECT_EQ(released_contexts, 2);
+  EXPECT_EQ(cma_free(p), 0);
+  EXPECT_EQ(cma_pool_release(0, 7, 0), 0);
+}
+
 TEST_F(PoolCApiTest, UseCountsAndBadInput) {
   EXPECT_EQ(cma_pool_use_count(0, 7, 0), -1);
   EXPECT_THAT(cma_last_error(), HasSubstr("does not exist"));

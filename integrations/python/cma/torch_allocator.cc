@@ -98,7 +98,8 @@ void CmaCudaAllocator::beginAllocateToPool(c10::DeviceIndex device, Pool pool,
     // cma's core keeps a context open beside it that routes nothing there
     // but keeps the core quiet, as any open context does (a CUDA graph may
     // be captured into this pool). Opened first: a failure changes nothing.
-    if (api.pool_begin(device, pool.first, pool.second, &RejectAll, nullptr, nullptr) != 0) {
+    if (api.pool_begin_flags(device, pool.first, pool.second, &RejectAll, nullptr, nullptr, 0) !=
+        0) {
       Fail("beginAllocateToPool");
     }
     if (foreign_.Begin(device, pool, shared)) return;
@@ -107,7 +108,13 @@ void CmaCudaAllocator::beginAllocateToPool(c10::DeviceIndex device, Pool pool,
     (void)api.pool_release(device, pool.first, pool.second);
   }
   auto* ctx = new ForeignPools::Filter(shared);  // cma's core deletes it (DeleteFilter)
-  if (api.pool_begin(device, pool.first, pool.second, &CallFilter, ctx, &DeleteFilter) != 0) {
+  // PyTorch's setting as it stands when the capture begins
+  // (torch.cuda.memory._set_allocator_settings changes it between captures).
+  const unsigned flags = cca::CUDAAllocatorConfig::graph_capture_record_stream_reuse()
+                             ? CMA_POOL_REUSE_AFTER_JOIN
+                             : 0;
+  if (api.pool_begin_flags(device, pool.first, pool.second, &CallFilter, ctx, &DeleteFilter,
+                           flags) != 0) {
     Fail("beginAllocateToPool");
   }
   foreign_.NoteCmaBegin(device, pool, std::move(shared));
@@ -213,7 +220,7 @@ void install(const std::string& library) {
   Resolve(h, "cma_stats_pairs", api.stats_pairs);
   Resolve(h, "cma_snapshot_visit", api.snapshot_visit);
   Resolve(h, "cma_pool_create_or_incref", api.pool_create_or_incref);
-  Resolve(h, "cma_pool_begin", api.pool_begin);
+  Resolve(h, "cma_pool_begin_flags", api.pool_begin_flags);
   Resolve(h, "cma_pool_end", api.pool_end);
   Resolve(h, "cma_pool_release", api.pool_release);
   Resolve(h, "cma_pool_use_count", api.pool_use_count);

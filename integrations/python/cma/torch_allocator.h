@@ -27,6 +27,7 @@
 #define CMA_TORCH_ALLOCATOR_H_
 
 #include <c10/core/Allocator.h>
+#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -83,8 +84,8 @@ struct Api {
   int (*snapshot_visit)(void (*)(void*, const cma_segment_info*),
                         void (*)(void*, const cma_block_info*), void*);
   int (*pool_create_or_incref)(int, unsigned long long, unsigned long long);
-  int (*pool_begin)(int, unsigned long long, unsigned long long, cma_stream_filter_fn, void*,
-                    void (*)(void*));
+  int (*pool_begin_flags)(int, unsigned long long, unsigned long long, cma_stream_filter_fn,
+                          void*, void (*)(void*), unsigned);
   int (*pool_end)(int, unsigned long long, unsigned long long);
   int (*pool_release)(int, unsigned long long, unsigned long long);
   int (*pool_use_count)(int, unsigned long long, unsigned long long);
