@@ -216,6 +216,54 @@ TEST_F(CudaGpuTest, CaptureAllocatesOnAStreamFirstSeenInsideIt) {
   cudaStreamDestroy(side);
 }
 
+TEST_F(CudaGpuTest, CaptureReusesABlockOnceItsUsesJoined) {
+  // PyTorch's test_graph_capture_reclaim_2_streams on a real graph: a block
+  // used on a side stream and freed in the capture is not reused before the
+  // capture stream waits for the side stream's kernel, and is after; the
+  // graph then replays with both kernels ordered.
+  if (std::strcmp(backend_->name(), "cuda") != 0) GTEST_SKIP() << "CUDA graphs";
+  cudaStream_t side;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t fork, join;
+  ASSERT_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+  const MemPoolId pool{0, 2};
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, nullptr, {.reuse_after_join = true}).ok());
+  auto* cap = reinterpret_cast<cudaStream_t>(s1_);
+  const auto side_stream = reinterpret_cast<Stream>(side);
+  ASSERT_EQ(cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal), cudaSuccess);
+  constexpr std::size_t kBytes = 4096;
+  void* data1 = *alloc_->Allocate(kBytes, 0, s1_);
+  ASSERT_TRUE(LaunchFill(data1, kBytes, 5, s1_).ok());
+  ASSERT_EQ(cudaEventRecord(fork, cap), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(side, fork, 0), cudaSuccess);
+  void* buf2 = *alloc_->Allocate(kBytes, 0, side_stream);
+  ASSERT_TRUE(LaunchCheck(data1, kBytes, 5, mismatches_, side_stream).ok());
+  ASSERT_TRUE(alloc_->RecordStream(data1, side_stream).ok());
+  ASSERT_TRUE(alloc_->Free(data1).ok());
+  void* data2 = *alloc_->Allocate(kBytes, 0, s1_);
+  EXPECT_NE(data2, data1) << "reused before the capture stream waited for the side stream";
+  ASSERT_EQ(cudaEventRecord(join, side), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(cap, join, 0), cudaSuccess);
+  void* data3 = *alloc_->Allocate(kBytes, 0, s1_);
+  EXPECT_EQ(data3, data1) << "not reused after the join";
+  ASSERT_TRUE(LaunchFill(data3, kBytes, 9, s1_).ok());  // overwrites after the check
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(cap, &graph), cudaSuccess) << "the capture was invalidated";
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, pool).ok());
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(cudaGraphLaunch(exec, cap), cudaSuccess);
+  EXPECT_EQ(Mismatches(s1_), 0u) << "the side stream's check saw the refill";
+  for (void* p : {buf2, data2, data3}) ASSERT_TRUE(alloc_->Free(p).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaEventDestroy(fork);
+  cudaEventDestroy(join);
+  cudaStreamDestroy(side);
+}
+
 TEST_F(CudaGpuTest, OomUnderConfiguredLimit) {
   auto limited = CachingManagedAllocator::Create(*backend_, "managed_budget:256M");
   ASSERT_TRUE(limited.ok());
