@@ -102,7 +102,10 @@ void CmaCudaAllocator::beginAllocateToPool(c10::DeviceIndex device, Pool pool,
         0) {
       Fail("beginAllocateToPool");
     }
-    if (foreign_.Begin(device, pool, shared)) return;
+    if (foreign_.Begin(device, pool, shared)) {
+      captures_.Begin(device, pool, shared, c10::cuda::getCurrentCUDAStream(device).stream());
+      return;
+    }
     // Released and emptied meanwhile by another thread: the pool is cma's now.
     (void)api.pool_end(device, pool.first, pool.second);
     (void)api.pool_release(device, pool.first, pool.second);
@@ -117,10 +120,30 @@ void CmaCudaAllocator::beginAllocateToPool(c10::DeviceIndex device, Pool pool,
                            flags) != 0) {
     Fail("beginAllocateToPool");
   }
+  captures_.Begin(device, pool, shared, c10::cuda::getCurrentCUDAStream(device).stream());
   foreign_.NoteCmaBegin(device, pool, std::move(shared));
 }
 
 void CmaCudaAllocator::endAllocateToPool(c10::DeviceIndex device, Pool pool) {
+  captures_.End(device, pool);
+  EndContext(device, pool);
+}
+
+void CmaCudaAllocator::EndFailedCaptures() {
+  for (const CaptureWatch::Context& c : captures_.TakeFailed()) {
+    try {
+      EndContext(c.device, c.pool);
+    } catch (const std::exception& e) {
+      TORCH_WARN("caching_managed_allocator: ending the pool context of a failed CUDA graph "
+                 "capture: ", e.what());
+      continue;
+    }
+    // Its graph never ended the capture, so it will never release the pool.
+    releasePool(c.device, c.pool);
+  }
+}
+
+void CmaCudaAllocator::EndContext(c10::DeviceIndex device, Pool pool) {
   if (foreign_.End(device, pool, /*foreign=*/true)) {
     // The core's quiet context, and the reference its begin took.
     if (api.pool_end(device, pool.first, pool.second) != 0 ||

@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "cma_c.h"
+#include "torch_capture_watch.h"
 #include "torch_foreign_pool.h"
 
 namespace cma_torch {
@@ -206,6 +207,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
 
   // ---- cache and streams ----
   void emptyCache(Pool pool) override {
+    if (C10_UNLIKELY(captures_.Any())) EndFailedCaptures();
     if (pool.first == 0 && pool.second == 0) {
       // While a pool context is open (a capture may be under way) cma
       // releases nothing: torch.cuda.graph() and code inside use_mem_pool
@@ -305,6 +307,10 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   void beginAllocateToPool(c10::DeviceIndex device, Pool pool,
                            std::function<bool(cudaStream_t)> filter) override;
   void endAllocateToPool(c10::DeviceIndex device, Pool pool) override;
+  // Ends, and gives back the reference of, the contexts of this thread's
+  // captures that failed without ending them (torch_capture_watch.h).
+  void EndFailedCaptures();
+  void EndContext(c10::DeviceIndex device, Pool pool);
   void releasePool(c10::DeviceIndex device, Pool pool) override;
   int getPoolUseCount(c10::DeviceIndex device, Pool pool) override;
   void setUseOnOOM(c10::DeviceIndex device, Pool pool, bool use_on_oom) override;
@@ -479,6 +485,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     // PyTorch's own answer (and message) for absurd sizes, before any arithmetic.
     TORCH_CHECK_WITH(OutOfMemoryError, nbytes < (size_t{1} << 60),
                      "CUDA out of memory. Tried to allocate more than 1EB memory.");
+    if (C10_UNLIKELY(captures_.Any())) EndFailedCaptures();
     void* p = nullptr;
     // The one load cma's own allocations pay for foreign pools.
     if (C10_UNLIKELY(foreign_.AnyOpen()) && foreign_.Allocate(nbytes, device, stream, &p)) {
@@ -535,6 +542,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   std::vector<c10::CachingDeviceAllocator::AllocatorTraceTracker> trackers_;
   c10::ApproximateClockToUnixTimeConverter clock_;
   ForeignPools foreign_;  // MemPools with another allocator, and the memory fraction
+  CaptureWatch captures_;  // contexts of captures that may fail without ending them
 };
 
 extern CmaCudaAllocator* g_allocator;  // torch_allocator.cc

@@ -91,6 +91,15 @@ def test_cuda_graphs_and_compiled_graphs_match_eager(route):
     assert r["eager_after"], r
 
 
+@pytest.mark.parametrize("route", ["native", "default"])
+def test_a_failed_capture_leaves_the_allocator_working(route):
+    r = run_script("failed_capture_route.py", route)
+    RESULTS.setdefault("failed_capture", {})[route] = r
+    assert r["capture_error"] is not None, r  # the capture did fail
+    failed = {k: v for k, v in r.items() if k not in ("route", "capture_error") and v is not True}
+    assert not failed, r
+
+
 @pytest.mark.parametrize("route", ["default", "mempool"])
 def test_two_gpus_in_one_process(route):
     if torch.cuda.device_count() < 2:
