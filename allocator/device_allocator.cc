@@ -233,10 +233,8 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
 
 absl::Status DeviceAllocator::DiagnoseBadFree(void* ptr) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  auto seg_it = segments_.upper_bound(addr);
-  if (seg_it == segments_.begin()) return NotMine();
-  const Segment* seg = (--seg_it)->second;
-  if (addr >= seg->base + seg->size) return NotMine();
+  const Segment* seg = SegmentAt(addr);
+  if (seg == nullptr) return NotMine();
   for (const Block* b = seg->first; b != nullptr; b = b->next) {
     if (addr < b->addr || addr >= b->addr + b->size) continue;
     if (b->addr == addr) {
