@@ -33,6 +33,16 @@ class CaptureReuseTest : public MemPoolFixture {
     backend_->SetCapturing(origin, true);
     ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, nullptr, options).ok());
   }
+  // A block of s1's that a kernel captured on s2 reads (s2 forked from s1),
+  // freed: PyTorch's record_stream then del.
+  void* FreedAfterAReadOnS2() {
+    void* p = Alloc(32, 0, s1_);
+    backend_->JoinCapture(s2_, s1_);
+    backend_->AddCaptureNode(s2_);
+    EXPECT_TRUE(alloc_->RecordStream(p, s2_).ok());
+    EXPECT_TRUE(alloc_->Free(p).ok());
+    return p;
+  }
   void End() {
     for (Stream s : {s1_, s2_, s3_, s4_}) backend_->SetCapturing(s, false);
     ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
@@ -100,11 +110,7 @@ TEST_F(CaptureReuseTest, FourStreamsReuseOnlyAfterEveryUseJoined) {
 // Off by default: the block waits for the context's end (PyTorch's default).
 TEST_F(CaptureReuseTest, WithoutTheOptionTheBlockWaitsForTheEnd) {
   Begin(s1_, PoolContextOptions{});
-  void* data1 = Alloc(32, 0, s1_);
-  backend_->JoinCapture(s2_, s1_);
-  backend_->AddCaptureNode(s2_);
-  ASSERT_TRUE(alloc_->RecordStream(data1, s2_).ok());
-  ASSERT_TRUE(alloc_->Free(data1).ok());
+  void* data1 = FreedAfterAReadOnS2();
   backend_->JoinCapture(s1_, s2_);
   backend_->AddCaptureNode(s1_);
   void* data3 = Alloc(32, 0, s1_);
@@ -153,11 +159,7 @@ TEST_F(CaptureReuseTest, AnotherCapturesJoinsDoNotCount) {
 // waited for every use must not free the block for its owner, which did not.
 TEST_F(CaptureReuseTest, OnlyTheOwnersJoinsCount) {
   Begin(s1_);
-  void* data1 = Alloc(32, 0, s1_);
-  backend_->JoinCapture(s2_, s1_);
-  backend_->AddCaptureNode(s2_);
-  ASSERT_TRUE(alloc_->RecordStream(data1, s2_).ok());
-  ASSERT_TRUE(alloc_->Free(data1).ok());
+  void* data1 = FreedAfterAReadOnS2();
   backend_->JoinCapture(s3_, s2_);  // s3 waited for s2's use (and so s1's)
   backend_->AddCaptureNode(s3_);
   void* on3 = Alloc(32, 0, s3_);
@@ -173,11 +175,7 @@ TEST_F(CaptureReuseTest, OnlyTheOwnersJoinsCount) {
 // never takes it.
 TEST_F(CaptureReuseTest, AReclaimedBlockStaysThePools) {
   Begin(s1_);
-  void* data1 = Alloc(32, 0, s1_);
-  backend_->JoinCapture(s2_, s1_);
-  backend_->AddCaptureNode(s2_);
-  ASSERT_TRUE(alloc_->RecordStream(data1, s2_).ok());
-  ASSERT_TRUE(alloc_->Free(data1).ok());
+  void* data1 = FreedAfterAReadOnS2();
   backend_->JoinCapture(s1_, s2_);
   backend_->AddCaptureNode(s1_);
   void* big = Alloc(4 << 20, 0, s1_);  // reclaims data1 into the pool's free blocks

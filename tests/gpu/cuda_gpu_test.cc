@@ -177,28 +177,48 @@ TEST_F(CudaGpuTest, PrefetchAndAdviseAreVisibleInRangeAttributes) {
   ASSERT_TRUE(alloc_->Free(p).ok());
 }
 
+// A non-blocking side stream with the events a capture forks it from, and
+// joins it back to, the capture stream with (PyTorch's wait_stream).
+struct SideStream {
+  SideStream() {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+    EXPECT_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+  }
+  ~SideStream() {
+    cudaEventDestroy(fork);
+    cudaEventDestroy(join);
+    cudaStreamDestroy(stream);
+  }
+  void ForkFrom(cudaStream_t s) {
+    EXPECT_EQ(cudaEventRecord(fork, s), cudaSuccess);
+    EXPECT_EQ(cudaStreamWaitEvent(stream, fork, 0), cudaSuccess);
+  }
+  void JoinInto(cudaStream_t s) {
+    EXPECT_EQ(cudaEventRecord(join, stream), cudaSuccess);
+    EXPECT_EQ(cudaStreamWaitEvent(s, join, 0), cudaSuccess);
+  }
+  Stream handle() const { return reinterpret_cast<Stream>(stream); }
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+};
+
 TEST_F(CudaGpuTest, CaptureAllocatesOnAStreamFirstSeenInsideIt) {
   // PyTorch's torch.cuda.graph: a pool context, a global-mode capture on
   // s1, and a side stream joined to it that cma has never seen. Validating
   // that stream must not break the capture.
   if (std::strcmp(backend_->name(), "cuda") != 0) GTEST_SKIP() << "CUDA graphs";
-  cudaStream_t side;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
-  cudaEvent_t fork, join;
-  ASSERT_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
-  ASSERT_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+  SideStream side;
   const MemPoolId pool{0, 1};
   ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, nullptr).ok());
   auto* cap = reinterpret_cast<cudaStream_t>(s1_);
   ASSERT_EQ(cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal), cudaSuccess);
-  ASSERT_EQ(cudaEventRecord(fork, cap), cudaSuccess);
-  ASSERT_EQ(cudaStreamWaitEvent(side, fork, 0), cudaSuccess);
+  side.ForkFrom(cap);
   constexpr std::size_t kBytes = 1 << 20;
-  auto p = alloc_->Allocate(kBytes, 0, reinterpret_cast<Stream>(side));
+  auto p = alloc_->Allocate(kBytes, 0, side.handle());
   ASSERT_TRUE(p.ok()) << p.status();
-  ASSERT_TRUE(LaunchFill(*p, kBytes, 77, reinterpret_cast<Stream>(side)).ok());
-  ASSERT_EQ(cudaEventRecord(join, side), cudaSuccess);
-  ASSERT_EQ(cudaStreamWaitEvent(cap, join, 0), cudaSuccess);
+  ASSERT_TRUE(LaunchFill(*p, kBytes, 77, side.handle()).ok());
+  side.JoinInto(cap);
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamEndCapture(cap, &graph), cudaSuccess) << "the capture was invalidated";
   ASSERT_TRUE(alloc_->EndAllocateToPool(0, pool).ok());
@@ -211,9 +231,6 @@ TEST_F(CudaGpuTest, CaptureAllocatesOnAStreamFirstSeenInsideIt) {
   ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  cudaEventDestroy(fork);
-  cudaEventDestroy(join);
-  cudaStreamDestroy(side);
 }
 
 TEST_F(CudaGpuTest, CaptureReusesABlockOnceItsUsesJoined) {
@@ -222,29 +239,23 @@ TEST_F(CudaGpuTest, CaptureReusesABlockOnceItsUsesJoined) {
   // capture stream waits for the side stream's kernel, and is after; the
   // graph then replays with both kernels ordered.
   if (std::strcmp(backend_->name(), "cuda") != 0) GTEST_SKIP() << "CUDA graphs";
-  cudaStream_t side;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
-  cudaEvent_t fork, join;
-  ASSERT_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
-  ASSERT_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+  SideStream side;
   const MemPoolId pool{0, 2};
   ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, nullptr, {.reuse_after_join = true}).ok());
   auto* cap = reinterpret_cast<cudaStream_t>(s1_);
-  const auto side_stream = reinterpret_cast<Stream>(side);
+  const Stream side_stream = side.handle();
   ASSERT_EQ(cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal), cudaSuccess);
   constexpr std::size_t kBytes = 4096;
   void* data1 = *alloc_->Allocate(kBytes, 0, s1_);
   ASSERT_TRUE(LaunchFill(data1, kBytes, 5, s1_).ok());
-  ASSERT_EQ(cudaEventRecord(fork, cap), cudaSuccess);
-  ASSERT_EQ(cudaStreamWaitEvent(side, fork, 0), cudaSuccess);
+  side.ForkFrom(cap);
   void* buf2 = *alloc_->Allocate(kBytes, 0, side_stream);
   ASSERT_TRUE(LaunchCheck(data1, kBytes, 5, mismatches_, side_stream).ok());
   ASSERT_TRUE(alloc_->RecordStream(data1, side_stream).ok());
   ASSERT_TRUE(alloc_->Free(data1).ok());
   void* data2 = *alloc_->Allocate(kBytes, 0, s1_);
   EXPECT_NE(data2, data1) << "reused before the capture stream waited for the side stream";
-  ASSERT_EQ(cudaEventRecord(join, side), cudaSuccess);
-  ASSERT_EQ(cudaStreamWaitEvent(cap, join, 0), cudaSuccess);
+  side.JoinInto(cap);
   void* data3 = *alloc_->Allocate(kBytes, 0, s1_);
   EXPECT_EQ(data3, data1) << "not reused after the join";
   ASSERT_TRUE(LaunchFill(data3, kBytes, 9, s1_).ok());  // overwrites after the check
@@ -259,9 +270,6 @@ TEST_F(CudaGpuTest, CaptureReusesABlockOnceItsUsesJoined) {
   ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  cudaEventDestroy(fork);
-  cudaEventDestroy(join);
-  cudaStreamDestroy(side);
 }
 
 TEST_F(CudaGpuTest, OomUnderConfiguredLimit) {
