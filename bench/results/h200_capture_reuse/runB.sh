@@ -1,0 +1,16 @@
+#!/bin/bash
+# Run B (issue 20), in the bundle of bench/gpu/package.sh: the CUDA GPU tests,
+# PyTorch's test_cuda.py under cma (failed-capture watch, per-stream snapshot
+# segments), then cma's PyTorch route tests (failed captures among them).
+cd "$(dirname "$0")"
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; uname -r; } > $OUT/env.txt 2>&1
+export PYTHONPATH=$PWD/py CMA_LIBRARY=$PWD/py/cma/libcma.so TORCH_EXTENSIONS_DIR=/tmp/te
+timeout 120 ./cuda_gpu_test > $OUT/cuda_gpu_test.txt 2>&1
+timeout 300 python3 torch_conformance/run_conformance.py --out /tmp/conf --routes cma \
+  --total-s 280 --route-s 280 --exclude test_out_of_memory_retry \
+  --exclude test_set_per_process_memory_fraction \
+  --exclude test_caching_allocator_record_stream_oom > $OUT/conformance.log 2>&1
+cp /tmp/conf/cma.json $OUT/ 2>/dev/null
+(cd py/gpu && CMA_RESULTS=$OUT/torch_routes.json timeout 260 \
+   python3 -m pytest -v -p no:cacheprovider torch_gpu_test.py > $OUT/torch_gpu_pytest.txt 2>&1)
+echo done >> $OUT/env.txt
