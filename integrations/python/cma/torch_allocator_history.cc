@@ -124,11 +124,9 @@ cca::SnapshotInfo CmaCudaAllocator::snapshot(Pool pool, bool include_traces) {
   // cudagraph_trees' get_block_addrs/check_memory_pool) derive each block's
   // address from its segment's address plus the sizes of the blocks before
   // it, and take a segment's owner from segment_pool_id. A cma segment (an
-  // arena above all) holds blocks of several pools and streams side by side,
-  // so each run of consecutive blocks of one pool and one stream is reported
-  // as a segment of its own (a PyTorch segment has one stream, and so has
-  // every block in it), and a pool's view starts a new segment after every
-  // block it leaves out.
+  // arena above all) holds blocks of several pools side by side, so each run
+  // of consecutive blocks of one pool is reported as a segment of its own,
+  // and a pool's view starts a new segment after every block it leaves out.
   struct Ctx {
     CmaCudaAllocator* self;
     Pool pool;
@@ -154,8 +152,7 @@ cca::SnapshotInfo CmaCudaAllocator::snapshot(Pool pool, bool include_traces) {
       x->open = false;  // the next block kept is not adjacent to the last one
       return;
     }
-    if (!x->open || x->info.segments.back().owner_private_pool_id != owner ||
-        x->info.segments.back().stream != b->stream) {
+    if (!x->open || x->info.segments.back().owner_private_pool_id != owner) {
       c10::CachingDeviceAllocator::SegmentInfo seg;
       seg.device = static_cast<c10::DeviceIndex>(x->current.device);
       seg.address = b->address;
