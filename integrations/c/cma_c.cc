@@ -297,6 +297,16 @@ int cma_pool_begin_flags(int device, unsigned long long id0, unsigned long long 
   return s.ok() ? 0 : Fail(s);
 }
 
+int cma_allocating_to_pool(int device) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  if (device < 0 || device >= a->device_count()) {
+    return Fail(absl::InvalidArgumentError(absl::StrFormat(
+        "cma_allocating_to_pool: device %d does not exist (%d devices)", device, a->device_count())));
+  }
+  return a->AllocatingToPool(device) ? 1 : 0;
+}
+
 int cma_pool_end(int device, unsigned long long id0, unsigned long long id1) {
   return WithAllocator(
       [&](CachingManagedAllocator& a) { return a.EndAllocateToPool(device, {id0, id1}); });

@@ -96,6 +96,11 @@ int cma_pool_begin_flags(int device, unsigned long long id0, unsigned long long 
                          cma_stream_filter_fn filter, void* ctx, void (*release_ctx)(void* ctx),
                          unsigned flags);
 int cma_pool_end(int device, unsigned long long id0, unsigned long long id1);
+/* 1 while any pool context of `device` is open (cma then makes no call that
+ * would break a CUDA graph capture: no population, event or release), 0 when
+ * none is, -1 for a bad device. A diagnostic: an open context nobody ends
+ * leaves cma in that mode. */
+int cma_allocating_to_pool(int device);
 int cma_pool_release(int device, unsigned long long id0, unsigned long long id1);
 /* 1 when the pool's live allocations are exactly ptrs[0..n), 0 when not, -1 on error. */
 int cma_pool_check_live(int device, unsigned long long id0, unsigned long long id1,

@@ -61,11 +61,15 @@ TEST_F(PoolCApiTest, BeginFlags) {
             0)
       << cma_last_error();
   EXPECT_EQ(cma_pool_use_count(0, 7, 0), 1);
+  EXPECT_EQ(cma_allocating_to_pool(0), 1);
+  EXPECT_EQ(cma_allocating_to_pool(99), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("device 99 does not exist"));
   void* p = cma_malloc(512, 0, nullptr);
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(released_contexts, 1) << "the filter's context went while the filter is in use";
   EXPECT_EQ(cma_pool_end(0, 7, 0), 0);
   EXPECT_EQ(released_contexts, 2);
+  EXPECT_EQ(cma_allocating_to_pool(0), 0);
   EXPECT_EQ(cma_free(p), 0);
   EXPECT_EQ(cma_pool_release(0, 7, 0), 0);
 }

@@ -96,7 +96,12 @@ def test_a_failed_capture_leaves_the_allocator_working(route):
     r = run_script("failed_capture_route.py", route)
     RESULTS.setdefault("failed_capture", {})[route] = r
     assert r["capture_error"] is not None, r  # the capture did fail
-    failed = {k: v for k, v in r.items() if k not in ("route", "capture_error") and v is not True}
+    # PyTorch's own allocator keeps deferring record_stream's events after a
+    # failed capture (its context stays open too): measured, not asserted.
+    must = [k for k in r if k not in ("route", "capture_error")]
+    if route == "native":
+        must = [k for k in must if not k.startswith("record_stream")]
+    failed = {k: r[k] for k in must if r[k] is not True}
     assert not failed, r
 
 
