@@ -161,7 +161,8 @@ void DeviceAllocator::ReleasePages(Block* b) {
 }
 
 std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t keep_lo,
-                                              std::uintptr_t keep_hi, const Stream* populating) {
+                                              std::uintptr_t keep_hi, const Stream* populating,
+                                              absl::flat_hash_set<Stream>* queued_on) {
   if (pages == 0 || idle_pages_ == 0) return 0;
   FlushRecent();  // a recently freed block is known to be wholly populated
   // Candidates in address order: (segment, page, stream of its free blocks).
@@ -234,6 +235,7 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
       continue;
     }
     ++stats_.discard_calls;
+    if (queued_on != nullptr) queued_on->insert(stream);
     // The driver reuses discarded memory for the next population only once
     // the discard has run: the populating stream waits for it on the GPU (no
     // host sync), or both pages would be populated at once.

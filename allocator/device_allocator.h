@@ -257,9 +257,11 @@ class DeviceAllocator {
   // the one stream whose free blocks cover it (a page whose free blocks
   // belong to several streams is left alone). With `populating`, the stream
   // about to populate new pages: its own idle pages go first, and it waits
-  // (GPU-side) for discards on other streams. Returns the pages discarded.
+  // (GPU-side) for discards on other streams. With `queued_on`, receives the
+  // streams the discards were queued on. Returns the pages discarded.
   std::size_t DiscardIdlePages(std::size_t pages, std::uintptr_t keep_lo = 0,
-                               std::uintptr_t keep_hi = 0, const Stream* populating = nullptr)
+                               std::uintptr_t keep_hi = 0, const Stream* populating = nullptr,
+                               absl::flat_hash_set<Stream>* queued_on = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Books a discarded idle page: unpopulated, and out of every count.
   void ForgetIdlePage(Segment* seg, std::size_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -307,8 +309,10 @@ class DeviceAllocator {
   void ProcessPendingFrees(bool synchronize) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives `goal` bytes of idle cache back (all of it when goal is 0): whole
   // segments in classic mode, idle pages (stream-ordered discards, no sync)
-  // in arena mode. Returns the bytes released.
-  std::size_t ReleaseCachedSegments(std::size_t goal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // in arena mode; `queued_on` as DiscardIdlePages's. Returns the bytes released.
+  std::size_t ReleaseCachedSegments(std::size_t goal,
+                                    absl::flat_hash_set<Stream>* queued_on = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseSegment(Segment* seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Classic segments and arenas alike: frees the fully-free ones (largest
   // first, `goal` bytes of address space; all when 0) after synchronising

@@ -12,10 +12,11 @@ namespace cma {
 
 // ---------------------------------------------------------------- release
 
-std::size_t DeviceAllocator::ReleaseCachedSegments(std::size_t goal) {
+std::size_t DeviceAllocator::ReleaseCachedSegments(std::size_t goal,
+                                                   absl::flat_hash_set<Stream>* queued_on) {
   if (arena_mode()) {
     const std::size_t pages = goal == 0 ? idle_pages_ : (goal + kPageSize - 1) / kPageSize;
-    return DiscardIdlePages(pages) * kPageSize;
+    return DiscardIdlePages(pages, 0, 0, nullptr, queued_on) * kPageSize;
   }
   return ReleaseIdleSegments(goal);
 }
@@ -83,7 +84,16 @@ absl::Status DeviceAllocator::EmptyCache() {
   if (absl::Status s = RefuseWhileQuiet("empty_cache"); !s.ok()) return s;
   ProcessPendingFrees(/*synchronize=*/true);
   CoalesceUnmerged();
-  ReleaseCachedSegments(0);
+  absl::flat_hash_set<Stream> queued_on;
+  ReleaseCachedSegments(0, &queued_on);
+  // The discards run behind the work queued on their streams; the memory is
+  // the driver's only once they have (PyTorch's empty_cache returns with its
+  // cudaFree done: another process, or nvidia-smi, may look right after).
+  // A stream that cannot be waited for keeps its discard queued.
+  for (Stream s : queued_on) {
+    if (!backend_->SynchronizeStream(s).ok()) ++stats_.num_placement_errors;
+  }
+  if (!queued_on.empty()) ++stats_.num_sync_all_streams;
   // Arenas hold no memory once their idle pages are discarded, but a user
   // who empties the cache expects the address ranges back too.
   if (arena_mode()) ReleaseIdleSegments(0);

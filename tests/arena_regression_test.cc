@@ -285,5 +285,22 @@ TEST_F(ArenaRegressionTest, ABlockFreedAsleepIsNotReusedAsPopulated) {
   ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
 }
 
+// PyTorch's test_device_memory_used, failing inside its suite: EmptyCache
+// queued its discards behind the work on their streams and returned, so the
+// memory in use read right after still held the idle pages, and a new
+// allocation placed on them after the discard ran seemed to take nothing.
+// EmptyCache now returns with its discards done, as PyTorch's cudaFree is.
+TEST_F(ArenaRegressionTest, EmptyCacheReturnsWithItsDiscardsDone) {
+  void* keep = Alloc(2 * kMiB, 0, s1_);  // the arena stays: its idle pages are discarded
+  void* p = Alloc(64 * kMiB, 0, s1_);
+  Work(s1_);  // a kernel still using p
+  ASSERT_TRUE(alloc_->Free(p).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(backend_->PendingWork(s1_), 0) << "the discard may still be queued";
+  EXPECT_EQ(Reserved(), static_cast<std::int64_t>(2 * kMiB));
+  ASSERT_TRUE(alloc_->Free(keep).ok());
+  ExpectInvariants();
+}
+
 }  // namespace
 }  // namespace cma
