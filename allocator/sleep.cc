@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "allocator/chunk_pinner.h"
 #include "allocator/device_allocator.h"
 #include "allocator/sleep_plan.h"
 #include "backends/mutex_lock.h"
@@ -16,7 +17,7 @@ namespace cma {
 namespace {
 
 // Staging grows by chunks of at most this much, each put to work (its
-// copies queued) before the next is pinned: a first Sleep's copies overlap
+// copies queued) as soon as it is pinned: a first Sleep's copies overlap
 // the pinning of the rest.
 constexpr std::size_t kStagingChunk = std::size_t{256} << 20;
 
@@ -72,6 +73,15 @@ void DeviceAllocator::StageOut(absl::Span<const StagedBlock> parts, Stream strea
     offset[i] = staging_.Take(parts[i].bytes.bytes);
     planned.push_back(i);
   }
+  // Every chunk the plan needs starts pinning now, on several threads; each
+  // is put to work as soon as it is ready (allocator/chunk_pinner.h).
+  std::vector<std::size_t> sizes;
+  for (std::size_t have = staging_.capacity(); have < staging_.used();) {
+    const std::size_t want = std::min(kStagingChunk, staging_.used() - have);
+    sizes.push_back((want + kPageSize - 1) / kPageSize * kPageSize);
+    have += sizes.back();
+  }
+  ChunkPinner pinner(*backend_, sizes, ChunkPinner::ThreadsFor(sizes.size()));
   std::vector<Copy> copies, one;
   std::vector<std::size_t> batch;  // the planned parts whose copies are in `copies`
   // Queues the copies gathered so far; on failure their parts migrate.
@@ -94,14 +104,14 @@ void DeviceAllocator::StageOut(absl::Span<const StagedBlock> parts, Stream strea
     const Range& r = parts[i].bytes;
     bool room = true;
     while (offset[i] + r.bytes > staging_.capacity()) {
-      flush();  // the copy engine starts on what has room while we pin more
-      const std::size_t want = std::min(kStagingChunk, staging_.used() - staging_.capacity());
-      if (!staging_.Grow(*backend_, (want + kPageSize - 1) / kPageSize * kPageSize).ok()) {
+      flush();  // the copy engine starts on what has room while more is pinned
+      absl::StatusOr<ChunkPinner::Chunk> chunk = pinner.Next();
+      if (!chunk.ok()) {
         room = false;
         break;
       }
-      stats_.host_staging_bytes[kAllPools].Add(
-          static_cast<std::int64_t>((want + kPageSize - 1) / kPageSize * kPageSize));
+      staging_.Adopt(chunk->base, chunk->bytes);
+      stats_.host_staging_bytes[kAllPools].Add(static_cast<std::int64_t>(chunk->bytes));
     }
     if (!room) {
       // No more pinned memory (or none at all on this backend): the rest

@@ -57,14 +57,11 @@ class StagingArea {
   void Reset() { used_ = 0; }
   // Gives back the last `bytes` taken (a plan that fell back to migrating).
   void Untake(std::size_t bytes) { used_ -= bytes; }
-  // Adds one chunk of `bytes` of pinned host memory; on failure nothing
-  // changes.
-  absl::Status Grow(Backend& backend, std::size_t bytes) {
-    absl::StatusOr<void*> p = backend.AllocatePinnedHost(bytes);
-    if (!p.ok()) return p.status();
-    chunks_.push_back({static_cast<char*>(*p), bytes});
+  // Takes ownership of `bytes` of pinned host memory (AllocatePinnedHost's)
+  // as the area's next chunk.
+  void Adopt(void* base, std::size_t bytes) {
+    chunks_.push_back({static_cast<char*>(base), bytes});
     capacity_ += bytes;
-    return absl::OkStatus();
   }
   // Appends the copies between [offset, offset + bytes) of the staging space
   // and `managed` (to the staging with `to_staging`, else back), split at

@@ -125,6 +125,66 @@ TEST_F(SleepTest, LevelOneStagesKeptPagesDiscardsDisposableAndKeepsTheStaging) {
   for (void* p : {weights, small, kv}) ASSERT_TRUE(alloc_->Free(p).ok());
 }
 
+// A first Sleep whose staging needs several 256 MiB chunks pins them on
+// several threads (allocator/chunk_pinner.h) and copies into each as it
+// comes; with the host's pinned memory short, what does not fit migrates and
+// no chunk pinned past the shortage stays pinned.
+class SleepManyChunksTest : public SleepTest {
+ protected:
+  // 520 MiB of state: three staging chunks (256 + 256 + 8 MiB). A byte
+  // every 64 KiB tells allocations and offsets apart (cheap under sanitizers).
+  std::vector<void*> State() {
+    std::vector<void*> out;
+    for (unsigned char seed : {10, 20, 30, 40}) {
+      void* p = Alloc(130 * kMiB, 0, s1_);
+      auto* c = static_cast<unsigned char*>(p);
+      std::memset(c, seed, 130 * kMiB);
+      for (std::size_t i = 0; i < 130 * kMiB; i += 64 << 10) c[i] = static_cast<unsigned char>(seed + i / (64 << 10));
+      out.push_back(p);
+    }
+    return out;
+  }
+  static bool Same(const std::vector<void*>& state) {
+    unsigned char seed = 10;
+    for (void* p : state) {
+      auto* c = static_cast<unsigned char*>(p);
+      for (std::size_t i = 0; i < 130 * kMiB; i += 64 << 10) {
+        if (c[i] != static_cast<unsigned char>(seed + i / (64 << 10)) || c[i + 1] != seed) return false;
+      }
+      seed = static_cast<unsigned char>(seed + 10);
+    }
+    return true;
+  }
+};
+
+TEST_F(SleepManyChunksTest, AFirstSleepPinsEveryChunkItNeeds) {
+  std::vector<void*> state = State();
+  ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
+  EXPECT_EQ(backend_->CallCount("AllocatePinnedHost"), 3);
+  EXPECT_EQ(Staging(), 520 * kMiB);
+  EXPECT_EQ(backend_->LiveResources().pinned_bytes, 520 * kMiB);
+  EXPECT_EQ(DevicePopulated(), 0);
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  EXPECT_TRUE(Same(state));
+  for (void* p : state) ASSERT_TRUE(alloc_->Free(p).ok());
+  ExpectInvariants();
+}
+
+TEST_F(SleepManyChunksTest, PinnedMemoryRunningOutMigratesTheRestAndKeepsNoSpareChunk) {
+  Remake("", 300 * kMiB);  // the second chunk cannot be pinned (the third could)
+  std::vector<void*> state = State();
+  ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
+  // The chunks are pinned at once: whichever of the first two got the
+  // memory, staging holds what was handed out before the first failure.
+  EXPECT_LE(Staging(), 256 * kMiB);
+  EXPECT_EQ(backend_->LiveResources().pinned_bytes, static_cast<std::size_t>(Staging()))
+      << "a chunk pinned past the failure was kept";
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  EXPECT_TRUE(Same(state));
+  for (void* p : state) ASSERT_TRUE(alloc_->Free(p).ok());
+  ExpectInvariants();
+}
+
 TEST_F(SleepTest, ReleaseIsRefusedWhileStagingHoldsContentsThenGivesItAllBack) {
   void* weights = Filled(4 * kMiB, 9);
   ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());

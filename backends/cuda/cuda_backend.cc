@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -319,8 +320,18 @@ class CudaBackend final : public Backend {
     void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p != MAP_FAILED) {
       (void)madvise(p, len, MADV_HUGEPAGE);
-      const unsigned threads =
-          static_cast<unsigned>(std::clamp<std::size_t>(len / (16 << 20), 1, 16));
+      // Several chunks are pinned at once (allocator/chunk_pinner.h): the
+      // host's cores are shared among the calls in flight.
+      struct InFlight {
+        explicit InFlight(std::atomic<int>& n) : n(n), now(n.fetch_add(1) + 1) {}
+        ~InFlight() { n.fetch_sub(1); }
+        std::atomic<int>& n;
+        const int now;
+      } in_flight(pinning_in_flight_);
+      const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
+      const unsigned threads = static_cast<unsigned>(std::clamp<std::size_t>(
+          std::min<std::size_t>(len / (16 << 20), cores / static_cast<std::size_t>(in_flight.now)),
+          1, 16));
       std::vector<std::thread> touch;
       const std::size_t part = (len / threads + kHuge - 1) / kHuge * kHuge;
       for (unsigned t = 0; t < threads; ++t) {
@@ -739,6 +750,7 @@ class CudaBackend final : public Backend {
   absl::flat_hash_map<int, SideStream> side_ ABSL_GUARDED_BY(side_mu_);
   absl::Mutex pinned_mu_;
   absl::flat_hash_map<void*, std::size_t> pinned_ ABSL_GUARDED_BY(pinned_mu_);  // registered
+  std::atomic<int> pinning_in_flight_{0};  // AllocatePinnedHost calls running now
 };
 
 }  // namespace
