@@ -61,10 +61,11 @@ absl::StatusOr<ChunkPinner::Chunk> ChunkPinner::Next() {
   return Chunk{*results_[i], sizes_[i]};
 }
 
-unsigned ChunkPinner::ThreadsFor(std::size_t chunks) {
-  if (chunks <= 1) return 0;
+unsigned ChunkPinner::ThreadsFor(std::size_t chunks, int most) {
+  if (chunks <= 1 || most <= 1) return 0;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  return static_cast<unsigned>(std::min<std::size_t>({8, cores, chunks}));
+  return static_cast<unsigned>(
+      std::min<std::size_t>({static_cast<std::size_t>(most), cores, chunks}));
 }
 
 }  // namespace cma

@@ -46,9 +46,10 @@ class ChunkPinner {
   };
   absl::StatusOr<Chunk> Next();
 
-  // Workers a Sleep uses for `chunks` chunks: up to 8 (where the gain was
-  // measured), no more than the host's cores or the chunks; 0 for one.
-  static unsigned ThreadsFor(std::size_t chunks);
+  // Workers a Sleep uses for `chunks` chunks: up to `most` (the config's
+  // sleep_pin_threads), no more than the host's cores or the chunks; 0 (the
+  // caller's thread) for one chunk, or when `most` is 1.
+  static unsigned ThreadsFor(std::size_t chunks, int most = 8);
 
  private:
   void Work();

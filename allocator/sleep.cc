@@ -81,7 +81,8 @@ void DeviceAllocator::StageOut(absl::Span<const StagedBlock> parts, Stream strea
     sizes.push_back((want + kPageSize - 1) / kPageSize * kPageSize);
     have += sizes.back();
   }
-  ChunkPinner pinner(*backend_, sizes, ChunkPinner::ThreadsFor(sizes.size()));
+  ChunkPinner pinner(*backend_, sizes,
+                     ChunkPinner::ThreadsFor(sizes.size(), config_->sleep_pin_threads));
   std::vector<Copy> copies, one;
   std::vector<std::size_t> batch;  // the planned parts whose copies are in `copies`
   // Queues the copies gathered so far; on failure their parts migrate.

@@ -15,7 +15,8 @@ namespace {
 constexpr absl::string_view kKeys =
     "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, prefetch, "
     "preferred_location, accessed_by, discard_on_free, managed_budget, release_threshold, "
-    "release_before_peak, multicast, segments, arena_size, idle_page_slack, sleep_staging_max";
+    "release_before_peak, multicast, segments, arena_size, idle_page_slack, sleep_staging_max, "
+    "sleep_pin_threads";
 
 absl::Status Bad(absl::string_view key, absl::string_view value, absl::string_view accepted) {
   return absl::InvalidArgumentError(absl::StrCat("CMA_ALLOC_CONF: bad value '", value,
@@ -137,6 +138,10 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view v, AllocatorConfi
       }
       c.sleep_staging_max = *s;
     }
+  } else if (key == "sleep_pin_threads") {
+    int n = 0;
+    if (!absl::SimpleAtoi(v, &n) || n < 1 || n > 64) return Bad(key, v, "a count from 1 to 64");
+    c.sleep_pin_threads = n;
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("CMA_ALLOC_CONF: unknown key '", key, "'; accepted keys: ", kKeys));
@@ -224,6 +229,9 @@ std::string AllocatorConfig::ToString() const {
   if (idle_page_slack >= 0) parts.push_back(absl::StrCat("idle_page_slack:", Exact(idle_page_slack)));
   if (sleep_staging_max != d.sleep_staging_max) {
     parts.push_back(absl::StrCat("sleep_staging_max:", sleep_staging_max));
+  }
+  if (sleep_pin_threads != d.sleep_pin_threads) {
+    parts.push_back(absl::StrCat("sleep_pin_threads:", sleep_pin_threads));
   }
   return absl::StrJoin(parts, ",");
 }

@@ -46,6 +46,9 @@
 //                       later cycle copies at the link's speed, until
 //                       ReleaseSleepStaging; allocations that do not fit
 //                       migrate instead. 0: every Sleep migrates.
+//   sleep_pin_threads   1-64 (default 8): how many staging chunks a first
+//                       Sleep pins at once (allocator/chunk_pinner.h); 1 pins
+//                       one after another.
 // Sizes take an optional K, M or G suffix (powers of 1024).
 //
 // Errors: an unknown key or bad value returns kInvalidArgument naming the key
@@ -86,6 +89,7 @@ struct AllocatorConfig {
   std::size_t arena_size = 0;  // 0: the managed budget
   double idle_page_slack = -1;  // < 0: off
   std::size_t sleep_staging_max = std::numeric_limits<std::size_t>::max();  // max: none
+  int sleep_pin_threads = 8;
 
   // The config back in `key:value` form (only keys that differ from defaults).
   std::string ToString() const;

@@ -80,6 +80,8 @@ TEST(ChunkPinnerThreads, AtMostEightAndNoneForOneChunk) {
   EXPECT_GE(ChunkPinner::ThreadsFor(2), 1u);
   EXPECT_LE(ChunkPinner::ThreadsFor(2), 2u);
   EXPECT_LE(ChunkPinner::ThreadsFor(100), 8u);
+  EXPECT_EQ(ChunkPinner::ThreadsFor(100, 1), 0u) << "sleep_pin_threads:1 pins on the caller";
+  EXPECT_LE(ChunkPinner::ThreadsFor(100, 64), 64u);
 }
 
 }  // namespace

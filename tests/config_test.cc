@@ -76,6 +76,20 @@ TEST(ConfigTest, SleepStagingMax) {
   EXPECT_EQ(ParseAllocatorConfig("sleep_staging_max:none")->ToString(), "");
 }
 
+TEST(ConfigTest, SleepPinThreads) {
+  EXPECT_EQ(ParseAllocatorConfig("")->sleep_pin_threads, 8);
+  auto c = ParseAllocatorConfig("sleep_pin_threads:1");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sleep_pin_threads, 1);
+  EXPECT_EQ(c->ToString(), "sleep_pin_threads:1");
+  EXPECT_EQ(ParseAllocatorConfig(c->ToString())->sleep_pin_threads, 1);
+  for (const char* bad : {"sleep_pin_threads:0", "sleep_pin_threads:65", "sleep_pin_threads:x"}) {
+    auto b = ParseAllocatorConfig(bad);
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_THAT(b.status().message(), HasSubstr("a count from 1 to 64")) << bad;
+  }
+}
+
 TEST(ConfigTest, UnknownKeyNamesKeyAndAcceptedKeys) {
   auto c = ParseAllocatorConfig("max_split_size_mb:64,expandable_segments:True");
   ASSERT_FALSE(c.ok());
