@@ -169,6 +169,7 @@ _ACC = {}
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     soft = _soft_limit(item.nodeid)
+    _CURRENT["test"] = item.nodeid
     EVENTS.start(item.nodeid)
     _ACC[item.nodeid] = core.OutcomeAccumulator()
     began = time.time()
@@ -207,6 +208,46 @@ RESTART_STATUS = 75
 # that could break a capture: no population, event or release), so a test
 # that leaves one open is found.
 _CONTEXT_LOG = os.environ.get("CMA_CONF_CONTEXT_LOG")
+
+
+# CMA_CONF_NVML_LOG (optional, a diagnostic): every call of
+# torch.cuda.device_memory_used is logged there as JSON with what the process
+# sees at that moment (cudaMemGetInfo, PyTorch's and cma's statistics), so a
+# test that reads NVML can be explained. It wraps a torch function: never in
+# a run whose results are compared.
+_NVML_LOG = os.environ.get("CMA_CONF_NVML_LOG")
+_CURRENT = {"test": None}
+
+
+def _watch_nvml():
+    import torch
+    real = torch.cuda.device_memory_used
+
+    def logged(*args, **kwargs):
+        used = real(*args, **kwargs)
+        rec = {"test": _CURRENT["test"], "nvml_used": used}
+        try:
+            rec["free"], rec["total"] = torch.cuda.mem_get_info()
+            st = torch.cuda.memory_stats()
+            for k in ("reserved_bytes.all.current", "allocated_bytes.all.current",
+                      "active_bytes.all.current"):
+                rec[k] = st.get(k)
+            if ROUTE == "cma":
+                import cma.torch as cma_torch
+                cs = cma_torch.memory_stats(0)
+                for k in ("idle_populated_bytes", "virtual_bytes", "num_pages_discarded",
+                          "num_pages_populated", "host_staging_bytes.all.current"):
+                    rec["cma." + k] = cs.get(k)
+        except Exception as e:  # noqa: BLE001 - a diagnostic never fails the run
+            rec["error"] = str(e)
+        with open(_NVML_LOG, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        return used
+    torch.cuda.device_memory_used = logged
+
+
+if _NVML_LOG:
+    _watch_nvml()
 
 
 def _note_open_contexts(nodeid):
