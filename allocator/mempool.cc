@@ -181,17 +181,24 @@ void DeviceAllocator::NoteCaptureFree(Block* b) {
 }
 
 void DeviceAllocator::ReclaimJoinedFrees(Stream stream, std::uint32_t mempool) {
+  // Only the block's own stream reuses it (a free block serves its stream):
+  // another stream's joins say nothing of that stream's order. No candidate,
+  // no backend call.
+  bool any = false;
+  for (const auto& [b, wait] : capture_frees_) {
+    any = any || (b->stream == stream && b->mempool == mempool);
+  }
+  if (!any) return;
   absl::StatusOr<std::optional<CaptureFrontier>> f = backend_->CaptureFrontierOf(stream);
   if (!f.ok() || !f->has_value()) return;
-  // Bounded: a bigger graph keeps its frees until the context ends.
-  constexpr std::size_t kMaxNodesWalked = 1 << 16;
+  // Bounded, since every allocation on the stream walks again until the
+  // join: a bigger graph keeps its frees until the context ends.
+  constexpr std::size_t kMaxNodesWalked = 1 << 14;
   CaptureAncestors ancestors(
       (*f)->nodes, [this](CaptureNode n) { return backend_->CaptureNodeDependencies(n); },
       kMaxNodesWalked);
   std::vector<Block*> joined;
   for (const auto& [b, wait] : capture_frees_) {
-    // Only the block's own stream reuses it (a free block serves its
-    // stream): another stream's joins say nothing of that stream's order.
     if (b->stream == stream && b->mempool == mempool && wait.capture == (*f)->capture &&
         ancestors.ReachesAll(wait.marks)) {
       joined.push_back(b);

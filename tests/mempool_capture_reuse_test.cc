@@ -162,7 +162,9 @@ TEST_F(CaptureReuseTest, OnlyTheOwnersJoinsCount) {
   void* data1 = FreedAfterAReadOnS2();
   backend_->JoinCapture(s3_, s2_);  // s3 waited for s2's use (and so s1's)
   backend_->AddCaptureNode(s3_);
+  const std::int64_t asked = backend_->CallCount("CaptureFrontierOf");
   void* on3 = Alloc(32, 0, s3_);
+  EXPECT_EQ(backend_->CallCount("CaptureFrontierOf"), asked) << "no block of s3's waits: no query";
   void* on1 = Alloc(32, 0, s1_);  // s1 never waited for s2
   EXPECT_NE(on1, data1) << "s1 reused a block s2 may still read";
   End();
