@@ -19,7 +19,8 @@ DeviceAllocator::DeviceAllocator(int device, int device_count, Backend* backend,
       backend_(backend),
       config_(config),
       device_total_(device_total),
-      budget_(budget) {
+      budget_(budget),
+      discard_settle_(std::chrono::microseconds(config->wake_settle_us)) {
   stats_.managed_budget_bytes = static_cast<std::int64_t>(budget);
   // A pool that empties frees its btree root node and the next insert
   // allocates it again; a sentinel no lookup can match keeps that malloc off

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "allocator/block.h"
 #include "allocator/capture_reuse.h"
+#include "allocator/discard_settle.h"
 #include "allocator/mempool.h"
 #include "allocator/snapshot.h"
 #include "allocator/sleep_plan.h"
@@ -439,6 +440,10 @@ class DeviceAllocator {
   // Streams other than sleep_wake_stream_ that a Move's restore read
   // staging_ on: the next Sleep writes there only after them.
   absl::flat_hash_set<Stream> staging_readers_ ABSL_GUARDED_BY(mu_);
+  // The pause between a Sleep's discards and the next population of its
+  // pages (wake_settle_ms).
+  DiscardSettle discard_settle_ ABSL_GUARDED_BY(mu_);
+  std::int64_t settle_waits_reset_ ABSL_GUARDED_BY(mu_) = 0;  // waits() at the last reset
   DeviceStats stats_ ABSL_GUARDED_BY(mu_);
 
   struct PrivatePool {

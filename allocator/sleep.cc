@@ -261,6 +261,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
     // the staging by the time they go.
     s = backend_->DiscardBatch(discard, stream);
     if (s.ok()) {
+      discard_settle_.Mark(*backend_, stream);
       ++stats_.discard_calls;
       stats_.discarded_bytes += static_cast<std::int64_t>(TotalBytes(discard));
       s = OrderFreeBlocksAfter(free_neighbours, stream);
@@ -399,6 +400,7 @@ absl::Status DeviceAllocator::RestoreStaged(absl::Span<Block* const> blocks, Loc
   if (!contents_dead) {
     // After the Sleep's copies out and discards.
     if (absl::Status w = OrderAfter(stream, sleep_wake_stream_); !w.ok()) return w;
+    discard_settle_.Hold(*backend_, stream, /*end_cycle=*/false);
     if (absl::Status s = CopyBack(PlanRestore(std::move(parts)), target, stream); !s.ok()) {
       return s;
     }
@@ -460,6 +462,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
                                                  "that owns an allocation: ", w.message()));
     }
   }
+  discard_settle_.Hold(*backend_, stream, /*end_cycle=*/true);
   absl::Status s = Execute(PlacementAction::kPrefetch, migrate, here, stream);
   if (s.ok()) s = Execute(PlacementAction::kDiscardAndPrefetch, repopulate, here, stream);
   if (s.ok()) s = CopyBack(PlanRestore(std::move(parts)), here, stream);

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -210,6 +211,15 @@ class Backend {
   // true when all work queued on `stream` so far has completed: one call,
   // where recording and querying an event would take two.
   virtual absl::StatusOr<bool> QueryStream(Stream stream) = 0;
+  // Runs `fn` once on a thread of the backend's after the work queued on
+  // `stream` before it has completed; work queued after it waits for it
+  // (cudaLaunchHostFunc). `fn` must not call the backend (the runtimes
+  // forbid it) and should be short: it holds up the stream. kUnimplemented
+  // where the backend has no such call; `fn` is then dropped unrun.
+  virtual absl::Status LaunchHostFunction(Stream stream, absl::AnyInvocable<void() &&> fn) {
+    return absl::UnimplementedError("host functions in stream order are not supported by this "
+                                    "backend");
+  }
   // true while `stream` is being captured into a graph (CUDA graphs); the
   // host backend and backends without graphs never capture.
   virtual absl::StatusOr<bool> IsCapturing(Stream stream) { return false; }

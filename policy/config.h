@@ -49,6 +49,10 @@
 //   sleep_pin_threads   1-64 (default 8): how many staging chunks a first
 //                       Sleep pins at once (allocator/chunk_pinner.h); 1 pins
 //                       one after another.
+//   wake_settle_ms      0-1000 (default 5): the least time between a Sleep's
+//                       discards completing and a Wake populating those
+//                       pages again, waited in stream order (allocator/
+//                       discard_settle.h says why); 0: no pause.
 // Sizes take an optional K, M or G suffix (powers of 1024).
 //
 // Errors: an unknown key or bad value returns kInvalidArgument naming the key
@@ -58,6 +62,7 @@
 #define CMA_POLICY_CONFIG_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
@@ -90,6 +95,7 @@ struct AllocatorConfig {
   double idle_page_slack = -1;  // < 0: off
   std::size_t sleep_staging_max = std::numeric_limits<std::size_t>::max();  // max: none
   int sleep_pin_threads = 8;
+  std::int64_t wake_settle_us = 5000;
 
   // The config back in `key:value` form (only keys that differ from defaults).
   std::string ToString() const;

@@ -1,7 +1,9 @@
 // The allocator's contract, run against every backend compiled in: always
 // the host backend, and CUDA/HIP where a device is visible (skipped with the
 // reason otherwise). Only Backend-interface calls are used here.
+#include <atomic>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "allocator/caching_managed_allocator.h"
@@ -138,6 +140,24 @@ TEST_P(ConformanceTest, ReplaysResnetTrace) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->ooms, 0);
   EXPECT_LT(r->ratio, 1.06);
+}
+
+TEST_P(ConformanceTest, HostFunctionsRunAfterTheWorkBeforeThemInOrder) {
+  auto s = backend_->CreateStream(0);
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::atomic<int> seen{0};
+  std::vector<int> order;  // written only by the functions, one after another
+  for (int i = 1; i <= 3; ++i) {
+    absl::Status l = backend_->LaunchHostFunction(*s, [&, i] {
+      order.push_back(i);
+      seen.fetch_add(1);
+    });
+    ASSERT_TRUE(l.ok()) << l;
+  }
+  ASSERT_TRUE(backend_->SynchronizeStream(*s).ok());
+  EXPECT_EQ(seen.load(), 3);
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
+  ASSERT_TRUE(backend_->DestroyStream(*s).ok());
 }
 
 TEST_P(ConformanceTest, PlacementCallsReachTheBackend) {

@@ -1,6 +1,10 @@
 #include "policy/config.h"
 
+#include <cstdint>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -87,6 +91,28 @@ TEST(ConfigTest, SleepPinThreads) {
     auto b = ParseAllocatorConfig(bad);
     ASSERT_FALSE(b.ok()) << bad;
     EXPECT_THAT(b.status().message(), HasSubstr("a count from 1 to 64")) << bad;
+  }
+}
+
+TEST(ConfigTest, WakeSettleMs) {
+  EXPECT_EQ(ParseAllocatorConfig("")->wake_settle_us, 5000);
+  for (const auto& [text, us] : std::vector<std::pair<std::string, std::int64_t>>{
+           {"wake_settle_ms:0", 0}, {"wake_settle_ms:2.5", 2500}, {"wake_settle_ms:1000", 1000000},
+           {"wake_settle_ms:0.001", 1}}) {
+    auto c = ParseAllocatorConfig(text);
+    ASSERT_TRUE(c.ok()) << text << ": " << c.status();
+    EXPECT_EQ(c->wake_settle_us, us) << text;
+    auto back = ParseAllocatorConfig(c->ToString());
+    ASSERT_TRUE(back.ok()) << c->ToString() << ": " << back.status();
+    EXPECT_EQ(back->wake_settle_us, us) << c->ToString();
+  }
+  EXPECT_EQ(ParseAllocatorConfig("wake_settle_ms:5")->ToString(), "");
+  for (const char* bad : {"wake_settle_ms:-1", "wake_settle_ms:1001", "wake_settle_ms:x",
+                          "wake_settle_ms:nan"}) {
+    auto b = ParseAllocatorConfig(bad);
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_THAT(b.status().message(), HasSubstr("milliseconds from 0 to 1000")) << bad;
+    EXPECT_THAT(b.status().message(), HasSubstr("wake_settle_ms")) << bad;
   }
 }
 

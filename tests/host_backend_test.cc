@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -90,6 +91,38 @@ TEST(HostBackendTest, ManualCompletionHoldsEvents) {
   EXPECT_EQ(b.PendingWork(s), 0);
   EXPECT_TRUE(b.DestroyEvent(e).ok());
   EXPECT_TRUE(b.DestroyStream(s).ok());
+}
+
+TEST(HostBackendTest, HostFunctionsRunInStreamOrder) {
+  HostBackend b({.manual_completion = true});
+  Stream s = *b.CreateStream(0), t = *b.CreateStream(0);
+  std::vector<int> ran;
+  ASSERT_TRUE(b.EnqueueWork(s).ok());
+  ASSERT_TRUE(b.LaunchHostFunction(s, [&] { ran.push_back(1); }).ok());
+  ASSERT_TRUE(b.LaunchHostFunction(s, [&] { ran.push_back(2); }).ok());
+  EXPECT_TRUE(ran.empty()) << "the work before them has not completed";
+  EXPECT_EQ(b.PendingWork(s), 3);  // each is a unit of work
+  ASSERT_TRUE(b.CompleteWork(s).ok());
+  EXPECT_EQ(ran, (std::vector<int>{1, 2}));
+  // Behind a wait on another stream: runs once that stream gets there.
+  Event e = *b.CreateEvent(0);
+  ASSERT_TRUE(b.EnqueueWork(t).ok());
+  ASSERT_TRUE(b.RecordEvent(e, t).ok());
+  ASSERT_TRUE(b.StreamWaitEvent(s, e).ok());
+  ASSERT_TRUE(b.LaunchHostFunction(s, [&] { ran.push_back(3); }).ok());
+  EXPECT_EQ(ran.size(), 2u);
+  ASSERT_TRUE(b.CompleteWork(t).ok());
+  EXPECT_TRUE(*b.QueryStream(s));
+  EXPECT_EQ(ran, (std::vector<int>{1, 2, 3}));
+  EXPECT_FALSE(b.LaunchHostFunction(Stream{0xbad}, [&] { ran.push_back(4); }).ok());
+  EXPECT_EQ(ran.size(), 3u);
+  EXPECT_TRUE(b.DestroyEvent(e).ok());
+  EXPECT_TRUE(b.DestroyStream(s).ok());
+  EXPECT_TRUE(b.DestroyStream(t).ok());
+  // Immediate mode: at once.
+  HostBackend now;
+  ASSERT_TRUE(now.LaunchHostFunction(kDefaultStream, [&] { ran.push_back(5); }).ok());
+  EXPECT_EQ(ran.back(), 5);
 }
 
 TEST(HostBackendTest, SynchronizeEventCompletesTheWork) {

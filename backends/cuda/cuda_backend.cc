@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -19,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/driver_api.h"
+#include "backends/host_function.h"
 
 namespace cma {
 namespace {
@@ -441,6 +443,16 @@ class CudaBackend final : public Backend {
     if (err == cudaSuccess) return true;
     if (err == cudaErrorNotReady) return false;
     return CudaStatus(err, "cudaStreamQuery");
+  }
+
+  absl::Status LaunchHostFunction(Stream stream, HostFunction fn) override {
+    void* data = NewHostFunction(std::move(fn));
+    const cudaError_t err = cudaLaunchHostFunc(AsStream(stream), RunHostFunction, data);
+    if (err != cudaSuccess) {
+      DropHostFunction(data);
+      return CudaStatus(err, "cudaLaunchHostFunc");
+    }
+    return absl::OkStatus();
   }
 
   absl::StatusOr<bool> IsCapturing(Stream stream) override {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
@@ -83,6 +84,9 @@ class FaultInjectingBackend final : public Backend {
   absl::Status ValidateStream(int device, Stream stream) override;
   absl::Status SynchronizeStream(Stream stream) override;
   absl::StatusOr<bool> QueryStream(Stream stream) override;
+  absl::Status LaunchHostFunction(Stream stream, absl::AnyInvocable<void() &&> fn) override {
+    return inner_.LaunchHostFunction(stream, std::move(fn));
+  }
   absl::StatusOr<bool> IsCapturing(Stream stream) override { return inner_.IsCapturing(stream); }
   absl::StatusOr<std::optional<CaptureFrontier>> CaptureFrontierOf(Stream stream) override {
     return inner_.CaptureFrontierOf(stream);

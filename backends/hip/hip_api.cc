@@ -51,6 +51,8 @@ absl::StatusOr<HipApi> Load() {
 #undef CMA_HIP_LOAD
   api.hipRuntimeGetVersion =
       reinterpret_cast<decltype(api.hipRuntimeGetVersion)>(dlsym(lib, "hipRuntimeGetVersion"));
+  api.hipLaunchHostFunc =
+      reinterpret_cast<decltype(api.hipLaunchHostFunc)>(dlsym(lib, "hipLaunchHostFunc"));
   return api;  // the library stays loaded for the life of the process
 }
 

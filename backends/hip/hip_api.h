@@ -34,8 +34,9 @@ struct HipApi {
 #undef CMA_HIP_MEMBER
   // Overloaded in C++ (a template for typed pointers): named by its C form.
   hipError_t (*hipMallocManaged)(void**, size_t, unsigned int) = nullptr;
-  // Optional (nullptr when the library lacks it).
+  // Optional (nullptr when the library lacks them).
   decltype(&::hipRuntimeGetVersion) hipRuntimeGetVersion = nullptr;
+  decltype(&::hipLaunchHostFunc) hipLaunchHostFunc = nullptr;
   // The file the runtime was loaded from.
   std::string library;
 

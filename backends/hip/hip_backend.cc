@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,7 @@
 #include "backends/hip/hip_api.h"
 #include "backends/hip/hip_managed_rules.h"
 #include "backends/hip/hip_status.h"
+#include "backends/host_function.h"
 
 namespace cma {
 namespace {
@@ -222,6 +224,19 @@ class HipBackend final : public Backend {
     if (e == hipSuccess) return true;
     if (e == hipErrorNotReady) return false;
     return HipStatus(*hip_, e, "hipStreamQuery");
+  }
+
+  absl::Status LaunchHostFunction(Stream stream, HostFunction fn) override {
+    if (hip_->hipLaunchHostFunc == nullptr) {
+      return absl::UnimplementedError(absl::StrCat(hip_->library, " lacks hipLaunchHostFunc"));
+    }
+    void* data = NewHostFunction(std::move(fn));
+    const hipError_t e = hip_->hipLaunchHostFunc(AsStream(stream), RunHostFunction, data);
+    if (e != hipSuccess) {
+      DropHostFunction(data);
+      return HipStatus(*hip_, e, "hipLaunchHostFunc");
+    }
+    return absl::OkStatus();
   }
 
   absl::StatusOr<Event> CreateEvent(int device) override {

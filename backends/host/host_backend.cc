@@ -64,6 +64,15 @@ absl::StatusOr<HostBackend::StreamState*> HostBackend::FindStream(Stream stream)
 
 void HostBackend::Advance(StreamState& s) const {
   if (!options_.manual_completion) s.completed = s.submitted;
+  RunCompletedHostFunctions(s);
+}
+
+void HostBackend::RunCompletedHostFunctions(StreamState& s) {
+  while (!s.host_functions.empty() && s.host_functions.begin()->first <= s.completed) {
+    auto fn = std::move(s.host_functions.begin()->second);
+    s.host_functions.erase(s.host_functions.begin());
+    std::move(fn)();
+  }
 }
 
 // ---------------------------------------------------------------- devices
@@ -432,6 +441,17 @@ absl::StatusOr<bool> HostBackend::QueryStream(Stream stream) {
   return (*st)->completed >= (*st)->submitted;
 }
 
+absl::Status HostBackend::LaunchHostFunction(Stream stream, absl::AnyInvocable<void() &&> fn) {
+  MutexLock l(&mu_);
+  Count("LaunchHostFunction");
+  auto st = FindStream(stream);
+  if (!st.ok()) return st.status();
+  (*st)->host_functions.emplace(++(*st)->submitted, std::move(fn));
+  Advance(**st);
+  Settle(**st);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> HostBackend::IsCapturing(Stream stream) {
   MutexLock l(&mu_);
   Count("IsCapturing");
@@ -482,11 +502,17 @@ void HostBackend::CompleteUpTo(Stream stream, std::int64_t ticket, int depth) {
     if (depth < 64) CompleteUpTo(on, on_ticket, depth + 1);
   }
   s.completed = std::max(s.completed, ticket);
+  RunCompletedHostFunctions(s);
 }
 
 void HostBackend::Settle(StreamState& s, int depth) {
   while (s.completed < s.submitted) {
     const std::int64_t unit = s.completed + 1;
+    if (s.host_functions.count(unit) != 0) {  // nothing to wait for but what came before
+      ++s.completed;
+      RunCompletedHostFunctions(s);
+      continue;
+    }
     auto w = s.waits.find(unit);
     if (w == s.waits.end()) return;  // ordinary work: CompleteWork finishes it
     const auto [on_stream, ticket] = w->second;
@@ -501,6 +527,7 @@ void HostBackend::Settle(StreamState& s, int depth) {
     if (s.completed + 1 == unit) {
       s.waits.erase(unit);
       ++s.completed;
+      RunCompletedHostFunctions(s);
     }
   }
 }

@@ -144,6 +144,11 @@ class HostBackend final : public Backend {
   absl::Status ValidateStream(int device, Stream stream) override;
   absl::Status SynchronizeStream(Stream stream) override;
   absl::StatusOr<bool> QueryStream(Stream stream) override;
+  // Runs `fn` when the stream's work before it completes: at once in
+  // immediate mode, else when CompleteWork (or a wait's resolution) gets
+  // there, on the calling thread, under the backend's lock (so `fn` must not
+  // call the backend, as the contract says). Counts as one unit of work.
+  absl::Status LaunchHostFunction(Stream stream, absl::AnyInvocable<void() &&> fn) override;
   // As CUDA's cudaStreamIsCapturing; a test marks a stream (SetCapturing).
   absl::StatusOr<bool> IsCapturing(Stream stream) override;
   // The capture graph the test built (SetCapturing, AddCaptureNode, JoinCapture).
@@ -234,6 +239,8 @@ class HostBackend final : public Backend {
     // position: unit number -> (stream, ticket). A wait completes by itself
     // once that stream gets there; later units cannot complete before it.
     std::map<std::int64_t, std::pair<Stream, std::int64_t>> waits;
+    // Host functions by the unit of work they are (LaunchHostFunction).
+    std::map<std::int64_t, absl::AnyInvocable<void() &&>> host_functions;
     bool capturing = false;
     std::uint64_t capture = 0;                 // while capturing: its sequence
     std::vector<CaptureNode> capture_frontier;  // see CaptureFrontier
@@ -290,6 +297,8 @@ class HostBackend final : public Backend {
   // `stream` settled, or nullptr once it is destroyed.
   StreamState* Settled(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Advance(StreamState& s) const;  // immediate mode completes at once
+  // Runs (and forgets) the host functions `s` has completed.
+  static void RunCompletedHostFunctions(StreamState& s);
   void DropPhysical(absl::flat_hash_map<PhysicalHandle, PhysicalMemory>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

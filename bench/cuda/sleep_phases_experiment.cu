@@ -420,7 +420,8 @@ void Cycles(const char* what, State& st, int cycles, F f) {
 
 int main(int argc, char** argv) {
   // `sp kv`: only the KV-beside-copies section (after the setup); `sp
-  // delay`: only the wake-after-a-pause section.
+  // delay`: only the wake-after-a-pause section; `sp gap`: only the ways
+  // to wake right after a sleep.
   const std::string only = argc < 2 ? "" : argv[1];
   const bool all = only.empty();
   setvbuf(stdout, nullptr, _IOLBF, 0);  // a timeout must not lose what was measured
@@ -558,6 +559,54 @@ int main(int argc, char** argv) {
              delay_ms, Ms(ev[0], ev[1]), call1, Ms(ev[1], ev[2]), Ms(ev[2], ev[3]));
       for (auto& e : ev) CHECK(cudaEventDestroy(e));
     });
+  }
+  Section("wake right after a sleep: ways to avoid copies at fault speed");
+  // Round robin over the ways so that drift does not favour one; every
+  // cycle sleeps (256 MiB copies out, discard, synchronise) and wakes at
+  // once unless the way pauses. "touch" writes one byte of every state
+  // page with a strided memset (a kernel: its faults are the replayable
+  // kind) between the population and the copies; "advise" states the
+  // preferred location again before populating; "sync" synchronises
+  // between population and copies; "htod" names the copy's direction.
+  {
+    const char* ways[] = {"now", "pause5", "touch", "advise", "sync", "htod"};
+    const int rounds = only == "gap" ? 8 : 0;
+    const size_t pages = st.kept_pages.n / kPage;
+    for (int r = 0; r < rounds; ++r) {
+      for (const char* way : ways) {
+        const std::string w = way;
+        Cycles(way, st, 1, [&](int) {
+          double cp, dis;
+          SleepRun(st, 256 * kMiB, s, &cp, &dis);
+          if (w == "pause5") std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          if (w == "advise") {
+            CHECK(cudaMemAdvise(st.kept_pages.p, st.kept_pages.n + st.kv.n,
+                                cudaMemAdviseSetPreferredLocation, kDev));
+          }
+          cudaEvent_t ev[4];
+          for (auto& e : ev) CHECK(cudaEventCreate(&e));
+          auto t0 = std::chrono::steady_clock::now();
+          CHECK(cudaEventRecord(ev[0], s));
+          DiscardAndPrefetch({st.kept_pages, st.kv}, kDev, s);
+          CHECK(cudaEventRecord(ev[1], s));
+          if (w == "touch") CHECK(cudaMemset2DAsync(st.kept_pages.p, kPage, 0, 1, pages, s));
+          if (w == "sync") CHECK(cudaStreamSynchronize(s));
+          CHECK(cudaEventRecord(ev[2], s));
+          for (const Range& c : Chunks(st.kept_pages, 256 * kMiB)) {
+            CHECK(cudaMemcpyAsync(c.p, st.staging + (c.p - st.kept_pages.p), c.n,
+                                  w == "htod" ? cudaMemcpyHostToDevice : cudaMemcpyDefault, s));
+          }
+          CHECK(cudaEventRecord(ev[3], s));
+          CHECK(cudaStreamSynchronize(s));
+          const double wake_ms = Seconds(t0) * 1e3;
+          const double copy = Ms(ev[2], ev[3]);
+          printf("gap r%d %-7s: wake %7.1f ms = populate %.1f + between %.1f + copy %.1f%s\n", r,
+                 way, wake_ms, Ms(ev[0], ev[1]), Ms(ev[1], ev[2]), copy,
+                 copy > 200 ? "  FAULT SPEED" : "");
+          for (auto& e : ev) CHECK(cudaEventDestroy(e));
+        });
+      }
+    }
   }
   Section("kv population beside the copies");
   for (const bool aside : {false, true, false, true}) {

@@ -89,6 +89,8 @@ Err StreamCreate(void** stream, bool non_blocking);
 Err StreamDestroy(void* stream);
 Err StreamSynchronize(void* stream);
 Err StreamQuery(void* stream);
+// `fn(data)` on the runtime's thread once the work queued before it completes.
+Err LaunchHostFunc(void* stream, void (*fn)(void*), void* data);
 Err StreamNonBlocking(void* stream, bool* non_blocking);
 Err StreamWaitEvent(void* stream, void* event);
 

@@ -225,6 +225,9 @@ Err StreamCreate(void** stream, bool non_blocking) {
 Err StreamDestroy(void* stream) { return Fold(cudaStreamDestroy(S(stream))); }
 Err StreamSynchronize(void* stream) { return Fold(cudaStreamSynchronize(S(stream))); }
 Err StreamQuery(void* stream) { return Fold(cudaStreamQuery(S(stream))); }
+Err LaunchHostFunc(void* stream, void (*fn)(void*), void* data) {
+  return Fold(cudaLaunchHostFunc(S(stream), fn, data));
+}
 Err StreamNonBlocking(void* stream, bool* non_blocking) {
   unsigned int flags = 0;
   const Err e = Fold(cudaStreamGetFlags(S(stream), &flags));

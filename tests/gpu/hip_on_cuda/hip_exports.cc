@@ -334,6 +334,12 @@ hipError_t hipStreamQuery(hipStream_t stream) {
   return ToHip(StreamQuery(stream));
 }
 
+hipError_t hipLaunchHostFunc(hipStream_t stream, hipHostFn_t fn, void* data) {
+  if (fn == nullptr) return Refuse(hipErrorInvalidValue);
+  if (!StreamOk(stream)) return Refuse(hipErrorContextIsDestroyed);
+  return ToHip(LaunchHostFunc(stream, fn, data));
+}
+
 hipError_t hipStreamGetFlags(hipStream_t stream, unsigned int* flags) {
   if (stream == nullptr || flags == nullptr) return Refuse(hipErrorInvalidValue);
   if (!StreamOk(stream)) return Refuse(hipErrorContextIsDestroyed);
