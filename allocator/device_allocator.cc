@@ -54,6 +54,7 @@ DeviceAllocator::~DeviceAllocator() {
     }
     delete seg;
   }
+  discard_settle_.Release(*backend_);
   for (Event e : spare_events_) (void)backend_->DestroyEvent(e);
   for (auto& p : pending_) (void)backend_->DestroyEvent(p.event);
   for (Block* b : spare_blocks_) delete b;

@@ -178,6 +178,7 @@ class DeviceAllocator {
   // clears its stream uses. Makes calls: never while quiet.
   void FenceStreamUses(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RefuseWhileQuiet(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckWake(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ---- checkpoints of private pools (pool_checkpoint.cc) ----
   // The index of a known pool that holds a reference, or why not.
   absl::StatusOr<std::uint32_t> ReferencedPool(MemPoolId id, const char* what)
@@ -441,8 +442,8 @@ class DeviceAllocator {
   // staging_ on: the next Sleep writes there only after them.
   absl::flat_hash_set<Stream> staging_readers_ ABSL_GUARDED_BY(mu_);
   // The pause between a Sleep's discards and the next population of its
-  // pages (wake_settle_ms).
-  DiscardSettle discard_settle_ ABSL_GUARDED_BY(mu_);
+  // pages (wake_settle_ms); locks itself (a Wake waits outside mu_).
+  DiscardSettle discard_settle_;
   std::int64_t settle_waits_reset_ ABSL_GUARDED_BY(mu_) = 0;  // waits() at the last reset
   DeviceStats stats_ ABSL_GUARDED_BY(mu_);
 

@@ -530,6 +530,25 @@ class CudaBackend final : public Backend {
     return reinterpret_cast<Event>(e);
   }
 
+  absl::StatusOr<Event> CreateTimingEvent(int device) override {
+    CMA_RETURN_IF_ERROR(CheckDevice(device));
+    DeviceGuard g(device);
+    CMA_RETURN_IF_ERROR(g.status());
+    cudaEvent_t e;
+    CMA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDefault));
+    return reinterpret_cast<Event>(e);
+  }
+
+  absl::StatusOr<float> ElapsedMs(Event start, Event end) override {
+    float ms = 0;
+    const cudaError_t err = cudaEventElapsedTime(&ms, AsEvent(start), AsEvent(end));
+    if (err == cudaErrorNotReady) {
+      return absl::FailedPreconditionError("cudaEventElapsedTime: an event has not completed");
+    }
+    if (err != cudaSuccess) return CudaStatus(err, "cudaEventElapsedTime");
+    return ms;
+  }
+
   absl::Status DestroyEvent(Event event) override {
     CMA_CUDA_RETURN_IF_ERROR(cudaEventDestroy(AsEvent(event)));
     return absl::OkStatus();

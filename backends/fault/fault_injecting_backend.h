@@ -87,6 +87,12 @@ class FaultInjectingBackend final : public Backend {
   absl::Status LaunchHostFunction(Stream stream, absl::AnyInvocable<void() &&> fn) override {
     return inner_.LaunchHostFunction(stream, std::move(fn));
   }
+  absl::StatusOr<Event> CreateTimingEvent(int device) override {
+    return inner_.CreateTimingEvent(device);
+  }
+  absl::StatusOr<float> ElapsedMs(Event start, Event end) override {
+    return inner_.ElapsedMs(start, end);
+  }
   absl::StatusOr<bool> IsCapturing(Stream stream) override { return inner_.IsCapturing(stream); }
   absl::StatusOr<std::optional<CaptureFrontier>> CaptureFrontierOf(Stream stream) override {
     return inner_.CaptureFrontierOf(stream);

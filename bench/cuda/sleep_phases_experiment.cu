@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -421,7 +422,8 @@ void Cycles(const char* what, State& st, int cycles, F f) {
 int main(int argc, char** argv) {
   // `sp kv`: only the KV-beside-copies section (after the setup); `sp
   // delay`: only the wake-after-a-pause section; `sp gap`: only the ways
-  // to wake right after a sleep.
+  // to wake right after a sleep; `sp mark`: only the host function after
+  // the discards.
   const std::string only = argc < 2 ? "" : argv[1];
   const bool all = only.empty();
   setvbuf(stdout, nullptr, _IOLBF, 0);  // a timeout must not lose what was measured
@@ -603,6 +605,83 @@ int main(int argc, char** argv) {
           printf("gap r%d %-7s: wake %7.1f ms = populate %.1f + between %.1f + copy %.1f%s\n", r,
                  way, wake_ms, Ms(ev[0], ev[1]), Ms(ev[1], ev[2]), copy,
                  copy > 200 ? "  FAULT SPEED" : "");
+          for (auto& e : ev) CHECK(cudaEventDestroy(e));
+        });
+      }
+    }
+  }
+  Section("a host function after the discards");
+  // Does a host function queued after the discards (cma's settle mark)
+  // lengthen the sleep, and does the wake right after it still copy at
+  // fault speed? "plain": no host function, wake at once; "mark": a host
+  // function after the discards, wake at once; "mark+hold": also one
+  // before the population that waits out 5 ms since the mark ran (cma's
+  // wake_settle_ms:5); "pause5": no host function, 5 ms on the host;
+  // "side+hold": the mark on a side stream that waits for the discards.
+  {
+    const char* ways[] = {"plain", "mark", "mark+hold", "pause5", "side+hold"};
+    const int rounds = only == "mark" ? 8 : 0;
+    cudaEvent_t discarded;
+    CHECK(cudaEventCreateWithFlags(&discarded, cudaEventDisableTiming));
+    static std::atomic<int64_t> mark_ns{0};
+    static std::atomic<int> held{0};
+    auto now_ns = [] {
+      return std::chrono::duration_cast<std::chrono::nanoseconds>(
+                 std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+    };
+    for (int r = 0; r < rounds; ++r) {
+      for (const char* way : ways) {
+        const std::string w = way;
+        Cycles(way, st, 1, [&](int) {
+          cudaEvent_t ev[5];
+          for (auto& e : ev) CHECK(cudaEventCreate(&e));
+          auto t0 = std::chrono::steady_clock::now();
+          CHECK(cudaEventRecord(ev[0], s));
+          for (const Range& c : Chunks(st.kept_pages, 256 * kMiB)) {
+            CHECK(cudaMemcpyAsync(st.staging + (c.p - st.kept_pages.p), c.p, c.n,
+                                  cudaMemcpyDefault, s));
+          }
+          Discard({st.kept_pages, st.kv}, s);
+          CHECK(cudaEventRecord(ev[1], s));
+          if (w == "side+hold") {
+            // The mark on a side stream that waits for the discards: the
+            // sleep's own stream holds no host function.
+            CHECK(cudaEventRecord(discarded, s));
+            CHECK(cudaStreamWaitEvent(pop, discarded, 0));
+            CHECK(cudaLaunchHostFunc(pop, [](void*) { mark_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count()); }, nullptr));
+          } else if (w != "plain" && w != "pause5") {
+            CHECK(cudaLaunchHostFunc(s, [](void*) { mark_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count()); }, nullptr));
+          }
+          CHECK(cudaStreamSynchronize(s));
+          const double sleep_ms = Seconds(t0) * 1e3;
+          if (w == "pause5") std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          held = 0;
+          const int64_t woke_at = now_ns();
+          t0 = std::chrono::steady_clock::now();
+          CHECK(cudaEventRecord(ev[2], s));
+          if (w == "mark+hold" || w == "side+hold") {
+            CHECK(cudaLaunchHostFunc(s, [](void*) {
+              const int64_t left = mark_ns.load() + 5000000 -
+                  std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+              if (left > 0) { held = 1; std::this_thread::sleep_for(std::chrono::nanoseconds(left)); }
+            }, nullptr));
+          }
+          DiscardAndPrefetch({st.kept_pages, st.kv}, kDev, s);
+          CHECK(cudaEventRecord(ev[3], s));
+          for (const Range& c : Chunks(st.kept_pages, 256 * kMiB)) {
+            CHECK(cudaMemcpyAsync(c.p, st.staging + (c.p - st.kept_pages.p), c.n,
+                                  cudaMemcpyDefault, s));
+          }
+          CHECK(cudaEventRecord(ev[4], s));
+          CHECK(cudaStreamSynchronize(s));
+          const double wake_ms = Seconds(t0) * 1e3;
+          const double copy = Ms(ev[3], ev[4]);
+          printf("mark r%d %-9s: sleep %6.1f ms (stream %.1f, mark %+.1f ms before the wake) | "
+                 "wake %7.1f ms = populate %.1f + copy %.1f%s%s\n",
+                 r, way, sleep_ms, Ms(ev[0], ev[1]),
+                 w == "plain" || w == "pause5" ? 0.0 : (woke_at - mark_ns.load()) / 1e6, wake_ms,
+                 Ms(ev[2], ev[3]), copy, held ? " (held)" : "", copy > 200 ? "  FAULT SPEED" : "");
           for (auto& e : ev) CHECK(cudaEventDestroy(e));
         });
       }
