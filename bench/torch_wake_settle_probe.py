@@ -1,0 +1,60 @@
+"""Wakes right after sleeps, through cma.torch, with and without the settle
+pause (issue 21; allocator/discard_settle.h says why the pause exists).
+
+A state like the sleep benchmark's (444 fp32 tensors of GPT-2 12 x 1536
+shapes: parameters and two AdamW moments, ~5.0 GB) plus a 4 GiB KV cache
+marked disposable, on cma's default route; then `--cycles` times: sleep()
+(which synchronises) and wake() at once, each timed; a wake whose copies
+ran at fault speed takes seconds instead of ~0.15 s. Every tensor's first
+and last element is checked after the last wake. One JSON line:
+
+    CMA_ALLOC_CONF=managed_budget:16G,wake_settle_ms:0 python3 torch_wake_settle_probe.py
+"""
+import json
+import sys
+import time
+
+
+def shapes():
+    d, v, ctx = 1536, 50257, 1024
+    p = [v * d, ctx * d]
+    for _ in range(12):
+        p += [d, d, d * 3 * d, 3 * d, d * d, d, d, d, d * 4 * d, 4 * d, 4 * d * d, d]
+    return p + [d, d]
+
+
+def main():
+    cycles = int(sys.argv[1]) if len(sys.argv) > 1 else 8
+    import torch
+    import cma.torch as cmat
+    cmat.use_as_default()
+    state = []
+    for k in range(3):
+        for i, n in enumerate(shapes()):
+            state.append(torch.full((n,), float(k * 1000 + i), device="cuda"))
+    kv = torch.empty(4 << 30, dtype=torch.uint8, device="cuda")
+    cmat.mark_disposable(kv)
+    sbytes = sum(t.numel() * 4 for t in state)
+    torch.cuda.synchronize()
+    out = {"tensors": len(state), "state_bytes": sbytes, "cycles": []}
+    for _ in range(cycles):
+        t0 = time.perf_counter()
+        cmat.sleep()
+        ts = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cmat.wake()
+        torch.cuda.synchronize()
+        tw = time.perf_counter() - t0
+        out["cycles"].append({"sleep_s": ts, "wake_s": tw, "wake_GBps": sbytes / tw / 1e9,
+                              "settle_waits": cmat.memory_stats(0).get("num_wake_settle_waits")})
+    ok = True
+    for j, t in enumerate(state):
+        k, i = divmod(j, len(shapes()))
+        want = float(k * 1000 + i)
+        ok = ok and t[0].item() == want and t[-1].item() == want
+    out["contents_kept"] = ok
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
