@@ -1,13 +1,15 @@
 // Keeps a Wake's population a few milliseconds clear of a Sleep's discards.
 //
 // Why: with driver 580 (H100 and H200), managed pages populated again right
-// after a discard completed on the stream were, in half the cycles, copied
-// into by the copy engine at fault speed (a 5 GB copy back took 0.3-3.8 s
-// instead of 0.1 s), although their population had completed. A 5 ms pause
-// on the host between the sleep's completion and the wake avoided it in
-// every cycle measured, on two machines; writing a byte of every page
-// first, stating the preferred location again, synchronising between
-// population and copies and naming the copy's direction did not. The
+// after a discard completed on the stream were copied into by the copy
+// engine at fault speed in 9 of 26 raw cycles (a 5 GB copy back took
+// 0.3-3.8 s instead of 0.1 s), although their population had completed. A
+// pause of 5 ms or more on the host between the sleep's completion and the
+// wake: 0 of 30; writing a byte of every page first, stating the preferred
+// location again, synchronising between population and copies and naming
+// the copy's direction did not help. (Through cma's own path the
+// pathology was rarer, 1 of 24 with and without the pause on one machine,
+// 5 of 20 on another before the pause existed.) The
 // driver goes on working for ~30 ms after a discard completes on the
 // stream, and a host function queued anywhere after it runs only once that
 // work is done: a host function after the Sleep's discards would lengthen
