@@ -228,10 +228,11 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
   }
   absl::flat_hash_map<Stream, bool> discarded;
   for (auto& [stream, ranges] : by_stream) {
-    const bool ok = backend_->DiscardBatch(ranges, stream).ok();
+    absl::Status d = backend_->DiscardBatch(ranges, stream);
+    const bool ok = d.ok();
     discarded[stream] = ok;
     if (!ok) {
-      ++stats_.num_placement_errors;  // the pages stay populated and valid
+      NotePlacementError(std::move(d));  // the pages stay populated and valid
       continue;
     }
     ++stats_.discard_calls;
@@ -299,8 +300,8 @@ void DeviceAllocator::DiscardPagesInside(Block* b, bool already_discarded, bool 
     }
     return;
   }
-  if (!backend_->DiscardBatch(ranges, b->stream).ok()) {
-    ++stats_.num_placement_errors;
+  if (absl::Status d = backend_->DiscardBatch(ranges, b->stream); !d.ok()) {
+    NotePlacementError(std::move(d));
     return;
   }
   for (std::size_t p : idle) ForgetIdlePage(seg, p);

@@ -327,6 +327,13 @@ absl::StatusOr<DeviceStats> CachingManagedAllocator::GetStats(int device) {
   return (*d)->GetStats();
 }
 
+absl::StatusOr<std::string> CachingManagedAllocator::LastPlacementError(int device) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  absl::Status s = (*d)->LastPlacementError();
+  return s.ok() ? std::string() : s.ToString();
+}
+
 DeviceStats CachingManagedAllocator::GetStats() {
   DeviceStats total;
   for (auto& d : devices_) total += d->GetStats();

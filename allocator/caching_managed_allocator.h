@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -200,6 +201,10 @@ class CachingManagedAllocator {
 
   absl::StatusOr<DeviceStats> GetStats(int device);
   DeviceStats GetStats();  // summed over devices
+  // The last failure num_placement_errors counted on `device` (a hint the
+  // backend refused, a Sleep's copies that fell back to migrating, ...):
+  // its message, "" if none.
+  absl::StatusOr<std::string> LastPlacementError(int device);
   // Managed-memory budget of one device: `fraction` in [0, 1] of its total
   // memory (PyTorch's set_per_process_memory_fraction; 0 refuses every
   // allocation, as PyTorch's does).

@@ -110,6 +110,9 @@ class DeviceAllocator {
   void SetBudget(std::size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   std::size_t device_total() const { return device_total_; }
   DeviceStats GetStats() ABSL_LOCKS_EXCLUDED(mu_);
+  // The last failure counted in num_placement_errors (a hint the backend
+  // refused, a Sleep's copies that fell back to migrating, ...); OK if none.
+  absl::Status LastPlacementError() ABSL_LOCKS_EXCLUDED(mu_);
   void ResetPeakStats() ABSL_LOCKS_EXCLUDED(mu_);
   void ResetAccumulatedStats() ABSL_LOCKS_EXCLUDED(mu_);
   void AppendSnapshot(std::vector<SegmentSnapshot>* out) ABSL_LOCKS_EXCLUDED(mu_);
@@ -179,6 +182,9 @@ class DeviceAllocator {
   void FenceStreamUses(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RefuseWhileQuiet(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckWake(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a failed hint or fallback (num_placement_errors) and keeps its
+  // status for LastPlacementError.
+  void NotePlacementError(absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ---- checkpoints of private pools (pool_checkpoint.cc) ----
   // The index of a known pool that holds a reference, or why not.
   absl::StatusOr<std::uint32_t> ReferencedPool(MemPoolId id, const char* what)
@@ -446,6 +452,7 @@ class DeviceAllocator {
   DiscardSettle discard_settle_;
   std::int64_t settle_waits_reset_ ABSL_GUARDED_BY(mu_) = 0;  // waits() at the last reset
   DeviceStats stats_ ABSL_GUARDED_BY(mu_);
+  absl::Status last_placement_error_ ABSL_GUARDED_BY(mu_);
 
   struct PrivatePool {
     MemPoolId id;

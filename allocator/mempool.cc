@@ -154,7 +154,7 @@ void DeviceAllocator::FenceStreamUses(Block* b) {
     if (ev.ok()) spare_events_.push_back(*ev);
     // A stream that can be neither fenced nor waited for has failed (its
     // context is gone, so no work of it still runs): counted, not waited.
-    if (!backend_->SynchronizeStream(s).ok()) ++stats_.num_placement_errors;
+    if (absl::Status w = backend_->SynchronizeStream(s); !w.ok()) NotePlacementError(std::move(w));
   }
   b->stream_uses.clear();
 }

@@ -39,7 +39,7 @@ absl::Status DeviceAllocator::Execute(PlacementAction action, absl::Span<const R
     s = backend_->DiscardAndPrefetchBatch(ranges, target, stream);
   }
   if (!s.ok()) {
-    ++stats_.num_placement_errors;
+    NotePlacementError(s);
     return s;
   }
   std::int64_t bytes = 0;
@@ -53,10 +53,10 @@ absl::Status DeviceAllocator::Execute(PlacementAction action, absl::Span<const R
 
 void DeviceAllocator::ApplyAdvice(const AdviceList& advice, void* ptr, std::size_t bytes) {
   for (const auto& [a, location] : advice) {
-    if (backend_->Advise(ptr, bytes, a, location).ok()) {
+    if (absl::Status s = backend_->Advise(ptr, bytes, a, location); s.ok()) {
       ++stats_.advise_calls;
     } else {
-      ++stats_.num_placement_errors;  // advice is a hint: the memory stays valid
+      NotePlacementError(std::move(s));  // advice is a hint: the memory stays valid
     }
   }
 }
@@ -126,11 +126,11 @@ void DeviceAllocator::OnFreed(Block* b) {
   // Ordered on the block's stream after its last use; other streams' uses
   // have completed (their events) by the time we get here.
   const Range r{b->ptr(), b->size};
-  if (backend_->DiscardBatch({&r, 1}, b->stream).ok()) {
+  if (absl::Status d = backend_->DiscardBatch({&r, 1}, b->stream); d.ok()) {
     stats_.discarded_bytes += static_cast<std::int64_t>(b->size);
     b->placed = false;  // nothing resident to speak of: the next use populates
   } else {
-    ++stats_.num_placement_errors;
+    NotePlacementError(std::move(d));
   }
 }
 

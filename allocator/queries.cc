@@ -32,6 +32,16 @@ DeviceStats DeviceAllocator::GetStats() {
   return s;
 }
 
+absl::Status DeviceAllocator::LastPlacementError() {
+  MutexLock l(&mu_);
+  return last_placement_error_;
+}
+
+void DeviceAllocator::NotePlacementError(absl::Status s) {
+  ++stats_.num_placement_errors;
+  last_placement_error_ = std::move(s);
+}
+
 void DeviceAllocator::ResetPeakStats() {
   MutexLock l(&mu_);
   for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,

@@ -91,7 +91,7 @@ absl::Status DeviceAllocator::EmptyCache() {
   // cudaFree done: another process, or nvidia-smi, may look right after).
   // A stream that cannot be waited for keeps its discard queued.
   for (Stream s : queued_on) {
-    if (!backend_->SynchronizeStream(s).ok()) ++stats_.num_placement_errors;
+    if (absl::Status w = backend_->SynchronizeStream(s); !w.ok()) NotePlacementError(std::move(w));
   }
   if (!queued_on.empty()) ++stats_.num_sync_all_streams;
   // Arenas hold no memory once their idle pages are discarded, but a user

@@ -88,13 +88,16 @@ void DeviceAllocator::StageOut(absl::Span<const StagedBlock> parts, Stream strea
   // Queues the copies gathered so far; on failure their parts migrate.
   auto flush = [&]() {
     if (copies.empty()) return;
-    if (backend_->CopyBatch(copies, stream).ok()) {
+    absl::Status c = backend_->CopyBatch(copies, stream);
+    if (c.ok()) {
       for (std::size_t i : batch) {
         staged_[parts[i].block->addr] = {offset[i], parts[i].bytes};
         stats_.sleep_staged_bytes += static_cast<std::int64_t>(parts[i].bytes.bytes);
       }
     } else {
-      ++stats_.num_placement_errors;
+      NotePlacementError(absl::Status(
+          c.code(), absl::StrCat("cma: sleep: copies into the pinned staging failed (",
+                                 batch.size(), " allocations migrate instead): ", c.message())));
       for (std::size_t i : batch) migrate->push_back(parts[i].bytes);
     }
     copies.clear();

@@ -23,6 +23,30 @@ def shapes():
     return p + [d, d]
 
 
+def large_mappings(least=64 << 20):
+    """Where the process's big host mappings live (the pinned staging among
+    them): /proc/self/numa_maps lines of mappings of `least` bytes or more,
+    with their page size and pages per NUMA node."""
+    rows = []
+    try:
+        with open("/proc/self/numa_maps") as f:
+            for line in f:
+                fields = line.split()
+                kv = dict(x.split("=", 1) for x in fields[2:] if "=" in x)
+                page = int(kv.get("kernelpagesize_kB", "4")) << 10
+                pages = sum(int(v) for k, v in kv.items() if k.startswith("N") and k[1:].isdigit())
+                if pages * page >= least:
+                    rows.append(line.strip())
+    except OSError as e:
+        rows.append("numa_maps unreadable: %s" % e)
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            rows += [ln.strip() for ln in f if ln.startswith(("AnonHugePages", "Rss"))]
+    except OSError:
+        pass
+    return rows
+
+
 def main():
     cycles = int(sys.argv[1]) if len(sys.argv) > 1 else 8
     import torch
@@ -37,16 +61,28 @@ def main():
     sbytes = sum(t.numel() * 4 for t in state)
     torch.cuda.synchronize()
     out = {"tensors": len(state), "state_bytes": sbytes, "cycles": []}
-    for _ in range(cycles):
+    keys = ("prefetched_bytes_to_host", "prefetched_bytes_to_device", "sleep_staged_bytes",
+            "sleep_restored_bytes", "discarded_bytes", "num_pages_populated", "moves",
+            "host_staging_bytes.all.current", "num_placement_errors")
+    for c in range(cycles):
+        before = cmat.memory_stats(0)
         t0 = time.perf_counter()
         cmat.sleep()
         ts = time.perf_counter() - t0
+        slept = cmat.memory_stats(0)
+        if c == 0:
+            out["host_mappings"] = large_mappings()
         t0 = time.perf_counter()
         cmat.wake()
         torch.cuda.synchronize()
         tw = time.perf_counter() - t0
-        out["cycles"].append({"sleep_s": ts, "wake_s": tw, "wake_GBps": sbytes / tw / 1e9,
-                              "settle_waits": cmat.memory_stats(0).get("num_wake_settle_waits")})
+        woke = cmat.memory_stats(0)
+        out["cycles"].append({
+            "sleep_s": ts, "wake_s": tw, "wake_GBps": sbytes / tw / 1e9,
+            "settle_waits": woke.get("num_wake_settle_waits"),
+            "sleep_stats": {k: slept.get(k, 0) - before.get(k, 0) for k in keys},
+            "last_placement_error": cmat.last_placement_error(0),
+            "wake_stats": {k: woke.get(k, 0) - slept.get(k, 0) for k in keys}})
     ok = True
     for j, t in enumerate(state):
         k, i = divmod(j, len(shapes()))

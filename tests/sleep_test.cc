@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backends/fault/fault_injecting_backend.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -285,9 +286,22 @@ TEST_F(SleepTest, FailedCopiesFallBackToMigrating) {
   void* p = *a->Allocate(4 * kMiB, 0, s1_);
   std::memset(p, 0x5a, 4 * kMiB);
   faulty.SetPlan({.kind = FaultKind::kCopy, .fail_nth = 1});
+  EXPECT_EQ(*a->LastPlacementError(0), "");
   ASSERT_TRUE(a->Sleep(0, s1_).ok());
   EXPECT_EQ(faulty.Injected(), 1);
   EXPECT_EQ(backend_->PageLocation(p), kPageOnHost);  // migrated instead
+  EXPECT_EQ(a->GetStats(0)->num_placement_errors, 1);
+  EXPECT_THAT(*a->LastPlacementError(0),
+              ::testing::HasSubstr("copies into the pinned staging failed (1 allocations "
+                                   "migrate instead)"));
+  EXPECT_FALSE(a->LastPlacementError(7).ok()) << "no device 7";
+  ASSERT_TRUE(a->Wake(0, s1_).ok());
+  EXPECT_EQ(static_cast<unsigned char*>(p)[4 * kMiB - 1], 0x5a);
+  // One failed copy does not turn staging off: the next cycle stages.
+  const std::int64_t staged = a->GetStats(0)->sleep_staged_bytes;
+  ASSERT_TRUE(a->Sleep(0, s1_).ok());
+  EXPECT_EQ(a->GetStats(0)->sleep_staged_bytes, staged + static_cast<std::int64_t>(4 * kMiB));
+  EXPECT_EQ(backend_->PageLocation(p), kPageUnpopulated);
   ASSERT_TRUE(a->Wake(0, s1_).ok());
   EXPECT_EQ(static_cast<unsigned char*>(p)[4 * kMiB - 1], 0x5a);
   ASSERT_TRUE(a->Free(p).ok());

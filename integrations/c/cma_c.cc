@@ -397,6 +397,17 @@ char* cma_stats_json(int device) {
   return CopyString(j.dump());
 }
 
+char* cma_last_placement_error(int device) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return nullptr;
+  absl::StatusOr<std::string> s = a->LastPlacementError(device);
+  if (!s.ok()) {
+    Fail(s.status());
+    return nullptr;
+  }
+  return CopyString(*s);
+}
+
 char* cma_symmetric_snapshot_json(void) {
   return CopyString(cma::capi::SymmetricSnapshotJson().dump());
 }

@@ -159,6 +159,11 @@ int cma_set_memory_fraction(double fraction, int device);
 
 /* Statistics with PyTorch's keys, {"key": value, ...}; device -1 sums all. */
 char* cma_stats_json(int device);
+/* The last failure that num_placement_errors counted on `device` (a hint
+ * the driver refused, a sleep's copies into the staging that fell back to
+ * migrating, ...): its message, "" if none; NULL for a bad device. Free
+ * with cma_string_free. */
+char* cma_last_placement_error(int device);
 /* [{"device", "address", "total_size", "segment_type", "is_arena",
  *   "populated_bytes", "blocks": [...]}, ...] (an arena's total_size is its
  *   address range; populated_bytes its memory). Each block: {"address",

@@ -42,6 +42,16 @@ def test_errors_carry_the_librarys_message():
     assert cma.device_of(12345) is None
 
 
+def test_last_placement_error_none_when_nothing_failed_bad_device_refused():
+    p = cma.malloc(1 << 20)
+    cma.move(p, "cpu")
+    assert cma.last_placement_error(0) is None
+    assert cma.stats(0)["num_placement_errors"] == 0
+    with pytest.raises(cma.CmaError, match="device 9"):
+        cma.last_placement_error(9)
+    cma.free(p)
+
+
 def test_host_view_aliases_the_allocation_and_survives_a_move():
     p = cma.malloc(4 << 20)
     view = cma.host_view(p, 4 << 20)

@@ -76,6 +76,7 @@ def lib():
                 "cma_allocation_size": (sz, [vp]),
                 "cma_set_memory_fraction": (i, [ctypes.c_double, i]),
                 "cma_stats_json": (vp, [i]),
+                "cma_last_placement_error": (vp, [i]),
                 "cma_snapshot_json": (vp, []),
                 "cma_string_free": (None, [vp]),
                 "cma_symmetric_create": (vp, [i, ctypes.POINTER(i), ctypes.POINTER(i), i, i, i,
@@ -220,6 +221,19 @@ def stats(device=-1):
 
 def snapshot():
     return _json(lib().cma_snapshot_json())
+
+
+def last_placement_error(device=0):
+    """The last failure num_placement_errors counted on `device` (a hint the
+    driver refused, a sleep's copies that fell back to migrating): its
+    message, or None."""
+    ptr = lib().cma_last_placement_error(device)
+    if not ptr:
+        raise _error()
+    try:
+        return ctypes.string_at(ptr).decode() or None
+    finally:
+        lib().cma_string_free(ptr)
 
 
 def memory_stats(device=-1):

@@ -199,6 +199,13 @@ def memory_stats(device=None):
     return _lib.stats(-1 if device is None else _index(device))
 
 
+def last_placement_error(device=None):
+    """Why num_placement_errors last rose on the device (a placement hint
+    the driver refused, a sleep that migrated because its copies into the
+    pinned staging failed), or None."""
+    return _lib.last_placement_error(_index(device))
+
+
 def snapshot():
     """cma's own snapshot (arenas whole, placement per block);
     torch.cuda.memory._snapshot() gives PyTorch's format."""
