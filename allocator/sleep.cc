@@ -27,22 +27,6 @@ std::size_t TotalBytes(absl::Span<const Range> ranges) {
   return n;
 }
 
-// Appends `more` to `out`, extending the last copy where one continues it
-// in both address spaces (adjacent allocations staged back to back).
-void AppendMerged(absl::Span<const Copy> more, std::vector<Copy>* out) {
-  for (const Copy& c : more) {
-    if (!out->empty()) {
-      Copy& last = out->back();
-      if (static_cast<char*>(last.dst) + last.bytes == c.dst &&
-          static_cast<const char*>(last.src) + last.bytes == c.src) {
-        last.bytes += c.bytes;
-        continue;
-      }
-    }
-    out->push_back(c);
-  }
-}
-
 }  // namespace
 
 absl::Status DeviceAllocator::SetKeep(void* ptr, bool keep) {
@@ -83,7 +67,7 @@ void DeviceAllocator::StageOut(absl::Span<const StagedBlock> parts, Stream strea
   }
   ChunkPinner pinner(*backend_, sizes,
                      ChunkPinner::ThreadsFor(sizes.size(), config_->sleep_pin_threads));
-  std::vector<Copy> copies, one;
+  std::vector<Copy> copies;
   std::vector<std::size_t> batch;  // the planned parts whose copies are in `copies`
   // Queues the copies gathered so far; on failure their parts migrate.
   auto flush = [&]() {
@@ -128,13 +112,10 @@ void DeviceAllocator::StageOut(absl::Span<const StagedBlock> parts, Stream strea
       staging_.Untake(rest);
       break;
     }
-    one.clear();
-    staging_.AppendCopies(offset[i], r.ptr, r.bytes, /*to_staging=*/true, &one);
-    if (k > 0 && parts[planned[k - 1]].block->segment != parts[i].block->segment) {
-      copies.insert(copies.end(), one.begin(), one.end());  // two managed ranges: two copies
-    } else {
-      AppendMerged(one, &copies);
-    }
+    // Adjacent allocations staged back to back: one copy, unless they lie
+    // in two segments (two managed ranges).
+    const bool same_range = k == 0 || parts[planned[k - 1]].block->segment == parts[i].block->segment;
+    staging_.AppendCopies(offset[i], r.ptr, r.bytes, /*to_staging=*/true, &copies, same_range);
     batch.push_back(i);
   }
   flush();

@@ -65,9 +65,14 @@ class StagingArea {
   }
   // Appends the copies between [offset, offset + bytes) of the staging space
   // and `managed` (to the staging with `to_staging`, else back), split at
-  // chunk boundaries. The range must lie within capacity().
+  // chunk boundaries. With `merge`, a copy that continues the last one in
+  // both address spaces extends it instead, within one chunk only: chunks
+  // are separate pinned buffers even where the host placed them back to
+  // back, and a copy across two is refused by the driver (which is how every
+  // sleep of some processes once fell back to migrating). The range must lie
+  // within capacity().
   void AppendCopies(std::size_t offset, void* managed, std::size_t bytes, bool to_staging,
-                    std::vector<Copy>* out) const {
+                    std::vector<Copy>* out, bool merge = false) const {
     std::size_t base = 0;
     char* m = static_cast<char*>(managed);
     for (const Chunk& c : chunks_) {
@@ -75,7 +80,12 @@ class StagingArea {
       if (offset < base + c.bytes) {
         const std::size_t in = offset - base;
         const std::size_t n = c.bytes - in < bytes ? c.bytes - in : bytes;
-        out->push_back(to_staging ? Copy{c.base + in, m, n} : Copy{m, c.base + in, n});
+        const Copy copy = to_staging ? Copy{c.base + in, m, n} : Copy{m, c.base + in, n};
+        if (merge && in != 0 && !out->empty() && Continues(out->back(), copy)) {
+          out->back().bytes += n;
+        } else {
+          out->push_back(copy);
+        }
         m += n;
         offset += n;
         bytes -= n;
@@ -104,6 +114,10 @@ class StagingArea {
   }
 
  private:
+  static bool Continues(const Copy& last, const Copy& next) {
+    return static_cast<char*>(last.dst) + last.bytes == next.dst &&
+           static_cast<const char*>(last.src) + last.bytes == next.src;
+  }
   struct Chunk {
     char* base;
     std::size_t bytes;

@@ -19,11 +19,13 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 class SleepTest : public AllocatorTest {
  protected:
   void SetUp() override { Remake(""); }
-  void Remake(const std::string& config, std::size_t pinned = std::size_t{1} << 30) {
+  void Remake(const std::string& config, std::size_t pinned = std::size_t{1} << 30,
+              bool pinned_back_to_back = false) {
     Make({.device_count = 1,
           .device_capacity = std::size_t{1} << 30,
           .manual_completion = true,
-          .pinned_capacity = pinned},
+          .pinned_capacity = pinned,
+          .pinned_back_to_back = pinned_back_to_back},
          config);
     s1_ = *backend_->CreateStream(0);
     backend_->ClearRecords();
@@ -167,6 +169,30 @@ TEST_F(SleepManyChunksTest, AFirstSleepPinsEveryChunkItNeeds) {
   EXPECT_EQ(DevicePopulated(), 0);
   ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
   EXPECT_TRUE(Same(state));
+  for (void* p : state) ASSERT_TRUE(alloc_->Free(p).ok());
+  ExpectInvariants();
+}
+
+// Regression: staging chunks the host placed back to back. A part that
+// runs from one chunk into the next was copied as one piece across both
+// (merged with its neighbour), which the driver refuses: the first sleep
+// migrated those parts and every later sleep, one batch, all of them.
+TEST_F(SleepManyChunksTest, ChunksBackToBackAreCopiedChunkByChunk) {
+  Remake("sleep_pin_threads:1", std::size_t{1} << 30, /*pinned_back_to_back=*/true);
+  std::vector<void*> state = State();
+  backend_->ClearRecords();
+  for (int cycle = 0; cycle < 2; ++cycle) {
+    SCOPED_TRACE(cycle);
+    ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
+    EXPECT_EQ(Stats().num_placement_errors, 0) << *alloc_->LastPlacementError(0);
+    EXPECT_EQ(Stats().sleep_staged_bytes, (cycle + 1) * static_cast<std::int64_t>(520 * kMiB));
+    EXPECT_TRUE(Take(Op::kPrefetch).empty()) << "nothing migrates";
+    EXPECT_EQ(DevicePopulated(), 0);
+    ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+    EXPECT_TRUE(Same(state));
+    backend_->ClearRecords();
+  }
+  EXPECT_EQ(backend_->LiveResources().pinned_allocations, 3);
   for (void* p : state) ASSERT_TRUE(alloc_->Free(p).ok());
   ExpectInvariants();
 }

@@ -47,7 +47,11 @@ HostBackend::~HostBackend() {
     if (p.fd >= 0) close(p.fd);
   }
   for (auto& [addr, a] : managed_) munmap(reinterpret_cast<void*>(addr), a.bytes);
-  for (auto& [addr, bytes] : pinned_) munmap(reinterpret_cast<void*>(addr), bytes);
+  if (pinned_region_ != nullptr) {
+    munmap(pinned_region_, options_.pinned_capacity);
+  } else {
+    for (auto& [addr, bytes] : pinned_) munmap(reinterpret_cast<void*>(addr), bytes);
+  }
 }
 
 void HostBackend::Count(const char* method) { ++calls_[method]; }

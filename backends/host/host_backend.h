@@ -40,6 +40,10 @@ struct HostBackendOptions {
   // Pinned host memory (AllocatePinnedHost) this process may hold, like the
   // page-locked limit of a real host: past it the call fails.
   std::size_t pinned_capacity = std::size_t{64} << 30;
+  // Pinned buffers one right after another in the address space (carved
+  // from one reservation of pinned_capacity bytes), as a real host's mmap
+  // sometimes places them: a copy that runs across two is still refused.
+  bool pinned_back_to_back = false;
   // Reported in DeviceFacts only: false stands for a GPU whose managed
   // memory does not migrate on fault (ROCm without XNACK), so that the
   // allocator's refusals can be tested; the emulation itself is unchanged.
@@ -323,6 +327,8 @@ class HostBackend final : public Backend {
   std::map<std::uintptr_t, std::size_t> reservations_ ABSL_GUARDED_BY(mu_);
   std::map<std::uintptr_t, std::size_t> pinned_ ABSL_GUARDED_BY(mu_);  // base -> bytes
   std::size_t pinned_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  char* pinned_region_ ABSL_GUARDED_BY(mu_) = nullptr;  // pinned_back_to_back's reservation
+  std::size_t pinned_region_used_ ABSL_GUARDED_BY(mu_) = 0;
   // Whether [p, p + bytes) lies wholly inside one pinned buffer.
   bool InPinned(const void* p, std::size_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<std::uintptr_t, Mapping> mappings_ ABSL_GUARDED_BY(mu_);

@@ -29,7 +29,22 @@ absl::StatusOr<void*> HostBackend::AllocatePinnedHost(std::size_t bytes) {
         "AllocatePinnedHost: %d bytes requested, %d of %d pinned bytes in use", bytes,
         pinned_bytes_, options_.pinned_capacity));
   }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* p = MAP_FAILED;
+  if (options_.pinned_back_to_back) {
+    if (pinned_region_ == nullptr) {
+      void* r = mmap(nullptr, options_.pinned_capacity, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (r != MAP_FAILED) pinned_region_ = static_cast<char*>(r);
+    }
+    const std::size_t len = (bytes + 4095) / 4096 * 4096;
+    if (pinned_region_ != nullptr && len <= options_.pinned_capacity - pinned_region_used_) {
+      p = mmap(pinned_region_ + pinned_region_used_, bytes, PROT_READ | PROT_WRITE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+      if (p != MAP_FAILED) pinned_region_used_ += len;  // freed space is not reused
+    }
+  } else {
+    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  }
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(
         absl::StrCat("AllocatePinnedHost: mmap failed: ", std::strerror(errno)));
@@ -47,7 +62,12 @@ absl::Status HostBackend::FreePinnedHost(void* ptr) {
     return absl::InvalidArgumentError(
         absl::StrFormat("FreePinnedHost: %p is not pinned memory from AllocatePinnedHost", ptr));
   }
-  munmap(ptr, it->second);
+  if (pinned_region_ != nullptr) {
+    // Back to the reservation (which the destructor unmaps whole).
+    mmap(ptr, it->second, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  } else {
+    munmap(ptr, it->second);
+  }
   pinned_bytes_ -= it->second;
   pinned_.erase(it);
   return absl::OkStatus();
