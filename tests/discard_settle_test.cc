@@ -36,12 +36,11 @@ class DiscardSettleTest : public ::testing::Test {
 };
 
 TEST_F(DiscardSettleTest, NothingMarkedNothingWaited) {
-  const Clock::time_point t0 = Clock::now();
   EXPECT_TRUE(settle_.WaitOnHost(b_));
   settle_.HoldStream(b_, s_);
   EXPECT_EQ(b_.CallCount("LaunchHostFunction"), 0);
+  EXPECT_EQ(b_.CallCount("CreateTimingEvent"), 0);
   EXPECT_EQ(settle_.waits(), 0);
-  EXPECT_LT(MsSince(t0), 35.0);
 }
 
 TEST_F(DiscardSettleTest, TheCallerWaitsWhatIsLeftOnceTheDiscardsCompleted) {
@@ -66,9 +65,8 @@ TEST_F(DiscardSettleTest, TheCallerWaitsWhatIsLeftOnceTheDiscardsCompleted) {
 TEST_F(DiscardSettleTest, DiscardsStillQueuedHoldTheStreamInstead) {
   ASSERT_TRUE(b_.EnqueueWork(s_).ok());  // the discards, still running
   settle_.Mark(b_, 0, s_);
-  const Clock::time_point t0 = Clock::now();
   EXPECT_FALSE(settle_.WaitOnHost(b_));
-  EXPECT_LT(MsSince(t0), 35.0) << "the caller does not wait";
+  EXPECT_EQ(settle_.waits(), 0) << "the caller does not wait";
   settle_.HoldStream(b_, s_);
   EXPECT_EQ(settle_.waits(), 0) << "queued behind the discards";
   const Clock::time_point t1 = Clock::now();
@@ -122,10 +120,8 @@ TEST_F(WakeSettleTest, AWakeRightAfterASleepPausesBeforePopulating) {
   // stream, after the Sleep.
   ASSERT_TRUE(backend_->EnqueueWork(s1_).ok());  // a kernel still running
   ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
-  t0 = Clock::now();
   ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
-  EXPECT_LT(MsSince(t0), 30.0) << "the caller does not wait";
-  EXPECT_EQ(Stats().num_wake_settle_waits, 1);
+  EXPECT_EQ(Stats().num_wake_settle_waits, 1) << "the caller does not wait";
   t0 = Clock::now();
   ASSERT_TRUE(backend_->CompleteWork(s1_).ok());
   EXPECT_GE(MsSince(t0), 30.0);
@@ -141,10 +137,8 @@ TEST_F(WakeSettleTest, ARefusedWakeDoesNotPause) {
   void* a = Alloc(4 * kMiB, 0, s1_);
   ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
   const std::string before = Fingerprint(*alloc_);
-  const Clock::time_point t0 = Clock::now();
   EXPECT_FALSE(alloc_->Wake(0, Stream{0xbad}).ok());
-  EXPECT_LT(MsSince(t0), 30.0);
-  EXPECT_EQ(Fingerprint(*alloc_), before);
+  EXPECT_EQ(Fingerprint(*alloc_), before);  // num_wake_settle_waits included
   ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
   ASSERT_TRUE(alloc_->Free(a).ok());
 }
