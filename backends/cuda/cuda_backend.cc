@@ -4,13 +4,8 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
-#include <sys/mman.h>
-
-#include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -18,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/str_format.h"
+#include "backends/cuda/cuda_capture.h"
+#include "backends/cuda/cuda_pinned.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/driver_api.h"
 #include "backends/host_function.h"
@@ -307,84 +304,12 @@ class CudaBackend final : public Backend {
     return a;
   }
 
-  // ---- pinned host memory and copies (sleep staging) ----
-  // Pinning is what makes a first sleep slow (vLLM's pinned backups take
-  // seconds): the kernel must populate and zero every host page, then the
-  // driver locks and maps them. Populating in parallel (several threads
-  // fault in disjoint parts, on huge pages where the kernel gives them)
-  // and then registering the populated range is faster than
-  // cudaHostAlloc's one thread; where registering fails, cudaHostAlloc.
+  // ---- pinned host memory (backends/cuda/cuda_pinned.h) and copies (sleep staging) ----
   absl::StatusOr<void*> AllocatePinnedHost(std::size_t bytes) override {
-#if CUDART_VERSION >= 13000
-    if (bytes == 0) return absl::InvalidArgumentError("AllocatePinnedHost: size 0");
-    constexpr std::size_t kHuge = std::size_t{2} << 20;
-    const std::size_t len = (bytes + kHuge - 1) / kHuge * kHuge;
-    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p != MAP_FAILED) {
-      (void)madvise(p, len, MADV_HUGEPAGE);
-      // Several chunks are pinned at once (allocator/chunk_pinner.h): the
-      // host's cores are shared among the calls in flight.
-      struct InFlight {
-        explicit InFlight(std::atomic<int>& n) : n(n), now(n.fetch_add(1) + 1) {}
-        ~InFlight() { n.fetch_sub(1); }
-        std::atomic<int>& n;
-        const int now;
-      } in_flight(pinning_in_flight_);
-      const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
-      const unsigned threads = static_cast<unsigned>(std::clamp<std::size_t>(
-          std::min<std::size_t>(len / (16 << 20), cores / static_cast<std::size_t>(in_flight.now)),
-          1, 16));
-      std::vector<std::thread> touch;
-      const std::size_t part = (len / threads + kHuge - 1) / kHuge * kHuge;
-      for (unsigned t = 0; t < threads; ++t) {
-        touch.emplace_back([p, len, part, t] {
-          auto* c = static_cast<volatile char*>(p);
-          for (std::size_t o = t * part; o < std::min(len, (t + 1) * part); o += 4096) c[o] = 0;
-        });
-      }
-      for (std::thread& t : touch) t.join();
-      if (cudaHostRegister(p, len, cudaHostRegisterDefault) == cudaSuccess) {
-        MutexLock l(&pinned_mu_);
-        pinned_[p] = len;
-        return p;
-      }
-      (void)cudaGetLastError();
-      munmap(p, len);
-    }
-    void* q = nullptr;
-    CMA_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&q, bytes, cudaHostAllocDefault));
-    return q;
-#else
-    (void)bytes;
-    // Before CUDA 13 there is no discard: a staged sleep would free nothing.
-    return absl::UnimplementedError("sleep staging needs CUDA 13's discard");
-#endif
+    return pinned_.Allocate(bytes);
   }
 
-  absl::Status FreePinnedHost(void* ptr) override {
-    std::size_t len = 0;
-    {
-      MutexLock l(&pinned_mu_);
-      auto it = pinned_.find(ptr);
-      if (it != pinned_.end()) len = it->second;
-    }
-    if (len == 0) {
-      CMA_CUDA_RETURN_IF_ERROR(cudaFreeHost(ptr));
-      return absl::OkStatus();
-    }
-    // Unlike cudaFreeHost, unregistering does not wait for queued copies.
-    // Forgotten only once unregistered: a failure here leaves the chunk
-    // known, so the caller (which keeps it) can retry the same way rather
-    // than hand a registered mmap to cudaFreeHost and leak it.
-    CMA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-    CMA_CUDA_RETURN_IF_ERROR(cudaHostUnregister(ptr));
-    {
-      MutexLock l(&pinned_mu_);
-      pinned_.erase(ptr);
-    }
-    munmap(ptr, len);
-    return absl::OkStatus();
-  }
+  absl::Status FreePinnedHost(void* ptr) override { return pinned_.Free(ptr); }
 
   absl::Status CopyBatch(absl::Span<const Copy> copies, Stream stream) override {
     for (const Copy& c : copies) {
@@ -461,64 +386,13 @@ class CudaBackend final : public Backend {
     return status != cudaStreamCaptureStatusNone;
   }
 
-  // Graph topology for reuse inside a capture (cudaStreamGetCaptureInfo and
-  // cudaGraphNodeGetDependencies are legal while capturing). Edge data is
-  // asked for, and ignored: without it CUDA refuses (cudaErrorLossyQuery) a
-  // graph with programmatic edges.
+  // Graph topology for reuse inside a capture (backends/cuda/cuda_capture.h).
   absl::StatusOr<std::optional<CaptureFrontier>> CaptureFrontierOf(Stream stream) override {
-#if CUDART_VERSION >= 12030
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    unsigned long long id = 0;
-    cudaGraph_t graph = nullptr;
-    const cudaGraphNode_t* deps = nullptr;
-    const cudaGraphEdgeData* edges = nullptr;
-    std::size_t n = 0;
-#if CUDART_VERSION >= 13000
-    CMA_CUDA_RETURN_IF_ERROR(
-        cudaStreamGetCaptureInfo(AsStream(stream), &status, &id, &graph, &deps, &edges, &n));
-#else
-    CMA_CUDA_RETURN_IF_ERROR(
-        cudaStreamGetCaptureInfo_v3(AsStream(stream), &status, &id, &graph, &deps, &edges, &n));
-#endif
-    if (status != cudaStreamCaptureStatusActive) return std::nullopt;
-    CaptureFrontier f{id, {}};
-    for (std::size_t i = 0; i < n; ++i) f.nodes.push_back(reinterpret_cast<CaptureNode>(deps[i]));
-    return f;
-#else
-    (void)stream;
-    return std::nullopt;  // blocks freed in a capture wait for its end
-#endif
+    return CudaCaptureFrontier(AsStream(stream));
   }
 
   absl::StatusOr<std::vector<CaptureNode>> CaptureNodeDependencies(CaptureNode node) override {
-#if CUDART_VERSION >= 12030
-    auto* n = reinterpret_cast<cudaGraphNode_t>(node);
-    std::size_t count = 0;
-#if CUDART_VERSION >= 13000
-    CMA_CUDA_RETURN_IF_ERROR(cudaGraphNodeGetDependencies(n, nullptr, nullptr, &count));
-    std::vector<cudaGraphNode_t> deps(count);
-    std::vector<cudaGraphEdgeData> edges(count);
-    if (count > 0) {
-      CMA_CUDA_RETURN_IF_ERROR(cudaGraphNodeGetDependencies(n, deps.data(), edges.data(), &count));
-    }
-#else
-    CMA_CUDA_RETURN_IF_ERROR(cudaGraphNodeGetDependencies_v2(n, nullptr, nullptr, &count));
-    std::vector<cudaGraphNode_t> deps(count);
-    std::vector<cudaGraphEdgeData> edges(count);
-    if (count > 0) {
-      CMA_CUDA_RETURN_IF_ERROR(
-          cudaGraphNodeGetDependencies_v2(n, deps.data(), edges.data(), &count));
-    }
-#endif
-    std::vector<CaptureNode> out;
-    for (std::size_t i = 0; i < count && i < deps.size(); ++i) {
-      out.push_back(reinterpret_cast<CaptureNode>(deps[i]));
-    }
-    return out;
-#else
-    (void)node;
-    return absl::UnimplementedError("CaptureNodeDependencies needs CUDA 12.3");
-#endif
+    return CudaCaptureNodeDependencies(node);
   }
 
   absl::StatusOr<Event> CreateEvent(int device) override {
@@ -779,9 +653,7 @@ class CudaBackend final : public Backend {
   const DriverApi* const cu_;
   absl::Mutex side_mu_;
   absl::flat_hash_map<int, SideStream> side_ ABSL_GUARDED_BY(side_mu_);
-  absl::Mutex pinned_mu_;
-  absl::flat_hash_map<void*, std::size_t> pinned_ ABSL_GUARDED_BY(pinned_mu_);  // registered
-  std::atomic<int> pinning_in_flight_{0};  // AllocatePinnedHost calls running now
+  CudaPinnedHost pinned_;
 };
 
 }  // namespace

@@ -10,11 +10,15 @@ def cuda_targets():
         name = "cuda",
         srcs = [
             "cuda_backend.cc",
+            "cuda_capture.cc",
+            "cuda_pinned.cc",
             "cuda_status.cc",
             "driver_api.cc",
         ],
         hdrs = [
             "cuda_backend.h",
+            "cuda_capture.h",
+            "cuda_pinned.h",
             "cuda_status.h",
             "driver_api.h",
         ],
