@@ -396,21 +396,11 @@ class CudaBackend final : public Backend {
   }
 
   absl::StatusOr<Event> CreateEvent(int device) override {
-    CMA_RETURN_IF_ERROR(CheckDevice(device));
-    DeviceGuard g(device);
-    CMA_RETURN_IF_ERROR(g.status());
-    cudaEvent_t e;
-    CMA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    return reinterpret_cast<Event>(e);
+    return NewEvent(device, cudaEventDisableTiming);
   }
 
   absl::StatusOr<Event> CreateTimingEvent(int device) override {
-    CMA_RETURN_IF_ERROR(CheckDevice(device));
-    DeviceGuard g(device);
-    CMA_RETURN_IF_ERROR(g.status());
-    cudaEvent_t e;
-    CMA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDefault));
-    return reinterpret_cast<Event>(e);
+    return NewEvent(device, cudaEventDefault);
   }
 
   absl::StatusOr<float> ElapsedMs(Event start, Event end) override {
@@ -648,6 +638,15 @@ class CudaBackend final : public Backend {
     std::vector<void*> ptrs;
     std::vector<std::size_t> sizes;
   };
+
+  absl::StatusOr<Event> NewEvent(int device, unsigned flags) {
+    CMA_RETURN_IF_ERROR(CheckDevice(device));
+    DeviceGuard g(device);
+    CMA_RETURN_IF_ERROR(g.status());
+    cudaEvent_t e;
+    CMA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, flags));
+    return reinterpret_cast<Event>(e);
+  }
 
   const int device_count_;
   const DriverApi* const cu_;
