@@ -1,5 +1,6 @@
 #include "allocator/discard_settle.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "backends/mutex_lock.h"
@@ -45,7 +46,9 @@ bool DiscardSettle::WaitOnHost(Backend& backend) {
     }
     auto ms = backend.ElapsedMs(discarded_, probe_);
     if (!ms.ok()) return true;
-    left = settle_ - std::chrono::microseconds(static_cast<std::int64_t>(*ms * 1000));
+    // (A clock that ran backwards must not make the pause longer.)
+    left = std::min(settle_,
+                    settle_ - std::chrono::microseconds(static_cast<std::int64_t>(*ms * 1000)));
   }
   if (left.count() > 0) {
     waits_->fetch_add(1, std::memory_order_relaxed);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <thread>
 
+#include "backends/fault/fault_injecting_backend.h"
 #include "backends/host/host_backend.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -73,6 +74,39 @@ TEST_F(DiscardSettleTest, DiscardsStillQueuedHoldTheStreamInstead) {
   ASSERT_TRUE(b_.CompleteWork(s_).ok());  // the discards, then the hold
   EXPECT_GE(MsSince(t1), 35.0);
   EXPECT_EQ(settle_.waits(), 1);
+}
+
+// A backend whose timing events, elapsed times, streams or host functions
+// fail gets no pause and no error (only speed is at stake), and nothing
+// leaks.
+TEST(DiscardSettleFallbackTest, FailingCallsMeanNoPause) {
+  for (const FaultKind kind : {FaultKind::kEventCreate, FaultKind::kEventQuery, FaultKind::kOther}) {
+    SCOPED_TRACE(FaultKindName(kind));
+    HostBackend inner({.manual_completion = true});
+    FaultInjectingBackend b(inner);
+    Stream s = *inner.CreateStream(0);
+    DiscardSettle settle(std::chrono::milliseconds(40));
+    // Failing from the Mark on (its events or its stream cannot be made,
+    // or the discards' completion cannot be read): no pause.
+    b.SetPlan({.kind = kind, .probability = 1.0});
+    settle.Mark(b, 0, s);
+    EXPECT_TRUE(settle.WaitOnHost(b));
+    EXPECT_EQ(settle.waits(), 0);
+    settle.EndCycle();
+    // Failing after the Mark, with the discards still queued: the stream
+    // is held unless reading the completion or the hold itself fails.
+    b.SetPlan({});
+    ASSERT_TRUE(inner.EnqueueWork(s).ok());
+    settle.Mark(b, 0, s);
+    b.SetPlan({.kind = kind, .probability = 1.0});
+    if (!settle.WaitOnHost(b)) settle.HoldStream(b, s);
+    ASSERT_TRUE(inner.CompleteWork(s).ok());
+    EXPECT_EQ(settle.waits(), kind == FaultKind::kEventCreate ? 1 : 0);
+    settle.EndCycle();
+    settle.Release(b);
+    EXPECT_EQ(inner.LiveResources().events, 0);
+    ASSERT_TRUE(inner.DestroyStream(s).ok());
+  }
 }
 
 TEST(DiscardSettleOffTest, ZeroTurnsItOff) {

@@ -29,15 +29,15 @@ enum class FaultKind {
   kAllocation,  // AllocateManaged, ReserveManaged, VmmCreate, AllocatePinnedHost
   kFree,        // FreeManaged, VmmRelease, FreePinnedHost
   kEventRecord,
-  kEventQuery,  // QueryEvent, QueryStream, SynchronizeEvent
-  kEventCreate,
+  kEventQuery,  // QueryEvent, QueryStream, SynchronizeEvent, ElapsedMs
+  kEventCreate,  // CreateEvent, CreateTimingEvent
   kStreamSync,
   kPrefetch,    // Prefetch, PrefetchBatch, DiscardAndPrefetchBatch
   kAdvise,
   kDiscard,
   kVmmMap,      // VmmReserve, VmmMap, VmmSetAccess
   kExport,      // VmmExport, VmmImport
-  kOther,
+  kOther,       // LaunchHostFunction and calls without a kind of their own
   kCopy,        // CopyBatch
   kCount,
 };
@@ -84,15 +84,9 @@ class FaultInjectingBackend final : public Backend {
   absl::Status ValidateStream(int device, Stream stream) override;
   absl::Status SynchronizeStream(Stream stream) override;
   absl::StatusOr<bool> QueryStream(Stream stream) override;
-  absl::Status LaunchHostFunction(Stream stream, absl::AnyInvocable<void() &&> fn) override {
-    return inner_.LaunchHostFunction(stream, std::move(fn));
-  }
-  absl::StatusOr<Event> CreateTimingEvent(int device) override {
-    return inner_.CreateTimingEvent(device);
-  }
-  absl::StatusOr<float> ElapsedMs(Event start, Event end) override {
-    return inner_.ElapsedMs(start, end);
-  }
+  absl::Status LaunchHostFunction(Stream stream, absl::AnyInvocable<void() &&> fn) override;
+  absl::StatusOr<Event> CreateTimingEvent(int device) override;
+  absl::StatusOr<float> ElapsedMs(Event start, Event end) override;
   absl::StatusOr<bool> IsCapturing(Stream stream) override { return inner_.IsCapturing(stream); }
   absl::StatusOr<std::optional<CaptureFrontier>> CaptureFrontierOf(Stream stream) override {
     return inner_.CaptureFrontierOf(stream);
