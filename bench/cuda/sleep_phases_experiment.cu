@@ -423,7 +423,8 @@ int main(int argc, char** argv) {
   // `sp kv`: only the KV-beside-copies section (after the setup); `sp
   // delay`: only the wake-after-a-pause section; `sp gap`: only the ways
   // to wake right after a sleep; `sp mark`: only the host function after
-  // the discards.
+  // the discards; `sp order`: only the wake orders after a pause; `sp
+  // fence`: only the wake ordered after the driver's work behind the discards.
   const std::string only = argc < 2 ? "" : argv[1];
   const bool all = only.empty();
   setvbuf(stdout, nullptr, _IOLBF, 0);  // a timeout must not lose what was measured
@@ -686,6 +687,108 @@ int main(int argc, char** argv) {
         });
       }
     }
+  }
+  Section("wake orders after a 5 ms pause");
+  // cma's Wake populates the KV cache (discard-and-prefetch) before the
+  // state's pages (prefetch) and then copies; does that order, after the
+  // settle pause, still copy at fault speed, where one call for both does
+  // not? "cma": KV, state, copies; "cma, no pause": the same at once;
+  // "one call": both in one discard-and-prefetch, copies; "state first":
+  // the state's pages, copies, then the KV cache.
+  {
+    const char* ways[] = {"cma", "cma, no pause", "one call", "state first"};
+    const int rounds = only == "order" ? 10 : 0;
+    for (int r = 0; r < rounds; ++r) {
+      for (const char* way : ways) {
+        const std::string w = way;
+        Cycles(way, st, 1, [&](int) {
+          double cp, dis;
+          SleepRun(st, 256 * kMiB, s, &cp, &dis);
+          if (w != "cma, no pause") std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          cudaEvent_t ev[3];
+          for (auto& e : ev) CHECK(cudaEventCreate(&e));
+          auto t0 = std::chrono::steady_clock::now();
+          CHECK(cudaEventRecord(ev[0], s));
+          if (w == "one call") {
+            DiscardAndPrefetch({st.kept_pages, st.kv}, kDev, s);
+          } else if (w == "state first") {
+            Prefetch({st.kept_pages}, kDev, s);
+          } else {
+            DiscardAndPrefetch({st.kv}, kDev, s);
+            Prefetch({st.kept_pages}, kDev, s);
+          }
+          CHECK(cudaEventRecord(ev[1], s));
+          for (const Range& c : Chunks(st.kept_pages, 256 * kMiB)) {
+            CHECK(cudaMemcpyAsync(c.p, st.staging + (c.p - st.kept_pages.p), c.n,
+                                  cudaMemcpyDefault, s));
+          }
+          CHECK(cudaEventRecord(ev[2], s));
+          if (w == "state first") DiscardAndPrefetch({st.kv}, kDev, s);
+          CHECK(cudaStreamSynchronize(s));
+          const double wake_ms = Seconds(t0) * 1e3;
+          const double copy = Ms(ev[1], ev[2]);
+          printf("order r%d %-13s: wake %7.1f ms = populate %.1f + copy %.1f%s\n", r, way,
+                 wake_ms, Ms(ev[0], ev[1]), copy, copy > 200 ? "  FAULT SPEED" : "");
+          for (auto& e : ev) CHECK(cudaEventDestroy(e));
+        });
+      }
+    }
+  }
+  Section("the wake ordered after the driver's work behind the discards");
+  // A host function runs only once the driver's work behind a discard is
+  // done (runs K, L): queued on a side stream that waits for the sleep's
+  // discards, and followed there by an event, it marks that moment without
+  // holding the sleep's stream; the wake's stream waits for the event
+  // before populating. "fenced" against "at once" (cma's order: KV, state,
+  // copies), alternating.
+  {
+    const int rounds = only == "fence" ? 12 : 0;
+    cudaEvent_t discarded, behind;
+    CHECK(cudaEventCreateWithFlags(&discarded, cudaEventDisableTiming));
+    CHECK(cudaEventCreateWithFlags(&behind, cudaEventDisableTiming));
+    for (int r = 0; r < rounds; ++r) {
+      for (const bool fenced : {false, true}) {
+        Cycles("fence", st, 1, [&](int) {
+          cudaEvent_t ev[4];
+          for (auto& e : ev) CHECK(cudaEventCreate(&e));
+          auto t0 = std::chrono::steady_clock::now();
+          CHECK(cudaEventRecord(ev[0], s));
+          for (const Range& c : Chunks(st.kept_pages, 256 * kMiB)) {
+            CHECK(cudaMemcpyAsync(st.staging + (c.p - st.kept_pages.p), c.p, c.n,
+                                  cudaMemcpyDefault, s));
+          }
+          Discard({st.kept_pages, st.kv}, s);
+          if (fenced) {
+            CHECK(cudaEventRecord(discarded, s));
+            CHECK(cudaStreamWaitEvent(pop, discarded, 0));
+            CHECK(cudaLaunchHostFunc(pop, [](void*) {}, nullptr));
+            CHECK(cudaEventRecord(behind, pop));
+          }
+          CHECK(cudaStreamSynchronize(s));
+          const double sleep_ms = Seconds(t0) * 1e3;
+          t0 = std::chrono::steady_clock::now();
+          CHECK(cudaEventRecord(ev[1], s));
+          if (fenced) CHECK(cudaStreamWaitEvent(s, behind, 0));
+          DiscardAndPrefetch({st.kv}, kDev, s);
+          Prefetch({st.kept_pages}, kDev, s);
+          CHECK(cudaEventRecord(ev[2], s));
+          for (const Range& c : Chunks(st.kept_pages, 256 * kMiB)) {
+            CHECK(cudaMemcpyAsync(c.p, st.staging + (c.p - st.kept_pages.p), c.n,
+                                  cudaMemcpyDefault, s));
+          }
+          CHECK(cudaEventRecord(ev[3], s));
+          CHECK(cudaStreamSynchronize(s));
+          const double wake_ms = Seconds(t0) * 1e3;
+          const double copy = Ms(ev[2], ev[3]);
+          printf("fence r%d %-7s: sleep %6.1f ms | wake %7.1f ms = wait+populate %.1f + copy %.1f%s\n",
+                 r, fenced ? "fenced" : "at once", sleep_ms, wake_ms, Ms(ev[1], ev[2]), copy,
+                 copy > 200 ? "  FAULT SPEED" : "");
+          for (auto& e : ev) CHECK(cudaEventDestroy(e));
+        });
+      }
+    }
+    CHECK(cudaEventDestroy(discarded));
+    CHECK(cudaEventDestroy(behind));
   }
   Section("kv population beside the copies");
   for (const bool aside : {false, true, false, true}) {
