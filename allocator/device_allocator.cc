@@ -20,7 +20,7 @@ DeviceAllocator::DeviceAllocator(int device, int device_count, Backend* backend,
       config_(config),
       device_total_(device_total),
       budget_(budget),
-      discard_settle_(std::chrono::microseconds(config->wake_settle_us)) {
+      discard_fence_(config->wake_fence) {
   stats_.managed_budget_bytes = static_cast<std::int64_t>(budget);
   // A pool that empties frees its btree root node and the next insert
   // allocates it again; a sentinel no lookup can match keeps that malloc off
@@ -54,7 +54,7 @@ DeviceAllocator::~DeviceAllocator() {
     }
     delete seg;
   }
-  discard_settle_.Release(*backend_);
+  discard_fence_.Release(*backend_);
   for (Event e : spare_events_) (void)backend_->DestroyEvent(e);
   for (auto& p : pending_) (void)backend_->DestroyEvent(p.event);
   for (Block* b : spare_blocks_) delete b;

@@ -18,7 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "allocator/block.h"
 #include "allocator/capture_reuse.h"
-#include "allocator/discard_settle.h"
+#include "allocator/discard_fence.h"
 #include "allocator/mempool.h"
 #include "allocator/snapshot.h"
 #include "allocator/sleep_plan.h"
@@ -181,7 +181,6 @@ class DeviceAllocator {
   // clears its stream uses. Makes calls: never while quiet.
   void FenceStreamUses(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RefuseWhileQuiet(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckWake(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a failed hint or fallback (num_placement_errors) and keeps its
   // status for LastPlacementError.
   void NotePlacementError(absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -447,10 +446,10 @@ class DeviceAllocator {
   // Streams other than sleep_wake_stream_ that a Move's restore read
   // staging_ on: the next Sleep writes there only after them.
   absl::flat_hash_set<Stream> staging_readers_ ABSL_GUARDED_BY(mu_);
-  // The pause between a Sleep's discards and the next population of its
-  // pages (wake_settle_ms); locks itself (a Wake waits outside mu_).
-  DiscardSettle discard_settle_;
-  std::int64_t settle_waits_reset_ ABSL_GUARDED_BY(mu_) = 0;  // waits() at the last reset
+  // Orders the next population of a Sleep's discarded pages after the
+  // driver's work behind the discards (wake_fence).
+  DiscardFence discard_fence_ ABSL_GUARDED_BY(mu_);
+  std::int64_t fences_reset_ ABSL_GUARDED_BY(mu_) = 0;  // fenced() at the last reset
   DeviceStats stats_ ABSL_GUARDED_BY(mu_);
   absl::Status last_placement_error_ ABSL_GUARDED_BY(mu_);
 

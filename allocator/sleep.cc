@@ -245,7 +245,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
     // the staging by the time they go.
     s = backend_->DiscardBatch(discard, stream);
     if (s.ok()) {
-      discard_settle_.Mark(*backend_, device_, stream);
+      discard_fence_.Mark(*backend_, device_, stream);
       ++stats_.discard_calls;
       stats_.discarded_bytes += static_cast<std::int64_t>(TotalBytes(discard));
       s = OrderFreeBlocksAfter(free_neighbours, stream);
@@ -384,9 +384,7 @@ absl::Status DeviceAllocator::RestoreStaged(absl::Span<Block* const> blocks, Loc
   if (!contents_dead) {
     // After the Sleep's copies out and discards.
     if (absl::Status w = OrderAfter(stream, sleep_wake_stream_); !w.ok()) return w;
-    // (Rare: a Move of a sleeping allocation right after the Sleep may
-    // hold the lock through the pause.)
-    if (!discard_settle_.WaitOnHost(*backend_)) discard_settle_.HoldStream(*backend_, stream);
+    discard_fence_.Order(*backend_, stream, /*end_cycle=*/false);
     if (absl::Status s = CopyBack(PlanRestore(std::move(parts)), target, stream); !s.ok()) {
       return s;
     }
@@ -399,21 +397,10 @@ absl::Status DeviceAllocator::RestoreStaged(absl::Span<Block* const> blocks, Loc
   return absl::OkStatus();
 }
 
-absl::Status DeviceAllocator::CheckWake(Stream stream) {
-  if (absl::Status s = RefuseWhileQuiet("wake"); !s.ok()) return s;
-  return CheckStream(stream);
-}
-
 absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
-  {
-    // A refused Wake pauses for nothing.
-    MutexLock l(&mu_);
-    if (absl::Status s = CheckWake(stream); !s.ok()) return s;
-  }
-  // Not under the lock: the pause may take milliseconds.
-  const bool settled = discard_settle_.WaitOnHost(*backend_);
   MutexLock l(&mu_);
-  if (absl::Status s = CheckWake(stream); !s.ok()) return s;
+  if (absl::Status s = RefuseWhileQuiet("wake"); !s.ok()) return s;
+  if (absl::Status s = CheckStream(stream); !s.ok()) return s;
   // Ordered after the Sleep, whichever stream each was given.
   if (absl::Status w = OrderAfter(stream, sleep_wake_stream_); !w.ok()) {
     return absl::Status(w.code(), absl::StrCat("cma: wake could not order after the sleep: ",
@@ -459,8 +446,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
                                                  "that owns an allocation: ", w.message()));
     }
   }
-  if (!settled) discard_settle_.HoldStream(*backend_, stream);
-  discard_settle_.EndCycle();
+  discard_fence_.Order(*backend_, stream, /*end_cycle=*/true);
   absl::Status s = Execute(PlacementAction::kPrefetch, migrate, here, stream);
   if (s.ok()) s = Execute(PlacementAction::kDiscardAndPrefetch, repopulate, here, stream);
   if (s.ok()) s = CopyBack(PlanRestore(std::move(parts)), here, stream);

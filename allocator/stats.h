@@ -79,9 +79,9 @@ struct DeviceStats {
   // Bytes Sleep copied into staging, and Wake or Move copied back.
   std::int64_t sleep_staged_bytes = 0;
   std::int64_t sleep_restored_bytes = 0;
-  // Wakes (or Moves of a sleeping allocation) that paused for a Sleep's
-  // discards to settle (wake_settle_ms) before populating.
-  std::int64_t num_wake_settle_waits = 0;
+  // Wakes (or Moves of a sleeping allocation) whose population was ordered
+  // after the driver's work behind a Sleep's discards (wake_fence).
+  std::int64_t num_wake_fences = 0;
 
   // Flattened as PyTorch does: "allocated_bytes.all.current", "num_ooms", ...
   std::map<std::string, std::int64_t> Flatten() const;

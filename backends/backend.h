@@ -240,17 +240,6 @@ class Backend {
   virtual absl::StatusOr<bool> QueryEvent(Event event) = 0;
   virtual absl::Status SynchronizeEvent(Event event) = 0;
   virtual absl::Status StreamWaitEvent(Stream stream, Event event) = 0;
-  // An event that also notes when it completes (CreateEvent's do not, which
-  // keeps them cheaper), and the milliseconds between two such events'
-  // completions; both must have completed (kFailedPrecondition otherwise).
-  // kUnimplemented where the backend cannot time events.
-  virtual absl::StatusOr<Event> CreateTimingEvent(int device) {
-    return absl::UnimplementedError("timing events are not supported by this backend");
-  }
-  virtual absl::StatusOr<float> ElapsedMs(Event start, Event end) {
-    return absl::UnimplementedError("timing events are not supported by this backend");
-  }
-
   // ---- virtual memory management (symmetric mode) ----
   virtual absl::StatusOr<std::size_t> VmmGranularity(int device) = 0;
   virtual absl::StatusOr<PhysicalHandle> VmmCreate(int device, std::size_t bytes,

@@ -131,7 +131,7 @@ def role_cma(out):
         torch.cuda.synchronize()
         tw = time.perf_counter() - t0
         rec.update(wake_s=tw, wake_GBps=sbytes / tw / 1e9,
-                   wake_settle_waits=cmat.memory_stats(0).get("num_wake_settle_waits"))
+                   wake_fences=cmat.memory_stats(0).get("num_wake_fences"))
         return rec
 
     cycles = []

@@ -1,5 +1,5 @@
-"""Wakes right after sleeps, through cma.torch, with and without the settle
-pause (issue 21; allocator/discard_settle.h says why the pause exists).
+"""Wakes right after sleeps, through cma.torch, with and without the wake
+fence (issue 21; allocator/discard_fence.h says why the fence exists).
 
 A state like the sleep benchmark's (444 fp32 tensors of GPT-2 12 x 1536
 shapes: parameters and two AdamW moments, ~5.0 GB) plus a 4 GiB KV cache
@@ -8,7 +8,7 @@ marked disposable, on cma's default route; then `--cycles` times: sleep()
 ran at fault speed takes seconds instead of ~0.15 s. Every tensor's first
 and last element is checked after the last wake. One JSON line:
 
-    CMA_ALLOC_CONF=managed_budget:16G,wake_settle_ms:0 python3 torch_wake_settle_probe.py
+    CMA_ALLOC_CONF=managed_budget:16G,wake_fence:0 python3 torch_wake_settle_probe.py
 """
 import json
 import sys
@@ -79,7 +79,7 @@ def main():
         woke = cmat.memory_stats(0)
         out["cycles"].append({
             "sleep_s": ts, "wake_s": tw, "wake_GBps": sbytes / tw / 1e9,
-            "settle_waits": woke.get("num_wake_settle_waits"),
+            "wake_fences": woke.get("num_wake_fences"),
             "sleep_stats": {k: slept.get(k, 0) - before.get(k, 0) for k in keys},
             "last_placement_error": cmat.last_placement_error(0),
             "wake_stats": {k: woke.get(k, 0) - slept.get(k, 0) for k in keys}})

@@ -16,7 +16,7 @@ constexpr absl::string_view kKeys =
     "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, prefetch, "
     "preferred_location, accessed_by, discard_on_free, managed_budget, release_threshold, "
     "release_before_peak, multicast, segments, arena_size, idle_page_slack, sleep_staging_max, "
-    "sleep_pin_threads, wake_settle_ms";
+    "sleep_pin_threads, wake_fence";
 
 absl::Status Bad(absl::string_view key, absl::string_view value, absl::string_view accepted) {
   return absl::InvalidArgumentError(absl::StrCat("CMA_ALLOC_CONF: bad value '", value,
@@ -142,12 +142,10 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view v, AllocatorConfi
     int n = 0;
     if (!absl::SimpleAtoi(v, &n) || n < 1 || n > 64) return Bad(key, v, "a count from 1 to 64");
     c.sleep_pin_threads = n;
-  } else if (key == "wake_settle_ms") {
-    double ms = 0;
-    if (!absl::SimpleAtod(v, &ms) || !(ms >= 0 && ms <= 1000)) {
-      return Bad(key, v, "milliseconds from 0 to 1000, such as 0, 2.5 or 5");
-    }
-    c.wake_settle_us = static_cast<std::int64_t>(ms * 1000 + 0.5);
+  } else if (key == "wake_fence") {
+    auto f = ParseFlag(key, v);
+    if (!f.ok()) return f.status();
+    c.wake_fence = *f;
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("CMA_ALLOC_CONF: unknown key '", key, "'; accepted keys: ", kKeys));
@@ -239,9 +237,7 @@ std::string AllocatorConfig::ToString() const {
   if (sleep_pin_threads != d.sleep_pin_threads) {
     parts.push_back(absl::StrCat("sleep_pin_threads:", sleep_pin_threads));
   }
-  if (wake_settle_us != d.wake_settle_us) {
-    parts.push_back(absl::StrCat("wake_settle_ms:", Exact(wake_settle_us / 1000.0)));
-  }
+  if (!wake_fence) parts.push_back("wake_fence:0");
   return absl::StrJoin(parts, ",");
 }
 

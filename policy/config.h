@@ -49,10 +49,10 @@
 //   sleep_pin_threads   1-64 (default 8): how many staging chunks a first
 //                       Sleep pins at once (allocator/chunk_pinner.h); 1 pins
 //                       one after another.
-//   wake_settle_ms      0-1000 (default 5): the least time between a Sleep's
-//                       discards completing and a Wake populating those
-//                       pages again, waited in stream order (allocator/
-//                       discard_settle.h says why); 0: no pause.
+//   wake_fence          0|1 (default 1): a Wake (or a Move of a sleeping
+//                       allocation) populates only after the driver's work
+//                       behind the Sleep's discards, waited for on the GPU
+//                       (allocator/discard_fence.h says why).
 // Sizes take an optional K, M or G suffix (powers of 1024).
 //
 // Errors: an unknown key or bad value returns kInvalidArgument naming the key
@@ -95,7 +95,7 @@ struct AllocatorConfig {
   double idle_page_slack = -1;  // < 0: off
   std::size_t sleep_staging_max = std::numeric_limits<std::size_t>::max();  // max: none
   int sleep_pin_threads = 8;
-  std::int64_t wake_settle_us = 5000;
+  bool wake_fence = true;
 
   // The config back in `key:value` form (only keys that differ from defaults).
   std::string ToString() const;

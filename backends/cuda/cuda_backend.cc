@@ -396,21 +396,12 @@ class CudaBackend final : public Backend {
   }
 
   absl::StatusOr<Event> CreateEvent(int device) override {
-    return NewEvent(device, cudaEventDisableTiming);
-  }
-
-  absl::StatusOr<Event> CreateTimingEvent(int device) override {
-    return NewEvent(device, cudaEventDefault);
-  }
-
-  absl::StatusOr<float> ElapsedMs(Event start, Event end) override {
-    float ms = 0;
-    const cudaError_t err = cudaEventElapsedTime(&ms, AsEvent(start), AsEvent(end));
-    if (err == cudaErrorNotReady) {
-      return absl::FailedPreconditionError("cudaEventElapsedTime: an event has not completed");
-    }
-    if (err != cudaSuccess) return CudaStatus(err, "cudaEventElapsedTime");
-    return ms;
+    CMA_RETURN_IF_ERROR(CheckDevice(device));
+    DeviceGuard g(device);
+    CMA_RETURN_IF_ERROR(g.status());
+    cudaEvent_t e;
+    CMA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return reinterpret_cast<Event>(e);
   }
 
   absl::Status DestroyEvent(Event event) override {
@@ -638,15 +629,6 @@ class CudaBackend final : public Backend {
     std::vector<void*> ptrs;
     std::vector<std::size_t> sizes;
   };
-
-  absl::StatusOr<Event> NewEvent(int device, unsigned flags) {
-    CMA_RETURN_IF_ERROR(CheckDevice(device));
-    DeviceGuard g(device);
-    CMA_RETURN_IF_ERROR(g.status());
-    cudaEvent_t e;
-    CMA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, flags));
-    return reinterpret_cast<Event>(e);
-  }
 
   const int device_count_;
   const DriverApi* const cu_;

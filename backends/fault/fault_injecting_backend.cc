@@ -136,14 +136,6 @@ absl::StatusOr<Event> FaultInjectingBackend::CreateEvent(int device) {
   CMA_FAULT(kEventCreate, "CreateEvent");
   return inner_.CreateEvent(device);
 }
-absl::StatusOr<Event> FaultInjectingBackend::CreateTimingEvent(int device) {
-  CMA_FAULT(kEventCreate, "CreateTimingEvent");
-  return inner_.CreateTimingEvent(device);
-}
-absl::StatusOr<float> FaultInjectingBackend::ElapsedMs(Event start, Event end) {
-  CMA_FAULT(kEventQuery, "ElapsedMs");
-  return inner_.ElapsedMs(start, end);
-}
 absl::Status FaultInjectingBackend::LaunchHostFunction(Stream stream,
                                                        absl::AnyInvocable<void() &&> fn) {
   CMA_FAULT(kOther, "LaunchHostFunction");  // `fn` is dropped unrun, as the contract says

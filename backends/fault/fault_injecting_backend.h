@@ -29,8 +29,8 @@ enum class FaultKind {
   kAllocation,  // AllocateManaged, ReserveManaged, VmmCreate, AllocatePinnedHost
   kFree,        // FreeManaged, VmmRelease, FreePinnedHost
   kEventRecord,
-  kEventQuery,  // QueryEvent, QueryStream, SynchronizeEvent, ElapsedMs
-  kEventCreate,  // CreateEvent, CreateTimingEvent
+  kEventQuery,  // QueryEvent, QueryStream, SynchronizeEvent
+  kEventCreate,
   kStreamSync,
   kPrefetch,    // Prefetch, PrefetchBatch, DiscardAndPrefetchBatch
   kAdvise,
@@ -85,8 +85,6 @@ class FaultInjectingBackend final : public Backend {
   absl::Status SynchronizeStream(Stream stream) override;
   absl::StatusOr<bool> QueryStream(Stream stream) override;
   absl::Status LaunchHostFunction(Stream stream, absl::AnyInvocable<void() &&> fn) override;
-  absl::StatusOr<Event> CreateTimingEvent(int device) override;
-  absl::StatusOr<float> ElapsedMs(Event start, Event end) override;
   absl::StatusOr<bool> IsCapturing(Stream stream) override { return inner_.IsCapturing(stream); }
   absl::StatusOr<std::optional<CaptureFrontier>> CaptureFrontierOf(Stream stream) override {
     return inner_.CaptureFrontierOf(stream);

@@ -53,8 +53,6 @@ absl::StatusOr<HipApi> Load() {
       reinterpret_cast<decltype(api.hipRuntimeGetVersion)>(dlsym(lib, "hipRuntimeGetVersion"));
   api.hipLaunchHostFunc =
       reinterpret_cast<decltype(api.hipLaunchHostFunc)>(dlsym(lib, "hipLaunchHostFunc"));
-  api.hipEventElapsedTime =
-      reinterpret_cast<decltype(api.hipEventElapsedTime)>(dlsym(lib, "hipEventElapsedTime"));
   return api;  // the library stays loaded for the life of the process
 }
 

@@ -37,7 +37,6 @@ struct HipApi {
   // Optional (nullptr when the library lacks them).
   decltype(&::hipRuntimeGetVersion) hipRuntimeGetVersion = nullptr;
   decltype(&::hipLaunchHostFunc) hipLaunchHostFunc = nullptr;
-  decltype(&::hipEventElapsedTime) hipEventElapsedTime = nullptr;
   // The file the runtime was loaded from.
   std::string library;
 

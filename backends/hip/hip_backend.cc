@@ -240,27 +240,14 @@ class HipBackend final : public Backend {
   }
 
   absl::StatusOr<Event> CreateEvent(int device) override {
-    return NewEvent(device, hipEventDisableTiming);
-  }
-
-  absl::StatusOr<Event> CreateTimingEvent(int device) override {
-    if (hip_->hipEventElapsedTime == nullptr) {
-      return absl::UnimplementedError(absl::StrCat(hip_->library, " lacks hipEventElapsedTime"));
-    }
-    return NewEvent(device, hipEventDefault);
-  }
-
-  absl::StatusOr<float> ElapsedMs(Event start, Event end) override {
-    if (hip_->hipEventElapsedTime == nullptr) {
-      return absl::UnimplementedError(absl::StrCat(hip_->library, " lacks hipEventElapsedTime"));
-    }
-    float ms = 0;
-    const hipError_t e = hip_->hipEventElapsedTime(&ms, AsEvent(start), AsEvent(end));
-    if (e == hipErrorNotReady) {
-      return absl::FailedPreconditionError("hipEventElapsedTime: an event has not completed");
-    }
-    if (e != hipSuccess) return HipStatus(*hip_, e, "hipEventElapsedTime");
-    return ms;
+    CMA_RETURN_IF_ERROR(CheckDevice(device));
+    absl::StatusOr<int> prev = Switch(device);
+    if (!prev.ok()) return prev.status();
+    hipEvent_t ev = nullptr;
+    const hipError_t e = hip_->hipEventCreateWithFlags(&ev, hipEventDisableTiming);
+    (void)hip_->hipSetDevice(*prev);  // restoring: the call's own error matters more
+    if (e != hipSuccess) return HipStatus(*hip_, e, "hipEventCreateWithFlags");
+    return reinterpret_cast<Event>(ev);
   }
 
   absl::Status DestroyEvent(Event event) override {
@@ -418,17 +405,6 @@ class HipBackend final : public Backend {
   }
 
  private:
-  absl::StatusOr<Event> NewEvent(int device, unsigned flags) {
-    CMA_RETURN_IF_ERROR(CheckDevice(device));
-    absl::StatusOr<int> prev = Switch(device);
-    if (!prev.ok()) return prev.status();
-    hipEvent_t ev = nullptr;
-    const hipError_t e = hip_->hipEventCreateWithFlags(&ev, flags);
-    (void)hip_->hipSetDevice(*prev);  // restoring: the call's own error matters more
-    if (e != hipSuccess) return HipStatus(*hip_, e, "hipEventCreateWithFlags");
-    return reinterpret_cast<Event>(ev);
-  }
-
   const int device_count_;
   const HipApi* const hip_;
 };

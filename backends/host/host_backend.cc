@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -14,12 +13,6 @@
 
 namespace cma {
 namespace {
-
-std::int64_t SteadyNowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // The granularity at which reserved managed memory is populated, as the
 // allocator's arenas (and CUDA's large pages) count it.
@@ -73,17 +66,12 @@ absl::StatusOr<HostBackend::StreamState*> HostBackend::FindStream(Stream stream)
   return &it->second;
 }
 
-void HostBackend::Advance(StreamState& s) {
+void HostBackend::Advance(StreamState& s) const {
   if (!options_.manual_completion) s.completed = s.submitted;
-  Passed(s);
+  RunCompletedHostFunctions(s);
 }
 
-void HostBackend::Passed(StreamState& s) {
-  while (!s.timing_events.empty() && s.timing_events.begin()->first <= s.completed) {
-    auto ev = events_.find(s.timing_events.begin()->second);
-    if (ev != events_.end() && ev->second.done_ns < 0) ev->second.done_ns = SteadyNowNs();
-    s.timing_events.erase(s.timing_events.begin());
-  }
+void HostBackend::RunCompletedHostFunctions(StreamState& s) {
   while (!s.host_functions.empty() && s.host_functions.begin()->first <= s.completed) {
     auto fn = std::move(s.host_functions.begin()->second);
     s.host_functions.erase(s.host_functions.begin());
@@ -518,7 +506,7 @@ void HostBackend::CompleteUpTo(Stream stream, std::int64_t ticket, int depth) {
     if (depth < 64) CompleteUpTo(on, on_ticket, depth + 1);
   }
   s.completed = std::max(s.completed, ticket);
-  Passed(s);
+  RunCompletedHostFunctions(s);
 }
 
 void HostBackend::Settle(StreamState& s, int depth) {
@@ -526,7 +514,7 @@ void HostBackend::Settle(StreamState& s, int depth) {
     const std::int64_t unit = s.completed + 1;
     if (s.host_functions.count(unit) != 0) {  // nothing to wait for but what came before
       ++s.completed;
-      Passed(s);
+      RunCompletedHostFunctions(s);
       continue;
     }
     auto w = s.waits.find(unit);
@@ -543,7 +531,7 @@ void HostBackend::Settle(StreamState& s, int depth) {
     if (s.completed + 1 == unit) {
       s.waits.erase(unit);
       ++s.completed;
-      Passed(s);
+      RunCompletedHostFunctions(s);
     }
   }
 }
@@ -591,50 +579,7 @@ absl::Status HostBackend::RecordEvent(Event event, Stream stream) {
   it->second.stream = stream;
   it->second.ticket = (*st)->submitted;
   it->second.recorded = true;
-  if (it->second.timing) {
-    it->second.done_ns = -1;
-    (*st)->timing_events.emplace(it->second.ticket, event);
-    Passed(**st);
-  }
   return absl::OkStatus();
-}
-
-absl::StatusOr<Event> HostBackend::CreateTimingEvent(int device) {
-  MutexLock l(&mu_);
-  Count("CreateTimingEvent");
-  if (auto s = CheckDevice(device); !s.ok()) return s;
-  const Event id = next_id_++;
-  events_[id] = EventState{device};
-  events_[id].timing = true;
-  return id;
-}
-
-absl::StatusOr<float> HostBackend::ElapsedMs(Event start, Event end) {
-  MutexLock l(&mu_);
-  Count("ElapsedMs");
-  std::int64_t ns[2];
-  int i = 0;
-  for (Event e : {start, end}) {
-    auto it = events_.find(e);
-    if (it == events_.end() || !it->second.timing) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("ElapsedMs: 0x%x is not a timing event", e));
-    }
-    if (it->second.recorded) {
-      StreamState* st = Settled(it->second.stream);
-      if (st != nullptr) {
-        Passed(*st);
-      } else if (it->second.done_ns < 0) {
-        it->second.done_ns = SteadyNowNs();  // a destroyed stream's work is finished
-      }
-    }
-    if (it->second.done_ns < 0) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("ElapsedMs: event 0x%x has not completed", e));
-    }
-    ns[i++] = it->second.done_ns;
-  }
-  return static_cast<float>((ns[1] - ns[0]) / 1e6);
 }
 
 absl::StatusOr<bool> HostBackend::QueryEvent(Event event) {

@@ -153,11 +153,6 @@ class HostBackend final : public Backend {
   // there, on the calling thread, under the backend's lock (so `fn` must not
   // call the backend, as the contract says). Counts as one unit of work.
   absl::Status LaunchHostFunction(Stream stream, absl::AnyInvocable<void() &&> fn) override;
-  // A timing event notes the host's steady clock when its stream gets past
-  // it (at once in immediate mode; when CompleteWork or a wait's resolution
-  // gets there otherwise).
-  absl::StatusOr<Event> CreateTimingEvent(int device) override;
-  absl::StatusOr<float> ElapsedMs(Event start, Event end) override;
   // As CUDA's cudaStreamIsCapturing; a test marks a stream (SetCapturing).
   absl::StatusOr<bool> IsCapturing(Stream stream) override;
   // The capture graph the test built (SetCapturing, AddCaptureNode, JoinCapture).
@@ -250,8 +245,6 @@ class HostBackend final : public Backend {
     std::map<std::int64_t, std::pair<Stream, std::int64_t>> waits;
     // Host functions by the unit of work they are (LaunchHostFunction).
     std::map<std::int64_t, absl::AnyInvocable<void() &&>> host_functions;
-    // Timing events recorded here and not yet passed, by their ticket.
-    std::multimap<std::int64_t, Event> timing_events;
     bool capturing = false;
     std::uint64_t capture = 0;                 // while capturing: its sequence
     std::vector<CaptureNode> capture_frontier;  // see CaptureFrontier
@@ -261,8 +254,6 @@ class HostBackend final : public Backend {
     Stream stream = 0;
     std::int64_t ticket = 0;  // stream position captured at record time
     bool recorded = false;
-    bool timing = false;
-    std::int64_t done_ns = -1;  // timing events: when the stream got past it
   };
   struct ManagedAllocation {
     int device;
@@ -309,10 +300,9 @@ class HostBackend final : public Backend {
   void Settle(StreamState& s, int depth = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `stream` settled, or nullptr once it is destroyed.
   StreamState* Settled(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Advance(StreamState& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // immediate mode: at once
-  // Runs (and forgets) the host functions `s` has completed, and notes the
-  // time of the timing events it has got past.
-  void Passed(StreamState& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Advance(StreamState& s) const;  // immediate mode completes at once
+  // Runs (and forgets) the host functions `s` has completed.
+  static void RunCompletedHostFunctions(StreamState& s);
   void DropPhysical(absl::flat_hash_map<PhysicalHandle, PhysicalMemory>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

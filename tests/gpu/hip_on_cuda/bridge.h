@@ -99,7 +99,6 @@ Err EventDestroy(void* event);
 Err EventRecord(void* event, void* stream);
 Err EventQuery(void* event);
 Err EventSynchronize(void* event);
-Err EventElapsedTime(float* ms, void* start, void* end);
 
 // VMM (the driver API). Access flags: 0 none, 1 read, 3 read/write.
 Err VmmGranularity(int device, bool posix_fd, bool recommended, std::size_t* granularity);

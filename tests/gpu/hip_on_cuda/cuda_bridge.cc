@@ -252,9 +252,6 @@ Err EventDestroy(void* event) { return Fold(cudaEventDestroy(E(event))); }
 Err EventRecord(void* event, void* stream) { return Fold(cudaEventRecord(E(event), S(stream))); }
 Err EventQuery(void* event) { return Fold(cudaEventQuery(E(event))); }
 Err EventSynchronize(void* event) { return Fold(cudaEventSynchronize(E(event))); }
-Err EventElapsedTime(float* ms, void* start, void* end) {
-  return Fold(cudaEventElapsedTime(ms, E(start), E(end)));
-}
 
 Err VmmGranularity(int device, bool posix_fd, bool recommended, std::size_t* granularity) {
   NEED_DRIVER();

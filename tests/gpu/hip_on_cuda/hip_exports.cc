@@ -395,12 +395,6 @@ hipError_t hipEventSynchronize(hipEvent_t event) {
   return ToHip(EventSynchronize(event));
 }
 
-hipError_t hipEventElapsedTime(float* ms, hipEvent_t start, hipEvent_t stop) {
-  if (ms == nullptr) return Refuse(hipErrorInvalidValue);
-  if (!EventOk(start) || !EventOk(stop)) return Refuse(hipErrorInvalidHandle);
-  return ToHip(EventElapsedTime(ms, start, stop));
-}
-
 // ---- VMM ----
 
 static bool PropOk(const hipMemAllocationProp* prop) {
