@@ -12,7 +12,8 @@
 // stream of this object's own, behind the Sleep's discards, marks the moment
 // without holding the Sleep's stream; the Wake's stream waits for it on the
 // GPU. Measured: at once 4 of 12 wakes at fault speed, fenced 0 of 12, the
-// sleep unchanged (bench/results/h100_wake_settle/, run S). A wake that
+// sleep unchanged (bench/results/h100_wake_settle/, run S); through cma,
+// off 2 of 24, on 0 of 24 (run T). A wake that
 // comes later than that work pays nothing; one right behind the sleep waits
 // ~20-30 ms for it. (A pause of 5 ms, tried first, did not prevent it:
 // run R.)
