@@ -106,6 +106,11 @@ std::vector<Range> Chunks(Range r, size_t chunk) {
   return out;
 }
 
+struct State;
+// The state's pages copied out to the staging, or back, in 256 MiB pieces.
+void CopyOut(State& st, cudaStream_t s);
+void CopyBack(State& st, cudaStream_t s, cudaMemcpyKind kind = cudaMemcpyDefault);
+
 struct State {
   char* raw = nullptr;      // the managed range
   char* base = nullptr;     // 2 MiB aligned start of the packed tensors
@@ -115,6 +120,18 @@ struct State {
   Range kept_pages{};       // whole pages covering every tensor
   char* staging = nullptr;  // pinned, kept_pages.n bytes
 };
+
+void CopyOut(State& st, cudaStream_t s) {
+  for (const Range& c : Chunks(st.kept_pages, 256 * kMiB)) {
+    CHECK(cudaMemcpyAsync(st.staging + (c.p - st.kept_pages.p), c.p, c.n, cudaMemcpyDefault, s));
+  }
+}
+
+void CopyBack(State& st, cudaStream_t s, cudaMemcpyKind kind) {
+  for (const Range& c : Chunks(st.kept_pages, 256 * kMiB)) {
+    CHECK(cudaMemcpyAsync(c.p, st.staging + (c.p - st.kept_pages.p), c.n, kind, s));
+  }
+}
 
 uint8_t Mark(size_t i) { return static_cast<uint8_t>(i % 251 + 1); }
 
@@ -311,9 +328,7 @@ void WakeKvAside(State& st, cudaStream_t s, cudaStream_t kv_stream, double* stat
   }
   Prefetch({st.kept_pages}, kDev, s);
   CHECK(cudaEventRecord(ev[1], s));
-  for (const Range& c : Chunks(st.kept_pages, 256 * kMiB)) {
-    CHECK(cudaMemcpyAsync(c.p, st.staging + (c.p - st.kept_pages.p), c.n, cudaMemcpyDefault, s));
-  }
+  CopyBack(st, s);
   CHECK(cudaEventRecord(ev[2], s));
   if (kv_stream != nullptr) {
     cudaEvent_t kv_done;
@@ -552,10 +567,7 @@ int main(int argc, char** argv) {
       // A second population: free if the first populated everything.
       Prefetch({st.kept_pages, st.kv}, kDev, s);
       CHECK(cudaEventRecord(ev[2], s));
-      for (const Range& c : Chunks(st.kept_pages, 256 * kMiB)) {
-        CHECK(cudaMemcpyAsync(c.p, st.staging + (c.p - st.kept_pages.p), c.n, cudaMemcpyDefault,
-                              s));
-      }
+      CopyBack(st, s);
       CHECK(cudaEventRecord(ev[3], s));
       CHECK(cudaStreamSynchronize(s));
       printf("pause %3d ms: populate %.1f ms (host %.1f), populate again %.1f, copy %.1f ms\n",
@@ -595,10 +607,7 @@ int main(int argc, char** argv) {
           if (w == "touch") CHECK(cudaMemset2DAsync(st.kept_pages.p, kPage, 0, 1, pages, s));
           if (w == "sync") CHECK(cudaStreamSynchronize(s));
           CHECK(cudaEventRecord(ev[2], s));
-          for (const Range& c : Chunks(st.kept_pages, 256 * kMiB)) {
-            CHECK(cudaMemcpyAsync(c.p, st.staging + (c.p - st.kept_pages.p), c.n,
-                                  w == "htod" ? cudaMemcpyHostToDevice : cudaMemcpyDefault, s));
-          }
+          CopyBack(st, s, w == "htod" ? cudaMemcpyHostToDevice : cudaMemcpyDefault);
           CHECK(cudaEventRecord(ev[3], s));
           CHECK(cudaStreamSynchronize(s));
           const double wake_ms = Seconds(t0) * 1e3;
@@ -639,10 +648,7 @@ int main(int argc, char** argv) {
           for (auto& e : ev) CHECK(cudaEventCreate(&e));
           auto t0 = std::chrono::steady_clock::now();
           CHECK(cudaEventRecord(ev[0], s));
-          for (const Range& c : Chunks(st.kept_pages, 256 * kMiB)) {
-            CHECK(cudaMemcpyAsync(st.staging + (c.p - st.kept_pages.p), c.p, c.n,
-                                  cudaMemcpyDefault, s));
-          }
+          CopyOut(st, s);
           Discard({st.kept_pages, st.kv}, s);
           CHECK(cudaEventRecord(ev[1], s));
           if (w == "side+hold") {
@@ -670,10 +676,7 @@ int main(int argc, char** argv) {
           }
           DiscardAndPrefetch({st.kept_pages, st.kv}, kDev, s);
           CHECK(cudaEventRecord(ev[3], s));
-          for (const Range& c : Chunks(st.kept_pages, 256 * kMiB)) {
-            CHECK(cudaMemcpyAsync(c.p, st.staging + (c.p - st.kept_pages.p), c.n,
-                                  cudaMemcpyDefault, s));
-          }
+          CopyBack(st, s);
           CHECK(cudaEventRecord(ev[4], s));
           CHECK(cudaStreamSynchronize(s));
           const double wake_ms = Seconds(t0) * 1e3;
@@ -718,10 +721,7 @@ int main(int argc, char** argv) {
             Prefetch({st.kept_pages}, kDev, s);
           }
           CHECK(cudaEventRecord(ev[1], s));
-          for (const Range& c : Chunks(st.kept_pages, 256 * kMiB)) {
-            CHECK(cudaMemcpyAsync(c.p, st.staging + (c.p - st.kept_pages.p), c.n,
-                                  cudaMemcpyDefault, s));
-          }
+          CopyBack(st, s);
           CHECK(cudaEventRecord(ev[2], s));
           if (w == "state first") DiscardAndPrefetch({st.kv}, kDev, s);
           CHECK(cudaStreamSynchronize(s));
@@ -753,10 +753,7 @@ int main(int argc, char** argv) {
           for (auto& e : ev) CHECK(cudaEventCreate(&e));
           auto t0 = std::chrono::steady_clock::now();
           CHECK(cudaEventRecord(ev[0], s));
-          for (const Range& c : Chunks(st.kept_pages, 256 * kMiB)) {
-            CHECK(cudaMemcpyAsync(st.staging + (c.p - st.kept_pages.p), c.p, c.n,
-                                  cudaMemcpyDefault, s));
-          }
+          CopyOut(st, s);
           Discard({st.kept_pages, st.kv}, s);
           if (fenced) {
             CHECK(cudaEventRecord(discarded, s));
@@ -772,10 +769,7 @@ int main(int argc, char** argv) {
           DiscardAndPrefetch({st.kv}, kDev, s);
           Prefetch({st.kept_pages}, kDev, s);
           CHECK(cudaEventRecord(ev[2], s));
-          for (const Range& c : Chunks(st.kept_pages, 256 * kMiB)) {
-            CHECK(cudaMemcpyAsync(c.p, st.staging + (c.p - st.kept_pages.p), c.n,
-                                  cudaMemcpyDefault, s));
-          }
+          CopyBack(st, s);
           CHECK(cudaEventRecord(ev[3], s));
           CHECK(cudaStreamSynchronize(s));
           const double wake_ms = Seconds(t0) * 1e3;
