@@ -449,7 +449,6 @@ class DeviceAllocator {
   // Orders the next population of a Sleep's discarded pages after the
   // driver's work behind the discards (wake_fence).
   DiscardFence discard_fence_ ABSL_GUARDED_BY(mu_);
-  std::int64_t fences_reset_ ABSL_GUARDED_BY(mu_) = 0;  // fenced() at the last reset
   DeviceStats stats_ ABSL_GUARDED_BY(mu_);
   absl::Status last_placement_error_ ABSL_GUARDED_BY(mu_);
 

@@ -28,10 +28,12 @@ void DiscardFence::Mark(Backend& backend, int device, Stream stream) {
             backend.RecordEvent(behind_, side_).ok();
 }
 
-void DiscardFence::Order(Backend& backend, Stream stream, bool end_cycle) {
-  if (!marked_) return;
-  if (backend.StreamWaitEvent(stream, behind_).ok()) ++fenced_;
+bool DiscardFence::Order(Backend& backend, Stream stream, bool end_cycle) {
+  if (!marked_) return false;
+  const bool fenced = backend.StreamWaitEvent(stream, behind_).ok();
+  if (fenced) ++fenced_;
   if (end_cycle) marked_ = false;
+  return fenced;
 }
 
 void DiscardFence::Release(Backend& backend) {

@@ -42,7 +42,8 @@ class DiscardFence {
   // Before a population queued next on `stream`: `stream` waits (on the
   // GPU) for the driver's work behind the marked discards. `end_cycle`: a
   // Wake, after which no population needs it until the next Mark.
-  void Order(Backend& backend, Stream stream, bool end_cycle);
+  // Returns whether `stream` was fenced.
+  bool Order(Backend& backend, Stream stream, bool end_cycle);
   void Release(Backend& backend);
 
   // Populations ordered after a fence, since construction.

@@ -27,9 +27,7 @@ absl::StatusOr<std::pair<std::size_t, Stream>> DeviceAllocator::Lookup(void* ptr
 
 DeviceStats DeviceAllocator::GetStats() {
   MutexLock l(&mu_);
-  DeviceStats s = stats_;
-  s.num_wake_fences = discard_fence_.fenced() - fences_reset_;
-  return s;
+  return stats_;
 }
 
 absl::Status DeviceAllocator::LastPlacementError() {
@@ -66,7 +64,7 @@ void DeviceAllocator::ResetAccumulatedStats() {
   stats_.num_pages_populated = stats_.num_pages_discarded = stats_.discard_calls = 0;
   stats_.num_discard_waits = 0;
   stats_.sleep_staged_bytes = stats_.sleep_restored_bytes = 0;
-  fences_reset_ = discard_fence_.fenced();
+  stats_.num_wake_fences = 0;
 }
 
 void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {

@@ -384,7 +384,7 @@ absl::Status DeviceAllocator::RestoreStaged(absl::Span<Block* const> blocks, Loc
   if (!contents_dead) {
     // After the Sleep's copies out and discards.
     if (absl::Status w = OrderAfter(stream, sleep_wake_stream_); !w.ok()) return w;
-    discard_fence_.Order(*backend_, stream, /*end_cycle=*/false);
+    if (discard_fence_.Order(*backend_, stream, /*end_cycle=*/false)) ++stats_.num_wake_fences;
     if (absl::Status s = CopyBack(PlanRestore(std::move(parts)), target, stream); !s.ok()) {
       return s;
     }
@@ -446,7 +446,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
                                                  "that owns an allocation: ", w.message()));
     }
   }
-  discard_fence_.Order(*backend_, stream, /*end_cycle=*/true);
+  if (discard_fence_.Order(*backend_, stream, /*end_cycle=*/true)) ++stats_.num_wake_fences;
   absl::Status s = Execute(PlacementAction::kPrefetch, migrate, here, stream);
   if (s.ok()) s = Execute(PlacementAction::kDiscardAndPrefetch, repopulate, here, stream);
   if (s.ok()) s = CopyBack(PlanRestore(std::move(parts)), here, stream);
