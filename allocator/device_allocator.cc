@@ -553,6 +553,10 @@ void DeviceAllocator::ProcessPendingFrees(bool synchronize) {
     if (--b->pending_events == 0) BecameFree(b);
   }
   pending_.resize(kept);
+  // Deferred frees whose fencing failed, when the pools may make calls again.
+  if (ABSL_PREDICT_FALSE(synchronize && !deferred_.empty()) && contexts_.empty()) {
+    RecordDeferredFrees();
+  }
 }
 
 std::string DeviceAllocator::OomMessage(std::size_t bytes, const absl::Status& cause) {

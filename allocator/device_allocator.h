@@ -177,9 +177,10 @@ class DeviceAllocator {
   // Frees that needed events on other streams while quiet: recorded now.
   void RecordDeferredFrees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Orders `b`'s reuse after the other streams that used it: an event on
-  // each (counted in pending_events), or a wait where none can be recorded;
-  // clears its stream uses. Makes calls: never while quiet.
-  void FenceStreamUses(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // each (counted in pending_events), or a wait where none can be recorded.
+  // Returns false when some stream could be neither fenced nor waited for;
+  // those alone stay in its stream uses. Makes calls: never while quiet.
+  bool FenceStreamUses(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RefuseWhileQuiet(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a failed hint or fallback (num_placement_errors) and keeps its
   // status for LastPlacementError.
@@ -467,7 +468,8 @@ class DeviceAllocator {
   };
   std::vector<PoolContext> contexts_ ABSL_GUARDED_BY(mu_);  // pools being allocated to
   // Freed while quiet but used on other streams: out of the pools, counted
-  // as awaiting one event, until RecordDeferredFrees.
+  // as awaiting one event, until RecordDeferredFrees (which keeps here, for
+  // a later try, those it could not order after a stream that used them).
   std::vector<Block*> deferred_ ABSL_GUARDED_BY(mu_);
   // Those of deferred_ freed during a capture into a pool whose context
   // reuses after joins: what each waits for (allocator/capture_reuse.h).

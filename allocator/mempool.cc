@@ -143,7 +143,8 @@ void DeviceAllocator::DissolveIfUnused(std::uint32_t index) {
   if (!quiet()) CoalesceUnmerged();
 }
 
-void DeviceAllocator::FenceStreamUses(Block* b) {
+bool DeviceAllocator::FenceStreamUses(Block* b) {
+  absl::InlinedVector<Stream, 2> unfenced;
   for (Stream s : b->stream_uses) {
     absl::StatusOr<Event> ev = TakeEvent();
     if (ev.ok() && backend_->RecordEvent(*ev, s).ok()) {
@@ -152,11 +153,13 @@ void DeviceAllocator::FenceStreamUses(Block* b) {
       continue;
     }
     if (ev.ok()) spare_events_.push_back(*ev);
-    // A stream that can be neither fenced nor waited for has failed (its
-    // context is gone, so no work of it still runs): counted, not waited.
-    if (absl::Status w = backend_->SynchronizeStream(s); !w.ok()) NotePlacementError(std::move(w));
+    if (absl::Status w = backend_->SynchronizeStream(s); !w.ok()) {
+      NotePlacementError(std::move(w));
+      unfenced.push_back(s);
+    }
   }
-  b->stream_uses.clear();
+  b->stream_uses.assign(unfenced.begin(), unfenced.end());
+  return unfenced.empty();
 }
 
 void DeviceAllocator::NoteCaptureFree(Block* b) {
@@ -224,10 +227,18 @@ void DeviceAllocator::RecordDeferredFrees() {
     // What Free would have done: an event on each other stream that used
     // the block, or a wait for that stream if no event can be recorded.
     b->pending_events = 0;
-    FenceStreamUses(b);
+    const bool fenced = FenceStreamUses(b);
     if (b->hints) {  // advice withdrawn now that calls may be made again
       ApplyAdvice(WithdrawHintAdvice(*b->hints), b->ptr(), b->size);
       b->hints.reset();
+    }
+    if (!fenced) {
+      // Another stream may still use it and nothing orders a reuse after
+      // that: held out of the pools, as a plain Free refuses, and tried
+      // again by the next synchronising ProcessPendingFrees.
+      ++b->pending_events;
+      deferred_.push_back(b);
+      continue;
     }
     if (b->pending_events == 0) BecameFree(b);
   }

@@ -129,6 +129,19 @@ void DeviceAllocator::OnFreed(Block* b) {
   if (absl::Status d = backend_->DiscardBatch({&r, 1}, b->stream); d.ok()) {
     stats_.discarded_bytes += static_cast<std::int64_t>(b->size);
     b->placed = false;  // nothing resident to speak of: the next use populates
+    // A Wake must not populate these pages again on its own stream ahead of
+    // this discard, queued on the block's: whoever reuses them populates
+    // them, ordered after it like any reuse of this block.
+    if (ABSL_PREDICT_FALSE(!slept_edge_pages_.empty())) {
+      std::vector<Range> whole, partial;
+      SplitAtPages(r, &whole, &partial);
+      for (const Range& w : whole) {
+        const auto lo = reinterpret_cast<std::uintptr_t>(w.ptr);
+        for (std::uintptr_t page = lo; page < lo + w.bytes; page += kPageSize) {
+          slept_edge_pages_.erase(page);
+        }
+      }
+    }
   } else {
     NotePlacementError(std::move(d));
   }
@@ -165,9 +178,10 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
                                                  "staged: ", r.message()));
     }
   }
-  // Pages a Sleep discarded are populated again only after that discard.
+  // Pages a Sleep discarded are populated again (on the device, or on the
+  // host, where the caller may then write them) only after that discard.
   for (Block* b : blocks) {
-    if (!b->pages_discarded || target.is_host()) continue;
+    if (!b->pages_discarded) continue;
     if (absl::Status w = OrderAfter(stream, sleep_wake_stream_); !w.ok()) {
       return absl::Status(w.code(), absl::StrCat("cma: move could not order after the sleep: ",
                                                  w.message()));
@@ -196,8 +210,9 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
   for (Block* b : blocks) {
     b->placed = true;
     b->location = target;
-    // Prefetched to a device, discarded pages are populated again.
-    if (!target.is_host()) b->pages_discarded = false;
+    // Discarded pages are populated again at the target: what the caller
+    // writes there from now on is live, and a Wake must migrate it.
+    b->pages_discarded = false;
   }
   stats_.moves += static_cast<std::int64_t>(blocks.size());
   return absl::OkStatus();

@@ -242,7 +242,10 @@ void DeviceAllocator::FreeForRestore(Block* b) {
     b->hints.reset();
   }
   CountFreed(b);
-  FenceStreamUses(b);  // as Free: an event on each other stream that used it
+  // As Free: an event on each other stream that used it. (A stream that
+  // can be neither fenced nor waited for is counted, not waited: a restore
+  // cannot stop halfway.)
+  if (!FenceStreamUses(b)) b->stream_uses.clear();
   if (b->pending_events == 0) BecameFree(b);
 }
 

@@ -135,6 +135,9 @@ absl::Status DeviceAllocator::ForgetStream(Stream stream) {
   }
   for (Block* b : deferred_) {
     if (b->stream == stream) b->stream = kDefaultStream;
+    // (A free held for want of a fence on this stream is freed at the next try.)
+    b->stream_uses.erase(std::remove(b->stream_uses.begin(), b->stream_uses.end(), stream),
+                         b->stream_uses.end());
   }
   for (auto& [addr, b] : allocated_) {
     if (b->stream == stream) b->stream = kDefaultStream;

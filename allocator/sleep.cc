@@ -425,9 +425,11 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
       if (lo + part.bytes < addr + b->size) {
         migrate.push_back({reinterpret_cast<void*>(lo + part.bytes), addr + b->size - lo - part.bytes});
       }
-    } else if (b->disposable) {
-      // (A block a level-2 Sleep discarded migrates: a prefetch populates
-      // pages that hold nothing, and keeps what a Move since put there.)
+    } else if (b->disposable && b->pages_discarded) {
+      // Only what the Sleep discarded: a disposable allocation made while
+      // asleep, never placed, or written since a Move holds live data.
+      // (A non-disposable block a level-2 Sleep discarded migrates: a
+      // prefetch populates pages that hold nothing.)
       SplitAtPages(r, &repopulate, &migrate);
     } else {
       migrate.push_back(r);

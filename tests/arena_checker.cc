@@ -126,10 +126,10 @@ absl::Status ArenaChecker::CheckDiscard(std::uintptr_t lo, std::uintptr_t hi, St
   if (plo >= phi) return absl::OkStatus();
   for (auto& [p, l] : live_) {
     if (!Overlaps(plo, phi, p, p + l.size)) continue;
-    // Discarded at this sleep level (Sleep), or repopulated for it (Wake).
-    const bool level_drops = discarding_ != Discarding::kNone &&
-                             (l.disposable || (discarding_ == Discarding::kSleep &&
-                                               sleep_level_ == SleepLevel::kDiscard && !l.keep));
+    // Discarded at this sleep level, by the Sleep only: a Wake may drop
+    // only what the matching Sleep dropped (`gone` below).
+    const bool level_drops = discarding_ == Discarding::kSleep &&
+                             (l.disposable || (sleep_level_ == SleepLevel::kDiscard && !l.keep));
     // Whole pages whose contents a Sleep has copied out first, or that hold
     // nothing until the copy back (their population by Wake or Move).
     const bool staged = (discarding_ == Discarding::kSleep && l.copied) || l.staged;
@@ -416,7 +416,9 @@ absl::Status ArenaChecker::DoMove(StepSource& in) {
   dead_move_ = 0;
   if (!s.ok()) return Violation(absl::StrCat("move failed: ", s.ToString()));
   if (!c.ok()) return c;
-  if (dead) {  // the user overwrites what it declared dead
+  // The user overwrites what it declared dead, or what a Sleep dropped and
+  // the move populated again: live data that no Wake may drop.
+  if (dead || l.dead) {
     l.dead = false;
     l.staged = l.copied = false;
     WriteTag(p, l);

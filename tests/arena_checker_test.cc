@@ -43,6 +43,36 @@ TEST_P(ArenaCheckerTest, FindsNothingOverFixedSeeds) { RunSeeds(GetParam(), fals
 // Also taking and restoring pools' checkpoints (torch.compile's cudagraph trees).
 TEST_P(ArenaCheckerTest, FindsNothingWithPoolCheckpoints) { RunSeeds(GetParam(), true); }
 
+// Raw seeds outside the fixed ones that once found a bug, with the
+// configuration and checkpoints they found it under.
+struct Regression {
+  const char* config;
+  std::uint64_t seed;
+  bool pool_checkpoints;
+  const char* bug;
+};
+
+TEST(ArenaCheckerRegressionTest, SeedsThatFoundBugsFindNothing) {
+  static constexpr Regression kSeeds[] = {
+      // Issue 34, item 3: a classic segment's discard_on_free left its page
+      // among the Sleep's edge pages, which the Wake then populated on its
+      // own stream ahead of the discard.
+      {"segments:classic,discard_on_free:1", 5018, true, "discard_on_free edge page"},
+      {"segments:classic,discard_on_free:1", 3607321673402834886u, true, "discard_on_free edge page"},
+      {"segments:classic,discard_on_free:1", 3607321673403040780u, true, "discard_on_free edge page"},
+  };
+  for (const Regression& r : kSeeds) {
+    auto checker = ArenaChecker::Create(r.config, std::size_t{256} << 20, r.pool_checkpoints);
+    ASSERT_TRUE(checker.ok()) << checker.status();
+    SeededSource in(r.seed);
+    absl::Status s;
+    for (int i = 0; i < StepsPerRun() && s.ok(); ++i) s = (*checker)->Step(in);
+    if (s.ok()) s = (*checker)->Finish();
+    EXPECT_TRUE(s.ok()) << r.bug << ": config '" << r.config << "' raw seed " << r.seed << "\n"
+                        << s.message();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Configs, ArenaCheckerTest,
     ::testing::Values(Case{"default", ""}, Case{"slack", "idle_page_slack:0.1"},

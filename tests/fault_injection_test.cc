@@ -169,6 +169,49 @@ TEST(FaultInjectionTest, AllocationFailureGivesOutOfMemoryWithStats) {
   EXPECT_EQ((*a)->GetStats().num_alloc_retries, 1);
 }
 
+// A free made during a pool context waits for the context's end to fence
+// the other streams that used the block. When that fails (no event can be
+// recorded there, nor the stream waited for), the block stays out of the
+// pools, as a plain Free refuses, instead of going to the next allocation
+// while another stream's kernel may still use it (issue 34, item 5). A
+// later synchronising pass frees it once fencing works.
+TEST(FaultInjectionTest, ADeferredFreeThatCannotBeFencedIsNotHandedOut) {
+  HostBackend host({.device_count = 1, .device_capacity = 96 << 20, .manual_completion = true});
+  FaultInjectingBackend faulty(host);
+  auto made = CachingManagedAllocator::Create(faulty, "");
+  ASSERT_TRUE(made.ok());
+  auto& a = *made;
+  const Stream s1 = *host.CreateStream(0), s2 = *host.CreateStream(0);
+  const MemPoolId pool{3, 0};
+  ASSERT_TRUE(a->BeginAllocateToPool(0, pool, nullptr).ok());
+  void* p = *a->Allocate(1 << 20, 0, s1);
+  ASSERT_TRUE(a->RecordStream(p, s2).ok());
+  ASSERT_TRUE(host.EnqueueWork(s2).ok());  // a kernel on s2 still uses p
+  ASSERT_TRUE(a->Free(p).ok());            // deferred: no event while quiet
+  FaultPlan fail_all;
+  fail_all.probability = 1.0;
+  faulty.SetPlan(fail_all);
+  (void)a->EndAllocateToPool(0, pool);
+  faulty.SetPlan({});
+  EXPECT_GE(a->GetStats(0)->num_placement_errors, 1);
+  ASSERT_TRUE(a->BeginAllocateToPool(0, pool, nullptr).ok());
+  void* q = *a->Allocate(1 << 20, 0, s1);
+  EXPECT_NE(q, p) << "handed out while stream s2 may still use it";
+  ASSERT_TRUE(a->Free(q).ok());
+  ASSERT_TRUE(a->EndAllocateToPool(0, pool).ok());
+  ASSERT_TRUE(a->CheckInvariants().ok()) << a->CheckInvariants();
+  // Fencing works again: the next synchronising pass (here the cache's
+  // release) orders it after s2 and frees it: nothing stays active.
+  ASSERT_TRUE(a->EmptyCache().ok());
+  ASSERT_TRUE(a->ReleasePool(0, pool).ok());
+  ASSERT_TRUE(a->EmptyCache().ok());
+  EXPECT_EQ(a->GetStats(0)->active_bytes[kAllPools].current, 0);
+  ASSERT_TRUE(a->CheckInvariants().ok()) << a->CheckInvariants();
+  a.reset();
+  (void)host.DestroyStream(s1);
+  (void)host.DestroyStream(s2);
+}
+
 TEST(FaultInjectionTest, EveryCallOfTheSymmetricScenarioMayFail) {
   auto make = [](Env& env) {
     SymmetricGroup g;

@@ -460,6 +460,51 @@ TEST_F(SleepTest, AnAllocationMadeAsleepOnADiscardedEdgePageKeepsItsContents) {
   }
 }
 
+// A Wake drops only what the Sleep before it dropped (issue 34, item 1):
+// disposable contents that no Sleep discarded survive it.
+TEST_F(SleepTest, AWakeWithNoSleepBeforeItKeepsDisposableContents) {
+  for (const char* config : {"", "prefetch:none", "prefetch:on_move"}) {
+    SCOPED_TRACE(config);
+    Remake(config);
+    void* kv = Filled(6 * kMiB, 3);
+    ASSERT_TRUE(alloc_->SetDisposable(kv, true).ok());
+    ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+    EXPECT_TRUE(Intact(kv, 6 * kMiB, 3));
+    EXPECT_TRUE(Take(Op::kDiscardAndPrefetch).empty());
+    ASSERT_TRUE(alloc_->Free(kv).ok());
+  }
+}
+
+TEST_F(SleepTest, ADisposableAllocationMadeAsleepInAPoolContextSurvivesTheWake) {
+  void* weights = Filled(4 * kMiB, 1);
+  ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
+  const MemPoolId pool{7, 0};
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, nullptr).ok());
+  void* kv = Filled(6 * kMiB, 3);  // first touch places it (no prefetch in a pool context)
+  ASSERT_TRUE(alloc_->SetDisposable(kv, true).ok());
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, pool).ok());
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  EXPECT_TRUE(Intact(weights, 4 * kMiB, 1));
+  EXPECT_TRUE(Intact(kv, 6 * kMiB, 3));
+  for (void* p : {weights, kv}) ASSERT_TRUE(alloc_->Free(p).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+}
+
+// A Sleep dropped the disposable contents; a Move to the host populated the
+// pages again and the caller wrote there: that is live data now.
+TEST_F(SleepTest, WhatIsWrittenAfterAMoveOfADroppedAllocationSurvivesTheWake) {
+  void* kv = Filled(6 * kMiB, 3);
+  ASSERT_TRUE(alloc_->SetDisposable(kv, true).ok());
+  ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
+  ASSERT_TRUE(alloc_->Move(kv, Location::Host(), s1_).ok());
+  ASSERT_TRUE(backend_->SynchronizeStream(s1_).ok());
+  auto* c = static_cast<unsigned char*>(kv);
+  for (std::size_t i = 0; i < 6 * kMiB; ++i) c[i] = static_cast<unsigned char>(9 + i * 31 / 7);
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  EXPECT_TRUE(Intact(kv, 6 * kMiB, 9));
+  ASSERT_TRUE(alloc_->Free(kv).ok());
+}
+
 // The staging is freed when the allocator goes: after the copies out of it
 // on every stream that read it, a Move's as well as the last Wake's (a
 // registered chunk's unregistering waits for the current device only).
