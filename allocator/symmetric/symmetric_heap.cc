@@ -127,17 +127,22 @@ bool SymmetricHeap::AllName(std::uint64_t mine, const std::vector<std::uint64_t>
          std::all_of(theirs.begin(), theirs.end(), [&](std::uint64_t id) { return id == mine; });
 }
 
-const SymmetricAllocation* SymmetricHeap::FromCache(std::size_t bytes, std::size_t stride,
-                                                    std::uint64_t id) {
+SymmetricHandle SymmetricHeap::HandOut(std::unique_ptr<Entry> e) {
+  e->generation = next_generation_++;
+  const SymmetricHandle h{&e->a, e->generation};
+  live_[h.allocation] = std::move(e);
+  return h;
+}
+
+SymmetricHandle SymmetricHeap::FromCache(std::size_t bytes, std::size_t stride,
+                                         std::uint64_t id) {
   auto it = cache_.find({stride, id});
-  if (it == cache_.end()) return nullptr;
+  if (it == cache_.end()) return {};
   std::unique_ptr<Entry> e = std::move(it->second);
   cache_.erase(it);
   e->a.bytes = bytes;  // the signal areas stay where they are: at the stride's end
-  const SymmetricAllocation* a = &e->a;
   PublishHit(*e);
-  live_[a] = std::move(e);
-  return a;
+  return HandOut(std::move(e));
 }
 
 namespace {
@@ -312,8 +317,7 @@ absl::StatusOr<SymmetricHeap::Agreed> SymmetricHeap::AgreeOnSize(std::size_t byt
   return out;
 }
 
-absl::StatusOr<const SymmetricAllocation*> SymmetricHeap::Allocate(std::size_t bytes,
-                                                                   bool make_symmetric) {
+absl::StatusOr<SymmetricHandle> SymmetricHeap::Allocate(std::size_t bytes, bool make_symmetric) {
   MutexLock l(&mu_);
   if (exchange_->process_count() == 1 && bytes != 0 && group_granularity_ != 0) {
     // One process: its cache is the group's, so a hit needs no agreement.
@@ -334,10 +338,8 @@ absl::StatusOr<const SymmetricAllocation*> SymmetricHeap::Allocate(std::size_t b
     stats_.last_miss_seconds = miss_seconds_;  // where the failed miss spent its time
     return e.status();
   }
-  const SymmetricAllocation* a = &(*e)->a;
   PublishMiss(**e);
-  live_[a] = std::move(*e);
-  return a;
+  return HandOut(std::move(*e));
 }
 
 absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::size_t bytes,
@@ -534,15 +536,26 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
   return e;
 }
 
-absl::Status SymmetricHeap::Free(const SymmetricAllocation* allocation) {
+absl::Status SymmetricHeap::Free(const SymmetricHandle& handle) {
   MutexLock l(&mu_);
-  if (allocation == nullptr) return absl::InvalidArgumentError("symmetric heap: free of null");
+  if (handle.allocation == nullptr) {
+    return absl::InvalidArgumentError("symmetric heap: free of a null handle");
+  }
   // Looked up by address alone: a stale or foreign pointer is never read.
-  auto it = live_.find(allocation);
+  auto it = live_.find(handle.allocation);
   if (it == live_.end()) {
     return absl::InvalidArgumentError(
         "symmetric heap: free of an allocation that is not live here (double free, or a "
         "pointer this heap did not hand out)");
+  }
+  // The address alone cannot tell this owner from an earlier one: a cache
+  // hit hands the same allocation out again, and a new one may be built
+  // where an emptied one was.
+  if (it->second->generation != handle.generation) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "symmetric heap: free of a stale handle (generation %d; allocation %d is live again as "
+        "generation %d): it was freed already and handed out again",
+        handle.generation, it->second->a.id, it->second->generation));
   }
   std::unique_ptr<Entry> e = std::move(it->second);
   live_.erase(it);
