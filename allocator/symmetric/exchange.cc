@@ -189,9 +189,12 @@ std::unique_ptr<Exchange> MakeSingleProcessExchange() {
 }
 
 absl::StatusOr<std::string> MakeRendezvousToken() {
-  absl::StatusOr<std::string> raw = wire::RandomBytes(32);
-  if (!raw.ok()) return raw.status();
-  return absl::BytesToHexString(*raw);
+  for (;;) {  // a draw that fails the screens (below 1e-17) is drawn again
+    absl::StatusOr<std::string> raw = wire::RandomBytes(32);
+    if (!raw.ok()) return raw.status();
+    std::string token = absl::BytesToHexString(*raw);
+    if (wire::CheckToken(token).ok()) return token;
+  }
 }
 
 namespace {
