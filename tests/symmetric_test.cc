@@ -3,6 +3,7 @@
 // collective free and reuse from cache, a member dying mid-rendezvous,
 // mismatched sizes, the exchange transports and the multicast guard.
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -202,6 +203,44 @@ TEST(SymmetricHeapTest, AStaleFreeAfterEmptyCacheIsRefused) {
   RecordProperty("address_reused", reused);
   heap.reset();
   EXPECT_EQ(b.LiveResources(), HostResourceCounts{});
+}
+
+int Dumpable() { return prctl(PR_GET_DUMPABLE, 0, 0, 0, 0); }
+
+// Hardening: with non_dumpable, the process is non-dumpable (no
+// /proc/PID/mem or ptrace for other processes of this user) while a heap
+// holds symmetric memory, cached included, and dumpable again once the
+// last heap holds none; heaps without the option change nothing.
+TEST(SymmetricHeapTest, NonDumpableWhileHoldingSymmetricMemory) {
+  ASSERT_EQ(Dumpable(), 1);
+  HostBackend b({.device_count = 2});
+  auto plain = SingleProcessHeap(b, 2);
+  auto a = plain->Allocate(4096);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(Dumpable(), 1);  // not asked for
+  SymmetricOptions o;
+  o.non_dumpable = true;
+  auto first = SingleProcessHeap(b, 2, o);
+  auto second = SingleProcessHeap(b, 2, o);
+  EXPECT_FALSE(first->Allocate(0).ok());
+  EXPECT_EQ(Dumpable(), 1);  // a failed Allocate changes nothing
+  auto x = first->Allocate(4096);
+  ASSERT_TRUE(x.ok());
+  EXPECT_EQ(Dumpable(), 0);
+  auto y = second->Allocate(4096);
+  ASSERT_TRUE(y.ok());
+  ASSERT_TRUE(first->Free(*x).ok());
+  EXPECT_EQ(Dumpable(), 0);  // cached memory is still mapped
+  ASSERT_TRUE(first->EmptyCache().ok());
+  EXPECT_EQ(Dumpable(), 0);  // the second heap still holds some
+  second.reset();
+  EXPECT_EQ(Dumpable(), 1);
+  auto z = first->Allocate(4096);  // and again
+  ASSERT_TRUE(z.ok());
+  EXPECT_EQ(Dumpable(), 0);
+  first.reset();
+  EXPECT_EQ(Dumpable(), 1);
+  ASSERT_TRUE(plain->Free(*a).ok());
 }
 
 TEST(SymmetricHeapTest, BadInputs) {

@@ -98,6 +98,12 @@ SymmetricHeap::~SymmetricHeap() {
   for (auto& [a, e] : live_) Destroy(*e);
   for (auto& [key, e] : cache_) Destroy(*e);
   for (auto& e : leftovers_) Destroy(*e);
+  // Whatever Destroy could not release stays mapped, but the heap is gone:
+  // its hold on the process's dumpable setting goes with it.
+  live_.clear();
+  cache_.clear();
+  leftovers_.clear();
+  ReleaseNonDumpableIfEmpty();
 }
 
 std::size_t SymmetricHeap::StrideFor(std::size_t bytes, std::size_t granularity) const {
@@ -334,6 +340,7 @@ absl::StatusOr<SymmetricHandle> SymmetricHeap::Allocate(std::size_t bytes, bool 
   if (AllName(mine, agreed->candidates)) return FromCache(agreed->bytes, stride, mine);
   absl::StatusOr<std::unique_ptr<Entry>> e = Build(agreed->bytes, stride);
   if (!e.ok()) {
+    ReleaseNonDumpableIfEmpty();
     MutexLock s(&stats_mu_);
     stats_.last_miss_seconds = miss_seconds_;  // where the failed miss spent its time
     return e.status();
@@ -371,8 +378,9 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
     return s;
   };
 
-  // 1. This process's members' physical memory, exported for the others.
-  absl::Status local;
+  // 1. This process's members' physical memory, exported for the others
+  // (the process made non-dumpable first, when asked: nothing is mapped yet).
+  absl::Status local = HoldNonDumpable();
   Contribution mine;
   Put(mine.bytes, static_cast<std::uint32_t>(group_.local_ranks.size()));
   for (std::size_t i = 0; i < group_.local_ranks.size() && local.ok(); ++i) {
@@ -576,6 +584,7 @@ absl::Status SymmetricHeap::EmptyCache() {
     if (!Destroy(*e)) leftovers_.push_back(std::move(e));
   }
   cache_.clear();
+  ReleaseNonDumpableIfEmpty();
   return absl::OkStatus();
 }
 

@@ -76,6 +76,16 @@ struct SymmetricOptions {
   HandleType handle_type = HandleType::kPosixFd;
   std::size_t signal_bytes = 256;  // per member, after its buffer
   bool multicast = false;          // opt-in; see the contract above
+  // Hardening: while this heap holds symmetric memory (live or cached), the
+  // process is non-dumpable (prctl PR_SET_DUMPABLE 0), so that another
+  // process of this user, token or not, cannot read or write the buffers
+  // through /proc/PID/mem or ptrace (nor find them in a core dump; debuggers
+  // cannot attach meanwhile; root still can). Counted process-wide: the
+  // setting found before the first such heap took memory comes back when
+  // the last one holds none (2, suid_dumpable's value, comes back as 1:
+  // prctl cannot set 2). A failure to set it fails the Allocate on every
+  // member, like any local failure.
+  bool non_dumpable = false;
 };
 
 struct SymmetricAllocation {
@@ -202,6 +212,10 @@ class SymmetricHeap {
   // left (the entry is then kept and retried when the heap is destroyed).
   bool Destroy(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::size_t StrideFor(std::size_t bytes, std::size_t granularity) const;
+  // options_.non_dumpable: taken before memory is mapped, given back once
+  // no entry is left (at the end of every collective and at teardown).
+  absl::Status HoldNonDumpable() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseNonDumpableIfEmpty() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool MulticastAllowed() const;
 
   Backend& backend_;
@@ -221,6 +235,7 @@ class SymmetricHeap {
   std::map<std::pair<std::size_t, std::uint64_t>, std::unique_ptr<Entry>> cache_
       ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Entry>> leftovers_ ABSL_GUARDED_BY(mu_);
+  bool non_dumpable_held_ ABSL_GUARDED_BY(mu_) = false;
   std::uint64_t rounds_ ABSL_GUARDED_BY(mu_) = 0;  // collective rounds so far
   absl::Status broken_ ABSL_GUARDED_BY(mu_);       // why the group is out of step, if it is
   std::size_t group_granularity_ ABSL_GUARDED_BY(mu_) = 0;  // 0 until the first exchange

@@ -61,10 +61,12 @@ absl::StatusOr<SymmetricOptions> ParseOptions(const char* text) {
       o.signal_bytes = n;
     } else if (kv.first == "multicast" && (kv.second == "0" || kv.second == "1")) {
       o.multicast = kv.second == "1";
+    } else if (kv.first == "non_dumpable" && (kv.second == "0" || kv.second == "1")) {
+      o.non_dumpable = kv.second == "1";
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "cma_symmetric_create: bad option '", item,
-          "'; accepted: signal_bytes:N (up to 1M), multicast:0|1"));
+          "'; accepted: signal_bytes:N (up to 1M), multicast:0|1, non_dumpable:0|1"));
     }
   }
   return o;
