@@ -129,7 +129,9 @@ using AllGatherCallback = int (*)(void* ctx, const void* send, size_t len, void*
 // behind, and process 0 holds the name from before it is published. A
 // member refuses a listener whose pid is not the published one
 // (kPermissionDenied). The index, count and timeout are checked as above;
-// kUnavailable if the callback fails.
+// kUnavailable if the callback fails, and, at once rather than at the
+// timeout, when the published process 0 exits before it lets this member
+// in (a member watches its pid while it waits to connect).
 absl::StatusOr<std::unique_ptr<Exchange>> MakeCallbackExchange(AllGatherCallback callback,
                                                                void* ctx, int process_index,
                                                                int process_count,
