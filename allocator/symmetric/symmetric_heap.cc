@@ -98,8 +98,8 @@ SymmetricHeap::~SymmetricHeap() {
   for (auto& [a, e] : live_) Destroy(*e);
   for (auto& [key, e] : cache_) Destroy(*e);
   for (auto& e : leftovers_) Destroy(*e);
-  // Whatever Destroy could not release stays mapped, but the heap is gone:
-  // its hold on the process's dumpable setting goes with it.
+  // What Destroy could not release stays mapped, but the heap's hold on
+  // the process's dumpable setting goes with the heap.
   live_.clear();
   cache_.clear();
   leftovers_.clear();
@@ -546,19 +546,15 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
 
 absl::Status SymmetricHeap::Free(const SymmetricHandle& handle) {
   MutexLock l(&mu_);
-  if (handle.allocation == nullptr) {
-    return absl::InvalidArgumentError("symmetric heap: free of a null handle");
-  }
-  // Looked up by address alone: a stale or foreign pointer is never read.
+  // Looked up by address alone (a stale or foreign pointer is never read),
+  // then by generation: a cache hit hands the same allocation out again,
+  // and a new one may be built where an emptied one was.
   auto it = live_.find(handle.allocation);
   if (it == live_.end()) {
     return absl::InvalidArgumentError(
-        "symmetric heap: free of an allocation that is not live here (double free, or a "
-        "pointer this heap did not hand out)");
+        "symmetric heap: free of an allocation that is not live here (double free, a null "
+        "handle, or a pointer this heap did not hand out)");
   }
-  // The address alone cannot tell this owner from an earlier one: a cache
-  // hit hands the same allocation out again, and a new one may be built
-  // where an emptied one was.
   if (it->second->generation != handle.generation) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "symmetric heap: free of a stale handle (generation %d; allocation %d is live again as "
