@@ -59,7 +59,7 @@ absl::Status SymmetricSuite(Backend& backend, nlohmann::json& out) {
   constexpr std::size_t kBytes = std::size_t{256} << 20;
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  absl::StatusOr<const SymmetricAllocation*> first = (*heap)->Allocate(kBytes);
+  absl::StatusOr<SymmetricHandle> first = (*heap)->Allocate(kBytes);
   const double first_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
   if (!first.ok()) return first.status();
   nlohmann::json breakdown = nlohmann::json::object();
@@ -85,7 +85,7 @@ absl::Status SymmetricSuite(Backend& backend, nlohmann::json& out) {
   for (int rep = 0; rep < 15; ++rep) {
     const auto r0 = Clock::now();
     for (int i = 0; i < 1000; ++i) {
-      absl::StatusOr<const SymmetricAllocation*> a = (*heap)->Allocate(kBytes);
+      absl::StatusOr<SymmetricHandle> a = (*heap)->Allocate(kBytes);
       if (!a.ok()) return a.status();
       if (absl::Status s = (*heap)->Free(*a); !s.ok()) return s;
     }

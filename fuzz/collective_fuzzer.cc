@@ -82,7 +82,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       cma::SymmetricGroup group{2, {0}, {0}};
       auto heap = cma::SymmetricHeap::Create(host, group, std::make_unique<FuzzedPeer>(in));
       if (!heap.ok()) std::abort();
-      std::vector<const cma::SymmetricAllocation*> live;
+      std::vector<cma::SymmetricHandle> live;
       for (int step = 0; step < 16 && in.n > 0; ++step) {
         const std::uint8_t op = in.Byte();
         if (op % 4 <= 1) {

@@ -67,10 +67,10 @@ void CachingScenario(Env& env, CachingManagedAllocator& a, std::vector<std::stri
 }
 
 void SymmetricScenario(Env& env, SymmetricHeap& heap, std::vector<std::string>& errors) {
-  absl::StatusOr<const SymmetricAllocation*> a = heap.Allocate(1 << 20);
+  absl::StatusOr<SymmetricHandle> a = heap.Allocate(1 << 20);
   if (Ok(a.status(), errors)) Ok(heap.Free(*a), errors);
-  absl::StatusOr<const SymmetricAllocation*> b = heap.Allocate(1 << 20);
-  absl::StatusOr<const SymmetricAllocation*> c = heap.Allocate(3 << 20);
+  absl::StatusOr<SymmetricHandle> b = heap.Allocate(1 << 20);
+  absl::StatusOr<SymmetricHandle> c = heap.Allocate(3 << 20);
   if (Ok(b.status(), errors)) Ok(heap.Free(*b), errors);
   if (Ok(c.status(), errors)) Ok(heap.Free(*c), errors);
   Ok(heap.EmptyCache(), errors);
@@ -243,7 +243,7 @@ TEST(FaultInjectionTest, EveryCallOfTheSymmetricScenarioMayFail) {
     std::vector<std::string> errors;
     SymmetricScenario(env, **heap, errors);
     env.faulty.SetPlan({});
-    absl::StatusOr<const SymmetricAllocation*> again = (*heap)->Allocate(2 << 20);
+    absl::StatusOr<SymmetricHandle> again = (*heap)->Allocate(2 << 20);
     ASSERT_TRUE(again.ok()) << again.status();  // keeps working
     EXPECT_TRUE((*heap)->Free(*again).ok());
     heap->reset();

@@ -1,5 +1,6 @@
 #include "backends/host/host_backend.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -304,6 +305,17 @@ TEST(HostBackendTest, VmmImportAcceptsOnlyTheExportersSealedMemfd) {
   fd = memfd_create("cma-vmm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_EQ(ftruncate(fd, static_cast<off_t>(g)), 0);
   refused(fd, g, "size is not sealed");
+  // Ours in name and size, but sealed against writing: named at import (it
+  // was an INTERNAL "mprotect failed" when the group set access), and the
+  // refusal leaves nothing behind.
+  for (const int write_seal : {F_SEAL_WRITE, 0x0010 /* F_SEAL_FUTURE_WRITE */}) {
+    fd = memfd_create("cma-vmm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    ASSERT_EQ(ftruncate(fd, static_cast<off_t>(g)), 0);
+    ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | write_seal | F_SEAL_SEAL), 0);
+    refused(fd, g, write_seal == F_SEAL_WRITE ? "sealed against writing (F_SEAL_WRITE"
+                                              : "sealed against writing (F_SEAL_FUTURE_WRITE");
+    EXPECT_EQ(importer.LiveResources(), HostResourceCounts{});
+  }
   // A real export, announced at another size.
   PhysicalHandle h = *exporter.VmmCreate(0, g, HandleType::kPosixFd);
   auto shared = exporter.VmmExport(h, HandleType::kPosixFd);

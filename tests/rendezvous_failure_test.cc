@@ -156,6 +156,46 @@ TEST(RendezvousFailureTest, AProcessZeroKilledBeforeItsWelcomeIsNamed) {
   unlink(path.c_str());
 }
 
+// Issue 34, item 10: a member of the callback bootstrap whose process 0
+// died before listening fails as soon as it is gone (kUnavailable naming
+// it), not at its timeout. Here process 0 "publishes" and dies 300 ms
+// later, never listening; the member's timeout is 20 s. It stays a zombie
+// (unreaped) while the member waits, as a killed parent's child would.
+TEST(RendezvousFailureTest, AMemberWhoseProcessZeroDiedFailsFast) {
+  const pid_t root = Spawn([] {
+    absl::SleepFor(absl::Milliseconds(300));
+    return true;
+  });
+  struct Ctx {
+    std::string name;
+    std::int32_t pid;
+    std::string token;
+  } ctx{absl::StrFormat("@cma-rdvf-dead-%d", getpid()), root, *MakeRendezvousToken()};
+  AllGatherCallback cb = [](void* c, const void*, size_t len, void* recv) {
+    auto* x = static_cast<Ctx*>(c);
+    std::memset(recv, 0, 2 * len);
+    std::memcpy(recv, x->name.c_str(), x->name.size());
+    std::memcpy(static_cast<char*>(recv) + sizeof(sockaddr_un::sun_path), x->token.data(),
+                x->token.size());
+    std::memcpy(static_cast<char*>(recv) + sizeof(sockaddr_un::sun_path) + kMaxTokenBytes,
+                &x->pid, sizeof(x->pid));
+    return 0;
+  };
+  const absl::Time t0 = absl::Now();
+  auto x = MakeCallbackExchange(cb, &ctx, 1, 2, absl::Seconds(20));
+  const absl::Duration took = absl::Now() - t0;
+  EXPECT_EQ(x.status().code(), absl::StatusCode::kUnavailable) << x.status();
+  EXPECT_THAT(x.status().message(), HasSubstr(absl::StrFormat("process 0 (pid %d", root)));
+  EXPECT_THAT(x.status().message(), HasSubstr("has exited"));
+  EXPECT_LT(took, absl::Seconds(5));
+  EXPECT_EQ(Wait(root), 0);
+  // Already gone (reaped) when the member starts: at once.
+  const absl::Time t1 = absl::Now();
+  x = MakeCallbackExchange(cb, &ctx, 1, 2, absl::Seconds(20));
+  EXPECT_EQ(x.status().code(), absl::StatusCode::kUnavailable) << x.status();
+  EXPECT_LT(absl::Now() - t1, absl::Seconds(2));
+}
+
 // A member that process 0 rejects is told why: here, its index is taken.
 TEST(RendezvousFailureTest, ARejectedMemberIsToldWhy) {
   const std::string path = Path("taken");

@@ -126,7 +126,7 @@ TEST(RendezvousTest, IntrudersAreTurnedAwayAndTheRendezvousCompletes) {
   c = Connect(path);
   ASSERT_GE(c, 0);
   std::string hello(wire::kHelloBytes, '\0');
-  std::uint32_t head[4] = {0x434d4148, 4, 1, static_cast<std::uint32_t>(getpid() + 1)};
+  std::uint32_t head[4] = {0x434d4148, 5, 1, static_cast<std::uint32_t>(getpid() + 1)};
   std::memcpy(hello.data(), head, sizeof(head));
   ASSERT_EQ(write(c, hello.data(), hello.size()), static_cast<ssize_t>(hello.size()));
   EXPECT_EQ(ReceivedBeforeClose(c), 0);
@@ -473,13 +473,15 @@ TEST(RendezvousTest, TheCallbackBootstrapChecksProcessZerosPublishedPid) {
   struct Ctx {
     std::string name;
     std::int32_t pid;
-  } ctx{name, getpid() + 1};  // not the listener's pid
+    std::string token;
+  } ctx{name, getpid() + 1, *MakeRendezvousToken()};  // not the listener's pid
   // Member 1 of 2: the "all-gather" hands it process 0's entry (name, token, pid).
   AllGatherCallback cb = [](void* c, const void*, size_t len, void* recv) {
     auto* x = static_cast<Ctx*>(c);
     std::memset(recv, 0, 2 * len);
     std::memcpy(recv, x->name.c_str(), x->name.size());
-    std::memset(static_cast<char*>(recv) + sizeof(sockaddr_un::sun_path), 'k', 64);
+    std::memcpy(static_cast<char*>(recv) + sizeof(sockaddr_un::sun_path), x->token.data(),
+                x->token.size());
     std::memcpy(static_cast<char*>(recv) + sizeof(sockaddr_un::sun_path) + kMaxTokenBytes,
                 &x->pid, sizeof(x->pid));
     return 0;

@@ -195,7 +195,7 @@ TEST(SymmetricCollectiveTest, StatisticsDoNotWaitForAStalledCollective) {
       absl::SleepFor(absl::Seconds(2));  // the stall
       return heap->Allocate(1 << 20).ok();
     }
-    absl::StatusOr<const SymmetricAllocation*> second = absl::UnknownError("not run");
+    absl::StatusOr<SymmetricHandle> second = absl::UnknownError("not run");
     std::thread collective([&] { second = heap->Allocate(1 << 20); });
     absl::SleepFor(absl::Milliseconds(200));  // it is waiting for member 1 by now
     const absl::Time t0 = absl::Now();

@@ -52,8 +52,8 @@ bool RunMember(const Params& p, int rank, const std::string& path, const std::st
   std::mt19937_64 shared(p.seed);                // the same on every member
   std::mt19937_64 mine(p.seed * 7919 + rank);    // this member's own choices
   std::ofstream out(log);
-  std::vector<const SymmetricAllocation*> live;  // in collective-id order on every member
-  const SymmetricAllocation* unchecked = nullptr;  // written, not yet read back
+  std::vector<SymmetricHandle> live;  // in collective-id order on every member
+  const SymmetricAllocation* unchecked = nullptr;  // written, not yet read back (its allocation)
   std::int32_t unchecked_token = 0;
   const int world = p.world;
   // Reads back what the previous member wrote into ours, once a collective
@@ -85,21 +85,23 @@ bool RunMember(const Params& p, int rank, const std::string& path, const std::st
       std::memset(static_cast<char*>((*a)->peers[rank]) + 64, 0x5a, bytes - 64);
       unchecked_token = static_cast<std::int32_t>(p.seed * 1000 + op);
       static_cast<std::int32_t*>((*a)->peers[(rank + 1) % world])[rank] = unchecked_token;
-      unchecked = *a;
+      unchecked = a->allocation;
       auto at = std::upper_bound(live.begin(), live.end(), *a,
-                                 [](auto* x, auto* y) { return x->id < y->id; });
+                                 [](const SymmetricHandle& x, const SymmetricHandle& y) {
+                                   return x->id < y->id;
+                                 });
       live.insert(at, *a);
     } else if (kind < 9) {  // Free one or two, the pair in this member's own order
       const std::size_t n = std::min<std::size_t>(live.size(), 1 + shared() % 2);
-      std::vector<const SymmetricAllocation*> victims;
+      std::vector<SymmetricHandle> victims;
       for (std::size_t k = 0; k < n; ++k) {
         const std::size_t i = shared() % live.size();
-        if (live[i] == unchecked) continue;  // read back first
+        if (live[i].allocation == unchecked) continue;  // read back first
         victims.push_back(live[i]);
         live.erase(live.begin() + i);
       }
       std::shuffle(victims.begin(), victims.end(), mine);
-      for (const SymmetricAllocation* v : victims) {
+      for (const SymmetricHandle& v : victims) {
         if (!heap->Free(v).ok()) return false;
       }
       out << op << " freed " << victims.size() << "\n";
@@ -109,7 +111,7 @@ bool RunMember(const Params& p, int rank, const std::string& path, const std::st
       out << op << " empty_cache " << (s.ok() ? "ok" : "failed") << "\n";
     }
   }
-  for (const SymmetricAllocation* v : live) {
+  for (const SymmetricHandle& v : live) {
     if (!heap->Free(v).ok()) return false;
   }
   heap.reset();

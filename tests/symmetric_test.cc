@@ -3,6 +3,7 @@
 // collective free and reuse from cache, a member dying mid-rendezvous,
 // mismatched sizes, the exchange transports and the multicast guard.
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -137,7 +138,7 @@ TEST(SymmetricHeapTest, FreeRefusesStaleAndForeignPointersWithoutReadingThem) {
   ASSERT_TRUE(a.ok());
   void* page = mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(page, MAP_FAILED);
-  EXPECT_EQ(heap->Free(static_cast<const SymmetricAllocation*>(page)).code(),
+  EXPECT_EQ(heap->Free({static_cast<const SymmetricAllocation*>(page), 1}).code(),
             absl::StatusCode::kInvalidArgument);
   munmap(page, 4096);
   ASSERT_TRUE(heap->Free(*a).ok());
@@ -145,6 +146,101 @@ TEST(SymmetricHeapTest, FreeRefusesStaleAndForeignPointersWithoutReadingThem) {
   EXPECT_THAT(heap->Free(*a).message(), HasSubstr("not live here"));
   heap.reset();
   EXPECT_EQ(b.LiveResources(), HostResourceCounts{});
+}
+
+// A cache hit hands the same allocation out again: the first owner's
+// handle is stale, and freeing it must not release the second owner's
+// allocation (which the next Allocate would then hand to a third while the
+// second still writes into it).
+TEST(SymmetricHeapTest, AStaleFreeAfterACacheHitIsRefusedAndChangesNothing) {
+  HostBackend b({.device_count = 2});
+  auto heap = SingleProcessHeap(b, 2);
+  auto first = heap->Allocate(4096);
+  ASSERT_TRUE(first.ok());
+  const SymmetricHandle stale = *first;
+  ASSERT_TRUE(heap->Free(stale).ok());
+  auto second = heap->Allocate(4096);  // a hit: the same allocation, a new owner
+  ASSERT_TRUE(second.ok());
+  ASSERT_EQ(second->allocation, stale.allocation);
+  ASSERT_NE(second->generation, stale.generation);
+  const absl::Status s = heap->Free(stale);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("stale handle"));
+  // Nothing changed: the second owner's allocation is still live, so the
+  // next Allocate builds another instead of handing it out.
+  const SymmetricStats before = heap->GetStats();
+  ASSERT_EQ(heap->Snapshot().size(), 1u);
+  EXPECT_FALSE(heap->Snapshot()[0].cached);
+  auto third = heap->Allocate(4096);
+  ASSERT_TRUE(third.ok());
+  EXPECT_NE(third->allocation, second->allocation);
+  EXPECT_EQ(heap->GetStats().cache_hits, before.cache_hits);
+  EXPECT_TRUE(heap->Free(*second).ok());
+  EXPECT_TRUE(heap->Free(*third).ok());
+  heap.reset();
+  EXPECT_EQ(b.LiveResources(), HostResourceCounts{});
+}
+
+// After EmptyCache a new allocation may be built at the address of a freed
+// one; the old handle is still refused.
+TEST(SymmetricHeapTest, AStaleFreeAfterEmptyCacheIsRefused) {
+  HostBackend b({.device_count = 2});
+  auto heap = SingleProcessHeap(b, 2);
+  int reused = 0;
+  for (int i = 0; i < 8; ++i) {
+    auto old = heap->Allocate(4096);
+    ASSERT_TRUE(old.ok());
+    const SymmetricHandle stale = *old;
+    ASSERT_TRUE(heap->Free(stale).ok());
+    ASSERT_TRUE(heap->EmptyCache().ok());
+    auto now = heap->Allocate(4096);
+    ASSERT_TRUE(now.ok());
+    reused += now->allocation == stale.allocation;
+    EXPECT_EQ(heap->Free(stale).code(), absl::StatusCode::kInvalidArgument);
+    ASSERT_TRUE(heap->Free(*now).ok());  // still this owner's to free
+    ASSERT_TRUE(heap->EmptyCache().ok());
+  }
+  RecordProperty("address_reused", reused);
+  heap.reset();
+  EXPECT_EQ(b.LiveResources(), HostResourceCounts{});
+}
+
+int Dumpable() { return prctl(PR_GET_DUMPABLE, 0, 0, 0, 0); }
+
+// Hardening: with non_dumpable, the process is non-dumpable (no
+// /proc/PID/mem or ptrace for other processes of this user) while a heap
+// holds symmetric memory, cached included, and dumpable again once the
+// last heap holds none; heaps without the option change nothing.
+TEST(SymmetricHeapTest, NonDumpableWhileHoldingSymmetricMemory) {
+  ASSERT_EQ(Dumpable(), 1);
+  HostBackend b({.device_count = 2});
+  auto plain = SingleProcessHeap(b, 2);
+  auto a = plain->Allocate(4096);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(Dumpable(), 1);  // not asked for
+  SymmetricOptions o;
+  o.non_dumpable = true;
+  auto first = SingleProcessHeap(b, 2, o);
+  auto second = SingleProcessHeap(b, 2, o);
+  EXPECT_FALSE(first->Allocate(0).ok());
+  EXPECT_EQ(Dumpable(), 1);  // a failed Allocate changes nothing
+  auto x = first->Allocate(4096);
+  ASSERT_TRUE(x.ok());
+  EXPECT_EQ(Dumpable(), 0);
+  auto y = second->Allocate(4096);
+  ASSERT_TRUE(y.ok());
+  ASSERT_TRUE(first->Free(*x).ok());
+  EXPECT_EQ(Dumpable(), 0);  // cached memory is still mapped
+  ASSERT_TRUE(first->EmptyCache().ok());
+  EXPECT_EQ(Dumpable(), 0);  // the second heap still holds some
+  second.reset();
+  EXPECT_EQ(Dumpable(), 1);
+  auto z = first->Allocate(4096);  // and again
+  ASSERT_TRUE(z.ok());
+  EXPECT_EQ(Dumpable(), 0);
+  first.reset();
+  EXPECT_EQ(Dumpable(), 1);
+  ASSERT_TRUE(plain->Free(*a).ok());
 }
 
 TEST(SymmetricHeapTest, BadInputs) {
@@ -155,7 +251,7 @@ TEST(SymmetricHeapTest, BadInputs) {
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(heap->Free(*a).ok());
   EXPECT_THAT(heap->Free(*a).message(), HasSubstr("double free"));
-  EXPECT_FALSE(heap->Free(nullptr).ok());
+  EXPECT_FALSE(heap->Free(SymmetricHandle{}).ok());
   SymmetricGroup bad;
   bad.world_size = 2;
   bad.local_ranks = {0, 0};
@@ -389,6 +485,32 @@ TEST(SymmetricProcessErrors, FreesInAnotherOrderStillShareOneAllocation) {
     static_cast<std::int32_t*>((*z)->peers[1 - r])[r] = 1000 + r;
     if (!heap->EmptyCache().ok()) return false;  // a collective: both have written
     return static_cast<std::int32_t*>((*z)->peers[r])[1 - r] == 1000 + (1 - r);
+  });
+  EXPECT_THAT(codes, ::testing::Each(0));
+}
+
+// A stale free is refused on every member, and the group stays in step: the
+// next Allocate is a miss on both (no member hands out an owned buffer).
+TEST(SymmetricProcessErrors, AStaleFreeIsRefusedOnEveryMember) {
+  const std::string path = SocketPath("stalefree");
+  auto codes = RunProcesses(2, [&](int r) {
+    HostBackend b({.device_count = 1});
+    auto heap = ProcessHeap(b, path, r, 2);
+    if (!heap) return false;
+    auto first = heap->Allocate(1 << 20);
+    if (!first.ok() || !heap->Free(*first).ok()) return false;
+    auto second = heap->Allocate(1 << 20);  // a hit on both
+    if (!second.ok() || second->allocation != first->allocation) return false;
+    if (heap->Free(*first).code() != absl::StatusCode::kInvalidArgument) return false;
+    auto third = heap->Allocate(1 << 20);
+    if (!third.ok() || (*third)->id == (*second)->id) return false;
+    // Each member's writes land in its peer's copy of the right allocation.
+    static_cast<std::int32_t*>((*second)->peers[1 - r])[r] = 10 + r;
+    static_cast<std::int32_t*>((*third)->peers[1 - r])[r] = 20 + r;
+    if (!heap->EmptyCache().ok()) return false;
+    return static_cast<std::int32_t*>((*second)->peers[r])[1 - r] == 10 + (1 - r) &&
+           static_cast<std::int32_t*>((*third)->peers[r])[1 - r] == 20 + (1 - r) &&
+           heap->Free(*second).ok() && heap->Free(*third).ok();
   });
   EXPECT_THAT(codes, ::testing::Each(0));
 }

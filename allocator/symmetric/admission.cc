@@ -61,10 +61,15 @@ absl::Status AcceptMembers(int listener, int process_count, const std::string& t
   // member (or one misconfigured): it gets the reason, and so can tell a
   // rejection from a process 0 that died. A best-effort send: the verdict
   // is small and the socket's buffer fresh.
-  auto reject = [&](std::size_t i, std::string why, bool tell) {
+  // `hello`: the connector's hello, when the verdict comes in place of our
+  // challenge (then it carries our MAC: wire.h).
+  auto reject = [&](std::size_t i, std::string why, bool tell,
+                    const wire::Hello* hello = nullptr) {
     ++rejected;
     if (tell) {
-      const std::string v = wire::Verdict(absl::PermissionDeniedError(why));
+      const absl::Status status = absl::PermissionDeniedError(why);
+      const std::string v = hello != nullptr ? wire::SignedVerdict(status, token, *hello)
+                                             : wire::Verdict(status);
       (void)send(pending[i].fd, v.data(), v.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     }
     last_rejection = std::move(why);
@@ -110,7 +115,7 @@ absl::Status AcceptMembers(int listener, int process_count, const std::string& t
                    ? absl::StrFormat("process index %d is out of range (%d processes)", h->index,
                                      process_count)
                    : absl::StrFormat("process index %d is taken", h->index),
-               /*tell=*/true);
+               /*tell=*/true, &*h);
         return absl::OkStatus();
       }
       absl::StatusOr<std::string> nonce = wire::RandomBytes(wire::kNonceBytes);

@@ -1,6 +1,7 @@
 #include "allocator/symmetric/exchange.h"
 
 #include <sys/stat.h>
+#include <sys/syscall.h>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -10,6 +11,7 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdio>
 #include <algorithm>
 #include <cstring>
 
@@ -189,9 +191,12 @@ std::unique_ptr<Exchange> MakeSingleProcessExchange() {
 }
 
 absl::StatusOr<std::string> MakeRendezvousToken() {
-  absl::StatusOr<std::string> raw = wire::RandomBytes(32);
-  if (!raw.ok()) return raw.status();
-  return absl::BytesToHexString(*raw);
+  for (;;) {  // a draw that fails the screens (below 1e-17) is drawn again
+    absl::StatusOr<std::string> raw = wire::RandomBytes(32);
+    if (!raw.ok()) return raw.status();
+    std::string token = absl::BytesToHexString(*raw);
+    if (wire::CheckToken(token).ok()) return token;
+  }
 }
 
 namespace {
@@ -224,10 +229,67 @@ absl::Status CheckDirectory(const std::string& path) {
   return absl::OkStatus();
 }
 
+// Process 0 as the bootstrap published it, watched while a member waits to
+// connect: one that died will never listen, and waiting out the timeout
+// would only hide that. A pidfd tells an exited process (a zombie too) from
+// a live one and never follows a reused pid; without one (kernels before
+// 5.3), /proc says whether the pid is gone or a zombie.
+class RootWatch {
+ public:
+  explicit RootWatch(pid_t pid) : pid_(pid) {
+    if (pid_ > 0) fd_ = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
+    if (fd_ < 0 && errno == ESRCH) gone_ = true;
+  }
+  ~RootWatch() {
+    if (fd_ >= 0) close(fd_);
+  }
+  RootWatch(const RootWatch&) = delete;
+  RootWatch& operator=(const RootWatch&) = delete;
+
+  // Sleeps up to `d` (less if process 0 exits meanwhile); kUnavailable
+  // naming it once it has exited.
+  absl::Status SleepFor(absl::Duration d) {
+    if (pid_ > 0 && !gone_ && fd_ >= 0) {
+      pollfd p{fd_, POLLIN, 0};
+      gone_ = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(d)) + 1) > 0;
+    } else {
+      absl::SleepFor(d);
+      if (pid_ > 0 && !gone_) gone_ = Exited();
+    }
+    if (!gone_) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrFormat(
+        "symmetric exchange: process 0 (pid %d, as the bootstrap published it) has exited, so it "
+        "will never listen: it died before this member connected (see its own error)",
+        pid_));
+  }
+
+ private:
+  bool Exited() const {
+    char path[64];
+    std::snprintf(path, sizeof(path), "/proc/%d/stat", pid_);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT;
+    char buf[512];
+    const ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0) return false;
+    buf[n] = '\0';
+    const char* state = std::strrchr(buf, ')');  // the command may hold spaces and parentheses
+    return state != nullptr && state[1] == ' ' && (state[2] == 'Z' || state[2] == 'X');
+  }
+
+  const pid_t pid_;
+  int fd_ = -1;
+  bool gone_ = false;
+};
+
 // A member's connection to process 0, retried until process 0 listens;
 // non-blocking, so that a full backlog cannot hold us past the deadline.
+// `root_pid`, when not 0, is process 0's published pid: the retries stop
+// as soon as it has exited.
 absl::StatusOr<int> ConnectToRoot(const std::string& path, const rendezvous::SocketAddress& to,
-                                  absl::Time deadline) {
+                                  absl::Time deadline, pid_t root_pid) {
+  RootWatch root(root_pid);
   for (;;) {
     const int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (c < 0) return Errno("socket");
@@ -255,7 +317,7 @@ absl::StatusOr<int> ConnectToRoot(const std::string& path, const rendezvous::Soc
           "symmetric exchange: process 0 never listened at ", path,
           err == EAGAIN ? " (or its backlog stayed full)" : ""));
     }
-    absl::SleepFor(std::min(left, absl::Milliseconds(5)));
+    if (absl::Status s = root.SleepFor(std::min(left, absl::Milliseconds(5))); !s.ok()) return s;
   }
 }
 
@@ -301,7 +363,7 @@ absl::StatusOr<std::unique_ptr<Exchange>> AsMember(const std::string& path,
                                                    int process_count, absl::Duration timeout,
                                                    const std::string& token, absl::Time deadline,
                                                    pid_t root_pid) {
-  absl::StatusOr<int> c = ConnectToRoot(path, root, deadline);
+  absl::StatusOr<int> c = ConnectToRoot(path, root, deadline, root_pid);
   if (!c.ok()) return c.status();
   if (root_pid != 0) {
     absl::StatusOr<ucred> peer = wire::PeerCred(*c);

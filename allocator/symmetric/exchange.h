@@ -74,13 +74,22 @@ class Exchange {
 std::unique_ptr<Exchange> MakeSingleProcessExchange();
 
 // A fresh random rendezvous token (64 hex characters from the kernel's
-// random source), for the bootstrap to hand to every member.
+// random source, drawn again in the rare case that it fails the token rule
+// below), for the bootstrap to hand to every member. This is the way to
+// make a token.
 absl::StatusOr<std::string> MakeRendezvousToken();
 
 // Processes on one host meet at a Unix socket path; process 0 listens there.
-// Every member passes the same `token` (16 to 128 bytes; MakeRendezvousToken
-// makes one); a bootstrap (MakeCallbackExchange, MPI, torch.distributed)
-// distributes it. `timeout` bounds connection set-up and every AllGather.
+// Every member passes the same `token`; a bootstrap (MakeCallbackExchange,
+// MPI, torch.distributed) distributes it. Process 0 answers any same-user
+// hello with a MAC under the token, so a weak token can be guessed offline:
+// it must carry 128 bits. The rule: kMinTokenBytes to kMaxTokenBytes hex
+// digits (either case; 4 bits each at most), at least 3/4 of its 3-digit
+// substrings distinct, and at most 2/3 of its adjacent digits equal or
+// consecutive (these screens refuse repeats and runs, not every guessable
+// token; a random token of 32 digits fails them with probability below
+// 1e-8). Make it with MakeRendezvousToken.
+// `timeout` bounds connection set-up and every AllGather.
 // kInvalidArgument for a bad index, path, token or timeout (not in
 // (0, kMaxExchangeTimeout]); kPermissionDenied when process 0 is another
 // user, rejected this process or failed to prove it knows the token, or when
@@ -103,7 +112,7 @@ inline constexpr absl::Duration kMaxExchangeTimeout = absl::Hours(24);
 
 // Limits of the wire protocol, checked before anything is allocated.
 inline constexpr std::size_t kMaxFrameBytes = std::size_t{1} << 20;
-inline constexpr std::size_t kMinTokenBytes = 16;
+inline constexpr std::size_t kMinTokenBytes = 32;  // hex digits: 128 bits
 inline constexpr std::size_t kMaxTokenBytes = 128;
 
 // A framework's all-gather of fixed-size byte buffers: `send` (len bytes)
@@ -120,7 +129,9 @@ using AllGatherCallback = int (*)(void* ctx, const void* send, size_t len, void*
 // behind, and process 0 holds the name from before it is published. A
 // member refuses a listener whose pid is not the published one
 // (kPermissionDenied). The index, count and timeout are checked as above;
-// kUnavailable if the callback fails.
+// kUnavailable if the callback fails, and, at once rather than at the
+// timeout, when the published process 0 exits before it lets this member
+// in (a member watches its pid while it waits to connect).
 absl::StatusOr<std::unique_ptr<Exchange>> MakeCallbackExchange(AllGatherCallback callback,
                                                                void* ctx, int process_index,
                                                                int process_count,

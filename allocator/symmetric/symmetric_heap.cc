@@ -98,6 +98,12 @@ SymmetricHeap::~SymmetricHeap() {
   for (auto& [a, e] : live_) Destroy(*e);
   for (auto& [key, e] : cache_) Destroy(*e);
   for (auto& e : leftovers_) Destroy(*e);
+  // What Destroy could not release stays mapped, but the heap's hold on
+  // the process's dumpable setting goes with the heap.
+  live_.clear();
+  cache_.clear();
+  leftovers_.clear();
+  ReleaseNonDumpableIfEmpty();
 }
 
 std::size_t SymmetricHeap::StrideFor(std::size_t bytes, std::size_t granularity) const {
@@ -127,17 +133,22 @@ bool SymmetricHeap::AllName(std::uint64_t mine, const std::vector<std::uint64_t>
          std::all_of(theirs.begin(), theirs.end(), [&](std::uint64_t id) { return id == mine; });
 }
 
-const SymmetricAllocation* SymmetricHeap::FromCache(std::size_t bytes, std::size_t stride,
-                                                    std::uint64_t id) {
+SymmetricHandle SymmetricHeap::HandOut(std::unique_ptr<Entry> e) {
+  e->generation = next_generation_++;
+  const SymmetricHandle h{&e->a, e->generation};
+  live_[h.allocation] = std::move(e);
+  return h;
+}
+
+SymmetricHandle SymmetricHeap::FromCache(std::size_t bytes, std::size_t stride,
+                                         std::uint64_t id) {
   auto it = cache_.find({stride, id});
-  if (it == cache_.end()) return nullptr;
+  if (it == cache_.end()) return {};
   std::unique_ptr<Entry> e = std::move(it->second);
   cache_.erase(it);
   e->a.bytes = bytes;  // the signal areas stay where they are: at the stride's end
-  const SymmetricAllocation* a = &e->a;
   PublishHit(*e);
-  live_[a] = std::move(e);
-  return a;
+  return HandOut(std::move(e));
 }
 
 namespace {
@@ -312,8 +323,7 @@ absl::StatusOr<SymmetricHeap::Agreed> SymmetricHeap::AgreeOnSize(std::size_t byt
   return out;
 }
 
-absl::StatusOr<const SymmetricAllocation*> SymmetricHeap::Allocate(std::size_t bytes,
-                                                                   bool make_symmetric) {
+absl::StatusOr<SymmetricHandle> SymmetricHeap::Allocate(std::size_t bytes, bool make_symmetric) {
   MutexLock l(&mu_);
   if (exchange_->process_count() == 1 && bytes != 0 && group_granularity_ != 0) {
     // One process: its cache is the group's, so a hit needs no agreement.
@@ -330,14 +340,13 @@ absl::StatusOr<const SymmetricAllocation*> SymmetricHeap::Allocate(std::size_t b
   if (AllName(mine, agreed->candidates)) return FromCache(agreed->bytes, stride, mine);
   absl::StatusOr<std::unique_ptr<Entry>> e = Build(agreed->bytes, stride);
   if (!e.ok()) {
+    ReleaseNonDumpableIfEmpty();
     MutexLock s(&stats_mu_);
     stats_.last_miss_seconds = miss_seconds_;  // where the failed miss spent its time
     return e.status();
   }
-  const SymmetricAllocation* a = &(*e)->a;
   PublishMiss(**e);
-  live_[a] = std::move(*e);
-  return a;
+  return HandOut(std::move(*e));
 }
 
 absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::size_t bytes,
@@ -369,8 +378,9 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
     return s;
   };
 
-  // 1. This process's members' physical memory, exported for the others.
-  absl::Status local;
+  // 1. This process's members' physical memory, exported for the others
+  // (the process made non-dumpable first, when asked: nothing is mapped yet).
+  absl::Status local = HoldNonDumpable();
   Contribution mine;
   Put(mine.bytes, static_cast<std::uint32_t>(group_.local_ranks.size()));
   for (std::size_t i = 0; i < group_.local_ranks.size() && local.ok(); ++i) {
@@ -534,15 +544,22 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
   return e;
 }
 
-absl::Status SymmetricHeap::Free(const SymmetricAllocation* allocation) {
+absl::Status SymmetricHeap::Free(const SymmetricHandle& handle) {
   MutexLock l(&mu_);
-  if (allocation == nullptr) return absl::InvalidArgumentError("symmetric heap: free of null");
-  // Looked up by address alone: a stale or foreign pointer is never read.
-  auto it = live_.find(allocation);
+  // Looked up by address alone (a stale or foreign pointer is never read),
+  // then by generation: a cache hit hands the same allocation out again,
+  // and a new one may be built where an emptied one was.
+  auto it = live_.find(handle.allocation);
   if (it == live_.end()) {
     return absl::InvalidArgumentError(
-        "symmetric heap: free of an allocation that is not live here (double free, or a "
-        "pointer this heap did not hand out)");
+        "symmetric heap: free of an allocation that is not live here (double free, a null "
+        "handle, or a pointer this heap did not hand out)");
+  }
+  if (it->second->generation != handle.generation) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "symmetric heap: free of a stale handle (generation %d; allocation %d is live again as "
+        "generation %d): it was freed already and handed out again",
+        handle.generation, it->second->a.id, it->second->generation));
   }
   std::unique_ptr<Entry> e = std::move(it->second);
   live_.erase(it);
@@ -563,6 +580,7 @@ absl::Status SymmetricHeap::EmptyCache() {
     if (!Destroy(*e)) leftovers_.push_back(std::move(e));
   }
   cache_.clear();
+  ReleaseNonDumpableIfEmpty();
   return absl::OkStatus();
 }
 

@@ -25,9 +25,13 @@
 //    miss, is kInvalidArgument on every process.
 //  * The signal area of member r is the last signal_bytes of its stride, so
 //    it stays in place when a cached allocation is reused with another size.
-//  * Free checks that its argument is a live allocation of this heap before
-//    reading it: a stale, foreign or doubly freed pointer is kInvalidArgument
-//    and is never dereferenced.
+//  * Allocate returns a SymmetricHandle: the allocation and the generation
+//    of this hand-out (a number this heap never hands out twice). A cache
+//    hit hands the same SymmetricAllocation out again, and a new allocation
+//    may land at a freed one's address, so Free takes the handle and refuses
+//    (kInvalidArgument) one whose generation is not the live one: a stale
+//    handle, a double free, or a pointer this heap did not hand out is
+//    refused on every member, is never dereferenced, and changes nothing.
 //  * Every exchange is bounded by the Exchange's timeout: a dead member gives
 //    the others an error, never a hang, and nothing leaks.
 //  * Members fail together: a member whose part of a collective fails (a
@@ -72,6 +76,16 @@ struct SymmetricOptions {
   HandleType handle_type = HandleType::kPosixFd;
   std::size_t signal_bytes = 256;  // per member, after its buffer
   bool multicast = false;          // opt-in; see the contract above
+  // Hardening: while this heap holds symmetric memory (live or cached), the
+  // process is non-dumpable (prctl PR_SET_DUMPABLE 0), so that another
+  // process of this user, token or not, cannot read or write the buffers
+  // through /proc/PID/mem or ptrace (nor find them in a core dump; debuggers
+  // cannot attach meanwhile; root still can). Counted process-wide: the
+  // setting found before the first such heap took memory comes back when
+  // the last one holds none (2, suid_dumpable's value, comes back as 1:
+  // prctl cannot set 2). A failure to set it fails the Allocate on every
+  // member, like any local failure.
+  bool non_dumpable = false;
 };
 
 struct SymmetricAllocation {
@@ -98,6 +112,18 @@ struct SymmetricStats {
   std::map<std::string, double> last_miss_seconds;
 };
 
+// What Allocate hands out: `allocation` stays valid until this handle is
+// freed; `generation` names this hand-out, so that Free can tell this
+// owner from a later one of the same allocation. Copyable; keep the copy
+// you free with.
+struct SymmetricHandle {
+  const SymmetricAllocation* allocation = nullptr;
+  std::uint64_t generation = 0;
+
+  const SymmetricAllocation* operator->() const { return allocation; }
+  const SymmetricAllocation& operator*() const { return *allocation; }
+};
+
 // One allocation as a snapshot sees it.
 struct SymmetricSnapshot {
   std::uint64_t id = 0;
@@ -117,9 +143,9 @@ class SymmetricHeap {
   // Releases everything this process mapped or created (not collective).
   ~SymmetricHeap();
 
-  absl::StatusOr<const SymmetricAllocation*> Allocate(std::size_t bytes,
-                                                      bool make_symmetric = false);
-  absl::Status Free(const SymmetricAllocation* allocation);
+  absl::StatusOr<SymmetricHandle> Allocate(std::size_t bytes, bool make_symmetric = false);
+  // Not a round: every member frees locally, in the collective order.
+  absl::Status Free(const SymmetricHandle& handle);
   absl::Status EmptyCache();
   // Statistics and the snapshot never wait on a collective (another
   // thread's Allocate or EmptyCache may be waiting on other processes for up
@@ -143,6 +169,7 @@ class SymmetricHeap {
     SymmetricAllocation a;
     std::size_t own_bytes = 0;  // physical bytes created here
     std::vector<PhysicalHandle> unreleased;  // releases that failed: retried at teardown
+    std::uint64_t generation = 0;  // of the current hand-out while live
   };
 
   // One collective round, tagged with its op and sequence number: every
@@ -177,12 +204,18 @@ class SymmetricHeap {
   // Agrees with every member on one cached allocation of `stride` by its id:
   // `mine` is this process's candidate, `theirs` what every process sent.
   static bool AllName(std::uint64_t mine, const std::vector<std::uint64_t>& theirs);
-  const SymmetricAllocation* FromCache(std::size_t bytes, std::size_t stride, std::uint64_t id)
+  SymmetricHandle FromCache(std::size_t bytes, std::size_t stride, std::uint64_t id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `e` live under a fresh generation.
+  SymmetricHandle HandOut(std::unique_ptr<Entry> e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Idempotent: each step clears what it released; false if anything is
   // left (the entry is then kept and retried when the heap is destroyed).
   bool Destroy(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::size_t StrideFor(std::size_t bytes, std::size_t granularity) const;
+  // options_.non_dumpable: taken before memory is mapped, given back once
+  // no entry is left (at the end of every collective and at teardown).
+  absl::Status HoldNonDumpable() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseNonDumpableIfEmpty() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool MulticastAllowed() const;
 
   Backend& backend_;
@@ -193,6 +226,7 @@ class SymmetricHeap {
 
   absl::Mutex mu_;
   std::uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   // Keyed by the address handed out, so that Free can check a pointer
   // before it reads anything through it.
   std::map<const SymmetricAllocation*, std::unique_ptr<Entry>> live_ ABSL_GUARDED_BY(mu_);
@@ -201,6 +235,7 @@ class SymmetricHeap {
   std::map<std::pair<std::size_t, std::uint64_t>, std::unique_ptr<Entry>> cache_
       ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Entry>> leftovers_ ABSL_GUARDED_BY(mu_);
+  bool non_dumpable_held_ ABSL_GUARDED_BY(mu_) = false;
   std::uint64_t rounds_ ABSL_GUARDED_BY(mu_) = 0;  // collective rounds so far
   absl::Status broken_ ABSL_GUARDED_BY(mu_);       // why the group is out of step, if it is
   std::size_t group_granularity_ ABSL_GUARDED_BY(mu_) = 0;  // 0 until the first exchange

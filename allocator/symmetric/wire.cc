@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -27,7 +28,10 @@ constexpr std::uint32_t kHelloMagic = 0x434d4148;  // "CMAH": a member's hello
 constexpr std::uint32_t kChallengeMagic = 0x434d4143;  // "CMAC": process 0's challenge and proof
 constexpr std::uint32_t kProofMagic = 0x434d4150;      // "CMAP": a member's proof
 constexpr std::uint32_t kVerdictMagic = 0x434d4156;    // "CMAV": process 0's verdict
-constexpr std::uint32_t kVersion = 4;  // 3: mutual HMAC challenge-response; 4: verdicts
+constexpr std::uint32_t kSignedVerdictMagic = 0x434d4157;  // "CMAW": one with process 0's MAC
+// 3: mutual HMAC challenge-response; 4: verdicts; 5: a verdict on a hello
+// carries process 0's MAC.
+constexpr std::uint32_t kVersion = 5;
 
 struct Header {
   std::uint32_t magic;
@@ -47,8 +51,26 @@ void Get(const std::string& in, std::size_t& pos, T& v) {
   pos += sizeof(v);
 }
 
+// What a member checks a verdict on its hello against: it comes before
+// process 0 has proved anything, so it must carry process 0's MAC.
+struct VerdictKey {
+  const std::string& token;
+  std::int32_t index;
+  absl::string_view nonce;  // the member's
+};
+absl::Status UnverifiedVerdict(pid_t pid) {
+  return absl::PermissionDeniedError(absl::StrFormat(
+      "symmetric exchange: the process listening (pid %d) answered our hello with a verdict "
+      "whose MAC does not verify, so it does not know the rendezvous token (an impostor holding "
+      "the socket, or this process was given another token); its claim is ignored",
+      pid));
+}
+
 // Reads the rest of a verdict whose header is `header`: its status (below).
-absl::Status VerdictAfter(int sock, const std::string& header, absl::Time deadline, pid_t pid);
+// With `key`, a verdict whose MAC does not verify is kPermissionDenied,
+// never its claimed status.
+absl::Status VerdictAfter(int sock, const std::string& header, absl::Time deadline, pid_t pid,
+                          const VerdictKey* key = nullptr);
 
 }  // namespace
 
@@ -231,12 +253,52 @@ absl::StatusOr<ucred> PeerCred(int sock) {
   return cred;
 }
 
+namespace {
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+}  // namespace
+
 absl::Status CheckToken(const std::string& token) {
-  if (token.size() < kMinTokenBytes || token.size() > kMaxTokenBytes) {
+  // Process 0 answers a same-user hello with a MAC under the token, so an
+  // attacker can test guesses offline: the token must be as strong as the
+  // MAC. A hex digit carries at most 4 bits, so 32 digits are the least
+  // that can hold 128; the screens below cannot prove randomness, but they
+  // refuse what people type (repeats, runs), and a random token of 32
+  // digits with a probability below 1e-8 (64 digits: below 1e-17).
+  const auto refuse = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "symmetric exchange: the rendezvous token must have %d to %d bytes (has %d); "
-        "MakeRendezvousToken makes one",
-        kMinTokenBytes, kMaxTokenBytes, token.size()));
+        "symmetric exchange: the rendezvous token %s; it needs at least 128 bits of entropy, so "
+        "it must be %d to %d hex digits from a random source: MakeRendezvousToken makes one",
+        why, kMinTokenBytes, kMaxTokenBytes));
+  };
+  if (token.size() < kMinTokenBytes || token.size() > kMaxTokenBytes) {
+    return refuse(absl::StrFormat("has %d characters", token.size()));
+  }
+  std::vector<int> digits;
+  for (char c : token) {
+    if (HexValue(c) < 0) return refuse("has characters that are not hex digits");
+    digits.push_back(HexValue(c));
+  }
+  std::vector<int> grams;  // each 3-digit substring as a number
+  std::size_t steps = 0;   // adjacent digits that are equal or consecutive
+  for (std::size_t i = 0; i + 1 < digits.size(); ++i) {
+    steps += std::abs(digits[i] - digits[i + 1]) <= 1;
+    if (i + 2 < digits.size()) grams.push_back(digits[i] * 256 + digits[i + 1] * 16 + digits[i + 2]);
+  }
+  std::sort(grams.begin(), grams.end());
+  const std::size_t distinct =
+      std::unique(grams.begin(), grams.end()) - grams.begin();
+  if (distinct * 4 < grams.size() * 3) {
+    return refuse("repeats itself (fewer than 3/4 of its 3-digit substrings are distinct)");
+  }
+  if (steps * 3 > (digits.size() - 1) * 2) {
+    return refuse("is a run (over 2/3 of its adjacent digits are equal or consecutive)");
   }
   return absl::OkStatus();
 }
@@ -319,6 +381,15 @@ bool MacsEqual(absl::string_view a, const std::string& b) {
 
 constexpr char kRootLabel[] = "cma-root";  // 8 bytes: keeps the message in one block
 constexpr char kMemberLabel[] = "cma-memb";
+constexpr char kVerdictLabel[] = "cma-verd";
+
+// What a verdict's MAC covers besides the handshake's fields.
+std::string VerdictBody(std::uint32_t code, absl::string_view reason) {
+  std::string out;
+  Put(out, code);
+  out.append(reason.data(), reason.size());
+  return out;
+}
 
 }  // namespace
 
@@ -332,14 +403,16 @@ absl::Status ProcessZeroLeft(pid_t pid, absl::string_view when) {
 namespace {
 
 // The rest of a verdict whose header (kVerdictHeaderBytes) is in `header`.
-absl::Status VerdictAfter(int sock, const std::string& header, absl::Time deadline, pid_t pid) {
+absl::Status VerdictAfter(int sock, const std::string& header, absl::Time deadline, pid_t pid,
+                          const VerdictKey* key) {
   std::size_t pos = 0;
   std::uint32_t magic = 0, version = 0, code = 0, len = 0;
   Get(header, pos, magic);
   Get(header, pos, version);
   Get(header, pos, code);
   Get(header, pos, len);
-  if (magic != kVerdictMagic || version != kVersion || len > kMaxReasonBytes ||
+  if (magic != (key != nullptr ? kSignedVerdictMagic : kVerdictMagic) || version != kVersion ||
+      len > kMaxReasonBytes ||
       code == 0 || code > static_cast<std::uint32_t>(absl::StatusCode::kUnauthenticated)) {
     return absl::DataLossError(absl::StrFormat(
         "symmetric exchange: a malformed verdict from process 0 (magic %#x, version %d, code %d, "
@@ -350,6 +423,15 @@ absl::Status VerdictAfter(int sock, const std::string& header, absl::Time deadli
   absl::Status s = ReadAll(sock, reason.data(), len, deadline, "process 0");
   if (absl::IsUnavailable(s)) return ProcessZeroLeft(pid, "in the middle of its verdict");
   if (!s.ok()) return s;
+  if (key != nullptr) {
+    std::string mac(kMacBytes, '\0');
+    s = ReadAll(sock, mac.data(), mac.size(), deadline, "process 0");
+    if (!s.ok() && !absl::IsUnavailable(s)) return s;
+    if (!s.ok() || !MacsEqual(mac, Mac(key->token, kVerdictLabel, key->index, pid, key->nonce,
+                                       VerdictBody(code, reason)))) {
+      return UnverifiedVerdict(pid);
+    }
+  }
   return absl::Status(static_cast<absl::StatusCode>(code),
                       absl::StrCat("symmetric exchange: process 0 (pid ", pid,
                                    ") ended the rendezvous for this process: ", reason));
@@ -357,15 +439,28 @@ absl::Status VerdictAfter(int sock, const std::string& header, absl::Time deadli
 
 }  // namespace
 
-std::string Verdict(const absl::Status& status) {
+namespace {
+
+std::string VerdictWith(std::uint32_t magic, const absl::Status& status) {
   const std::string reason(status.message().substr(0, kMaxReasonBytes));
   std::string out;
-  Put(out, kVerdictMagic);
+  Put(out, magic);
   Put(out, kVersion);
   // An OK status is no verdict: it would read as malformed.
   Put(out, static_cast<std::uint32_t>(status.code()));
   Put(out, static_cast<std::uint32_t>(reason.size()));
   return out + reason;
+}
+
+}  // namespace
+
+std::string Verdict(const absl::Status& status) { return VerdictWith(kVerdictMagic, status); }
+
+std::string SignedVerdict(const absl::Status& status, const std::string& token,
+                          const Hello& hello) {
+  const std::string reason(status.message().substr(0, kMaxReasonBytes));
+  return VerdictWith(kSignedVerdictMagic, status) + Mac(token, kVerdictLabel, hello.index, getpid(), hello.nonce,
+                               VerdictBody(static_cast<std::uint32_t>(status.code()), reason));
 }
 
 absl::Status MemberHandshake(int sock, int index, const std::string& token, absl::Time deadline) {
@@ -396,8 +491,12 @@ absl::Status MemberHandshake(int sock, int index, const std::string& token, absl
   if (!s.ok()) return s;
   std::uint32_t first = 0;
   std::memcpy(&first, challenge.data(), sizeof(first));
-  if (first == kVerdictMagic) {
-    return VerdictAfter(sock, challenge, deadline, peer->pid);
+  // Whoever holds the socket could send a verdict here: only process 0's
+  // MAC makes it process 0's word.
+  if (first == kVerdictMagic) return UnverifiedVerdict(peer->pid);
+  if (first == kSignedVerdictMagic) {
+    const VerdictKey key{token, index, *nonce};
+    return VerdictAfter(sock, challenge, deadline, peer->pid, &key);
   }
   s = ReadAll(sock, challenge.data() + kVerdictHeaderBytes, kChallengeBytes - kVerdictHeaderBytes,
               deadline, "process 0");

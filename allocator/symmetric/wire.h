@@ -21,6 +21,15 @@
 //   process 0 -> member:  verdict    {magic, version, status code, reason length, reason}
 // instead of a challenge or of the welcome: a rejection (its index is taken,
 // its proof does not verify) or a failed rendezvous (who never connected).
+// In place of a challenge, process 0 has proved nothing yet, and whoever
+// holds the socket's path could answer; so that verdict is signed (its
+// own magic, so that a member never waits for a MAC that is not coming):
+//                                    {..., reason, HMAC-SHA256(token, "cma-verd" version
+//                                                 index pid0 nonce1 code reason)}
+// and a member takes one whose MAC does not verify as an impostor
+// (kPermissionDenied), never as its claim. A verdict in place of the
+// welcome needs no MAC: it comes on the connection whose peer already
+// proved it is process 0 (its MAC, and SO_PEERCRED naming the same pid).
 // So a member tells a rejection from a process 0 that went away (a closed
 // connection without a verdict). Connectors that do not speak the protocol,
 // or relay another process's hello, get nothing.
@@ -79,6 +88,7 @@ absl::StatusOr<Contribution> RecvFrame(int sock, absl::Time deadline, const std:
 
 // The credentials (pid, uid) of the process at the other end of a Unix socket.
 absl::StatusOr<ucred> PeerCred(int sock);
+// exchange.h's token rule: kInvalidArgument naming what is wrong.
 absl::Status CheckToken(const std::string& token);
 // Sets up the HMAC's library (libsodium) once per process; every handshake
 // needs it first. kInternal if it cannot be set up.
@@ -98,6 +108,11 @@ absl::Status MemberHandshake(int sock, int index, const std::string& token, absl
 // Process 0's verdict for a member: the failed `status`'s code and message
 // (cut to kMaxReasonBytes).
 std::string Verdict(const absl::Status& status);
+struct Hello;
+// The verdict on a member's `hello`, sent in place of the challenge:
+// Verdict's bytes and process 0's MAC over them.
+std::string SignedVerdict(const absl::Status& status, const std::string& token,
+                          const Hello& hello);
 // A member's error for a process 0 (`pid`) that closed without a verdict.
 absl::Status ProcessZeroLeft(pid_t pid, absl::string_view when);
 // How long past its own timeout a member waits for the welcome: process 0

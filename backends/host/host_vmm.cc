@@ -25,6 +25,10 @@ absl::Status Errno(const char* call) {
   return absl::InternalError(absl::StrFormat("%s failed: %s", call, std::strerror(errno)));
 }
 
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010  // Linux 5.1; older C libraries lack the name
+#endif
+
 constexpr char kMemfdName[] = "cma-vmm";
 constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
@@ -60,6 +64,14 @@ absl::Status CheckImported(int fd, const struct stat& st, std::size_t bytes,
         "VmmImport: descriptor %d is a memfd whose size is not sealed (seals %#x): its holders "
         "could shrink it under our mappings",
         fd, seals));
+  }
+  // Symmetric memory is mapped writable: a write seal would only surface
+  // later, as a failed mprotect, with nothing to say why.
+  if ((seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "VmmImport: descriptor %d is a memfd sealed against writing (%s; seals %#x): it cannot "
+        "be mapped writable, which symmetric memory must be",
+        fd, (seals & F_SEAL_WRITE) != 0 ? "F_SEAL_WRITE" : "F_SEAL_FUTURE_WRITE", seals));
   }
   const auto size = static_cast<std::size_t>(st.st_size);
   if (size == 0 || size % granularity != 0 || (bytes != 0 && size != bytes)) {

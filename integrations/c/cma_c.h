@@ -230,9 +230,17 @@ int cma_snapshot_visit(void (*on_segment)(void* ctx, const cma_segment_info* seg
  * every collective: in (0, 86400]; infinite, NaN, larger or non-positive
  * values are refused (NULL, cma_last_error says why), because every wait
  * must end in an error naming a dead member rather than a hang.
- * `options`: "signal_bytes:N,multicast:0|1".
+ * `options`: "signal_bytes:N,multicast:0|1,non_dumpable:0|1"; non_dumpable:1
+ * makes the process non-dumpable while the heap holds memory, so that other
+ * processes of this user cannot read the buffers through /proc/PID/mem
+ * (SymmetricOptions::non_dumpable says more).
  * Allocation, free and empty_cache are collective (same order everywhere).
- * Memory comes from the process-wide backend (cma_init / CMA_BACKEND). */
+ * Memory comes from the process-wide backend (cma_init / CMA_BACKEND).
+ * A cma_symmetric_allocation* is an opaque handle, not an address: a number
+ * this process never hands out twice. Once freed (or its heap destroyed),
+ * every call refuses it (-1 or NULL; cma_last_error says why) without
+ * touching the allocation, even when a later alloc reuses the same memory;
+ * a refused free changes nothing. */
 typedef struct cma_symmetric_heap cma_symmetric_heap;
 typedef struct cma_symmetric_allocation cma_symmetric_allocation;
 typedef int (*cma_allgather_fn)(void* ctx, const void* send, size_t len, void* recv);

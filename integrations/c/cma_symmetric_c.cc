@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -28,9 +29,21 @@ namespace cma {
 namespace capi {
 namespace {
 
+// An allocation handed out through the C ABI, by its handle.
+struct Held {
+  cma_symmetric_heap* heap = nullptr;
+  SymmetricHandle handle;
+};
+
+// A C handle is a number this process never hands out twice, not an
+// address: a freed or stale one is looked up and refused, never read, even
+// when the heap hands the same allocation out again (a cache hit) or builds
+// a new one where an emptied one was.
 struct Registry {
   absl::Mutex mu;
   std::set<cma_symmetric_heap*> heaps ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<std::uintptr_t, Held> live ABSL_GUARDED_BY(mu);
+  std::uintptr_t next_handle ABSL_GUARDED_BY(mu) = 1;
 };
 
 Registry& Heaps() {
@@ -48,10 +61,12 @@ absl::StatusOr<SymmetricOptions> ParseOptions(const char* text) {
       o.signal_bytes = n;
     } else if (kv.first == "multicast" && (kv.second == "0" || kv.second == "1")) {
       o.multicast = kv.second == "1";
+    } else if (kv.first == "non_dumpable" && (kv.second == "0" || kv.second == "1")) {
+      o.non_dumpable = kv.second == "1";
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "cma_symmetric_create: bad option '", item,
-          "'; accepted: signal_bytes:N (up to 1M), multicast:0|1"));
+          "'; accepted: signal_bytes:N (up to 1M), multicast:0|1, non_dumpable:0|1"));
     }
   }
   return o;
@@ -111,8 +126,18 @@ namespace {
 
 using cma::capi::Fail;
 
-const cma::SymmetricAllocation* Cast(const cma_symmetric_allocation* a) {
-  return reinterpret_cast<const cma::SymmetricAllocation*>(a);
+// The live allocation behind a C handle, or null (an error set, naming
+// `who`) for a null, freed or unknown one.
+const cma::SymmetricAllocation* Find(const cma_symmetric_allocation* a, const char* who) {
+  cma::capi::Registry& r = cma::capi::Heaps();
+  cma::MutexLock l(&r.mu);
+  auto it = r.live.find(reinterpret_cast<std::uintptr_t>(a));
+  if (it == r.live.end()) {
+    Fail(absl::InvalidArgumentError(absl::StrCat(
+        who, ": not a live symmetric allocation (null, freed already, or of a destroyed heap)")));
+    return nullptr;
+  }
+  return it->second.handle.allocation;
 }
 
 }  // namespace
@@ -187,6 +212,7 @@ void cma_symmetric_destroy(cma_symmetric_heap* heap) {
     cma::capi::Registry& r = cma::capi::Heaps();
     cma::MutexLock l(&r.mu);
     r.heaps.erase(heap);
+    absl::erase_if(r.live, [&](const auto& kv) { return kv.second.heap == heap; });
   }
   delete heap;
 }
@@ -202,13 +228,37 @@ cma_symmetric_allocation* cma_symmetric_alloc(cma_symmetric_heap* heap, size_t s
     Fail(a.status());
     return nullptr;
   }
-  return reinterpret_cast<cma_symmetric_allocation*>(const_cast<cma::SymmetricAllocation*>(*a));
+  cma::capi::Registry& r = cma::capi::Heaps();
+  cma::MutexLock l(&r.mu);
+  const std::uintptr_t id = r.next_handle++;
+  r.live[id] = {heap, *a};
+  return reinterpret_cast<cma_symmetric_allocation*>(id);
 }
 
 int cma_symmetric_free(cma_symmetric_heap* heap, cma_symmetric_allocation* a) {
   if (heap == nullptr) return Fail(absl::InvalidArgumentError("cma_symmetric_free: null heap"));
-  absl::Status s = heap->heap->Free(Cast(a));
-  return s.ok() ? 0 : Fail(s);
+  cma::SymmetricHandle handle;
+  {
+    cma::capi::Registry& r = cma::capi::Heaps();
+    cma::MutexLock l(&r.mu);
+    auto it = r.live.find(reinterpret_cast<std::uintptr_t>(a));
+    if (it == r.live.end() || it->second.heap != heap) {
+      return Fail(absl::InvalidArgumentError(
+          it == r.live.end()
+              ? "cma_symmetric_free: not a live symmetric allocation (freed already: a stale "
+                "handle, or one this process never handed out)"
+              : "cma_symmetric_free: the allocation belongs to another heap"));
+    }
+    handle = it->second.handle;
+  }
+  // The registry entry goes only once the heap took the allocation back, so
+  // that a refused free leaves the handle usable.
+  absl::Status s = heap->heap->Free(handle);
+  if (!s.ok()) return Fail(s);
+  cma::capi::Registry& r = cma::capi::Heaps();
+  cma::MutexLock l(&r.mu);
+  r.live.erase(reinterpret_cast<std::uintptr_t>(a));
+  return 0;
 }
 
 int cma_symmetric_empty_cache(cma_symmetric_heap* heap) {
@@ -220,23 +270,28 @@ int cma_symmetric_empty_cache(cma_symmetric_heap* heap) {
 }
 
 size_t cma_symmetric_size(const cma_symmetric_allocation* a) {
-  return a == nullptr ? 0 : Cast(a)->bytes;
+  const cma::SymmetricAllocation* s = Find(a, "cma_symmetric_size");
+  return s == nullptr ? 0 : s->bytes;
 }
 
 void* cma_symmetric_peer(const cma_symmetric_allocation* a, int rank) {
-  if (a == nullptr || rank < 0 || rank >= static_cast<int>(Cast(a)->peers.size())) {
+  const cma::SymmetricAllocation* s = Find(a, "cma_symmetric_peer");
+  if (s == nullptr) return nullptr;
+  if (rank < 0 || rank >= static_cast<int>(s->peers.size())) {
     Fail(absl::InvalidArgumentError(absl::StrCat("cma_symmetric_peer: no member ", rank)));
     return nullptr;
   }
-  return Cast(a)->peers[rank];
+  return s->peers[rank];
 }
 
 void* cma_symmetric_signal(const cma_symmetric_allocation* a, int rank) {
-  if (a == nullptr || rank < 0 || rank >= static_cast<int>(Cast(a)->signals.size())) {
+  const cma::SymmetricAllocation* s = Find(a, "cma_symmetric_signal");
+  if (s == nullptr) return nullptr;
+  if (rank < 0 || rank >= static_cast<int>(s->signals.size())) {
     Fail(absl::InvalidArgumentError(absl::StrCat("cma_symmetric_signal: no member ", rank)));
     return nullptr;
   }
-  return Cast(a)->signals[rank];
+  return s->signals[rank];
 }
 
 size_t cma_symmetric_signal_size(const cma_symmetric_heap* heap) {
@@ -244,7 +299,8 @@ size_t cma_symmetric_signal_size(const cma_symmetric_heap* heap) {
 }
 
 void* cma_symmetric_device_peers(const cma_symmetric_allocation* a) {
-  return a == nullptr ? nullptr : Cast(a)->device_peers;
+  const cma::SymmetricAllocation* s = Find(a, "cma_symmetric_device_peers");
+  return s == nullptr ? nullptr : s->device_peers;
 }
 
 char* cma_symmetric_stats_json(cma_symmetric_heap* heap) {

@@ -66,6 +66,33 @@ TEST_F(SymmetricCApiTest, TwoMembersInOneProcessShareBuffersAndTheCache) {
   EXPECT_EQ(Json(cma_stats_json(-1))["symmetric_allocations"], 0);  // heap gone
 }
 
+// A freed handle stays refused when the heap hands the same allocation out
+// again: the stale free fails and the new owner's allocation stays live.
+TEST_F(SymmetricCApiTest, AStaleHandleIsRefusedAfterACacheHit) {
+  const int ranks[] = {0, 1}, devices[] = {0, 1};
+  cma_symmetric_heap* h =
+      cma_symmetric_create(2, ranks, devices, 2, 0, 1, nullptr, nullptr, 10.0, "");
+  ASSERT_NE(h, nullptr) << cma_last_error();
+  cma_symmetric_allocation* a = cma_symmetric_alloc(h, 4096, 0);
+  ASSERT_NE(a, nullptr) << cma_last_error();
+  void* buffer = cma_symmetric_peer(a, 0);
+  ASSERT_EQ(cma_symmetric_free(h, a), 0) << cma_last_error();
+  cma_symmetric_allocation* b = cma_symmetric_alloc(h, 4096, 0);  // a hit
+  ASSERT_NE(b, nullptr) << cma_last_error();
+  ASSERT_EQ(cma_symmetric_peer(b, 0), buffer);
+  EXPECT_EQ(cma_symmetric_free(h, a), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("not a live symmetric allocation"));
+  EXPECT_EQ(cma_symmetric_peer(a, 0), nullptr);
+  // b is still owned: the next alloc is a miss, another buffer.
+  cma_symmetric_allocation* c = cma_symmetric_alloc(h, 4096, 0);
+  ASSERT_NE(c, nullptr) << cma_last_error();
+  EXPECT_NE(cma_symmetric_peer(c, 0), buffer);
+  EXPECT_EQ(Json(cma_symmetric_stats_json(h))["cache_hits"], 1);
+  EXPECT_EQ(cma_symmetric_free(h, b), 0) << cma_last_error();
+  EXPECT_EQ(cma_symmetric_free(h, c), 0) << cma_last_error();
+  cma_symmetric_destroy(h);
+}
+
 TEST_F(SymmetricCApiTest, BadArgumentsAreClearErrors) {
   const int ranks[] = {0}, devices[] = {0};
   EXPECT_EQ(cma_symmetric_create(0, ranks, devices, 1, 0, 1, nullptr, nullptr, 1, ""), nullptr);

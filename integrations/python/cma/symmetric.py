@@ -39,7 +39,11 @@ class _DeviceArray:
 
 
 class Heap:
-    """A symmetric heap over `comm`'s ranks, one per process, on `device`."""
+    """A symmetric heap over `comm`'s ranks, one per process, on `device`.
+
+    `options` is the C ABI's string; "non_dumpable:1" keeps other processes
+    of this user out of the buffers (/proc/PID/mem) while the heap holds
+    memory, at the cost of core dumps and debugger attach meanwhile."""
 
     def __init__(self, comm, device=0, timeout=60.0, options=""):
         self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
