@@ -49,6 +49,11 @@ struct Block {
   // disposable block, or one whose contents it staged); they hold nothing
   // until Wake or a Move repopulates them, or the free forgets them.
   bool pages_discarded = false;
+  // Allocated blocks: a Sleep dropped the contents (a disposable block) and
+  // nothing has written them since; only such a block may a Wake populate
+  // without migrating (a Move, the caller's writes after it, a Wake clear
+  // it).
+  bool sleep_dropped = false;
   int pending_events = 0;  // > 0 while freed but still used by other streams
   // Free blocks: when the block was last used, as DeviceAllocator's count of
   // frees; 0 when it has not been used since a moment its stream was known

@@ -321,6 +321,7 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
   b->disposable = false;
   b->keep = false;
   b->pages_discarded = false;
+  b->sleep_dropped = false;
   b->stream_uses.clear();
   if (b->segment->arena) AcquirePages(b, all_populated);
   allocated_[b->addr] = b;

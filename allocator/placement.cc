@@ -210,9 +210,11 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
   for (Block* b : blocks) {
     b->placed = true;
     b->location = target;
-    // Discarded pages are populated again at the target: what the caller
-    // writes there from now on is live, and a Wake must migrate it.
-    b->pages_discarded = false;
+    // What the caller writes at the target from now on is live: a Wake
+    // migrates it. (Moved to the host, the pages are still none of the
+    // device's: the free tells the page map so.)
+    b->sleep_dropped = false;
+    if (!target.is_host()) b->pages_discarded = false;
   }
   stats_.moves += static_cast<std::int64_t>(blocks.size());
   return absl::OkStatus();

@@ -267,6 +267,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
     auto role = roles.find(b);
     const bool discarded = role != roles.end() && role->second == Leave::kDrop;
     b->pages_discarded = b->pages_discarded || discarded || staged_.contains(b->addr);
+    b->sleep_dropped = b->sleep_dropped || (discarded && b->disposable);
     b->placed = true;
     b->location = Location::Host();
   }
@@ -425,7 +426,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
       if (lo + part.bytes < addr + b->size) {
         migrate.push_back({reinterpret_cast<void*>(lo + part.bytes), addr + b->size - lo - part.bytes});
       }
-    } else if (b->disposable && b->pages_discarded) {
+    } else if (b->disposable && b->sleep_dropped) {
       // Only what the Sleep discarded: a disposable allocation made while
       // asleep, never placed, or written since a Move holds live data.
       // (A non-disposable block a level-2 Sleep discarded migrates: a
@@ -466,6 +467,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
     b->placed = true;
     b->location = here;
     b->pages_discarded = false;
+    b->sleep_dropped = false;
   }
   sleep_wake_stream_ = stream;
   stats_.moves += static_cast<std::int64_t>(woken);
