@@ -13,6 +13,7 @@
 // deferred_ until the last pool context ends.
 #include <algorithm>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -52,6 +53,10 @@ void DeviceAllocator::BeginAllocateToPool(MemPoolId id, StreamFilter filter,
 }
 
 absl::Status DeviceAllocator::EndAllocateToPool(MemPoolId id) {
+  // Destroyed after the lock is released (declared before it): the filter
+  // may own a caller's context whose release calls back into the allocator
+  // (the C ABI's release_ctx), which would deadlock under mu_.
+  StreamFilter ended_filter;
   MutexLock l(&mu_);
   auto known = mempool_index_.find(id);
   auto it = known == mempool_index_.end()
@@ -64,6 +69,7 @@ absl::Status DeviceAllocator::EndAllocateToPool(MemPoolId id) {
         device_));
   }
   const std::uint32_t index = it->index;
+  ended_filter = std::move(it->filter);
   contexts_.erase(it);
   if (contexts_.empty()) RecordDeferredFrees();
   DissolveIfUnused(index);  // released while it was being allocated to

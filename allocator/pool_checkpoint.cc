@@ -9,15 +9,81 @@
 // addresses by carving them out of the pool's free blocks: the memory holds
 // what the replay wrote, so nothing is placed, prefetched or discarded.
 #include <algorithm>
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_format.h"
 #include "allocator/device_allocator.h"
 #include "backends/mutex_lock.h"
 
 namespace cma {
+namespace {
+
+// Whether `cp` is a checkpoint this device could have taken, checked whole
+// before a restore changes anything: every allocation inside one segment of
+// the device, aligned and sized as blocks are, at least its rounded request,
+// in the kind of segment its request is served from, on a stream of the
+// device, and none overlapping another. A hand-made or corrupted checkpoint
+// would otherwise carve blocks that break the allocator's layout for good
+// (a 1000-byte block leaves every later block carved after it misaligned).
+// `wanted` is cp.allocations by address.
+absl::Status ValidateCheckpoint(const PoolCheckpoint& cp, const std::vector<PoolAllocation>& wanted,
+                                const AllocatorConfig& config, std::size_t device_total,
+                                absl::FunctionRef<const Segment*(std::uintptr_t)> segment_at,
+                                absl::FunctionRef<absl::Status(Stream)> check_stream) {
+  for (std::size_t i = 0; i < wanted.size(); ++i) {
+    const PoolAllocation& a = wanted[i];
+    const auto addr = reinterpret_cast<std::uintptr_t>(a.ptr);
+    const auto malformed = [&](const std::string& why) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "cma: the checkpoint of pool (%d, %d) of device %d is malformed: its allocation at %p "
+          "(%d bytes, %d requested) %s",
+          cp.pool.first, cp.pool.second, cp.device, a.ptr, a.size, a.requested, why));
+    };
+    if (a.size == 0) return malformed("is empty");
+    if (a.requested == 0) return malformed("was requested with 0 bytes");
+    if (a.size > device_total) {
+      return malformed(absl::StrFormat("is larger than the device (%d bytes)", device_total));
+    }
+    if (addr == 0 || addr > UINTPTR_MAX - a.size) return malformed("is not a valid range");
+    const Segment* seg = segment_at(addr);
+    if (seg == nullptr || addr + a.size > seg->base + seg->size) {
+      return malformed("is not inside one segment of this device");
+    }
+    if (i > 0) {
+      const PoolAllocation& prev = wanted[i - 1];
+      if (reinterpret_cast<std::uintptr_t>(prev.ptr) + prev.size > addr) {
+        return malformed(absl::StrFormat("overlaps the allocation at %p", prev.ptr));
+      }
+    }
+    if (addr % kMinBlockSize != 0) {
+      return malformed(absl::StrFormat("is not aligned to %d bytes", kMinBlockSize));
+    }
+    if (a.size % kMinBlockSize != 0) {
+      return malformed(absl::StrFormat("has a size that is not a multiple of %d bytes",
+                                       kMinBlockSize));
+    }
+    const std::size_t rounded = RoundRequest(a.requested, config);
+    if (a.size < rounded) {
+      return malformed(absl::StrFormat("is smaller than its request rounded (%d bytes)", rounded));
+    }
+    if (seg->pool != BlockPoolFor(rounded, config)) {
+      return malformed(absl::StrFormat(
+          "lies in a %s-block segment, which never serves a request of that size",
+          seg->pool == PoolKind::kSmall ? "small" : "large"));
+    }
+    if (absl::Status s = check_stream(a.stream); !s.ok()) {
+      return malformed(absl::StrFormat("is on a stream this device cannot use (%s)", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<int> DeviceAllocator::GetPoolUseCount(MemPoolId id) {
   MutexLock l(&mu_);
@@ -148,24 +214,20 @@ absl::StatusOr<PoolRestoreResult> DeviceAllocator::RestorePoolCheckpoint(
   absl::StatusOr<std::uint32_t> found = ReferencedPool(cp.pool, "restore of a checkpoint");
   if (!found.ok()) return found.status();
   const std::uint32_t index = *found;
-  // Frees whose streams have finished count as free for the plan.
-  if (!pending_.empty()) ProcessPendingFrees(/*synchronize=*/false);
 
   // ---- plan: nothing changes until every check has passed ----
   std::vector<PoolAllocation> wanted = cp.allocations;
   std::sort(wanted.begin(), wanted.end(),
             [](const PoolAllocation& a, const PoolAllocation& b) { return a.ptr < b.ptr; });
-  for (std::size_t i = 0; i < wanted.size(); ++i) {
-    const auto addr = reinterpret_cast<std::uintptr_t>(wanted[i].ptr);
-    if (wanted[i].size == 0 || wanted[i].requested == 0 || wanted[i].requested > wanted[i].size ||
-        (i > 0 && reinterpret_cast<std::uintptr_t>(wanted[i - 1].ptr) + wanted[i - 1].size >
-                      addr)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "cma: the checkpoint of pool (%d, %d) is malformed at %p (empty, or overlapping its "
-          "neighbour)", cp.pool.first, cp.pool.second, wanted[i].ptr));
-    }
-    if (absl::Status s = CheckStream(wanted[i].stream); !s.ok()) return s;
+  if (absl::Status s = ValidateCheckpoint(
+          cp, wanted, *config_, device_total_,
+          [this](std::uintptr_t addr) ABSL_NO_THREAD_SAFETY_ANALYSIS { return SegmentAt(addr); },
+          [this](Stream stream) ABSL_NO_THREAD_SAFETY_ANALYSIS { return CheckStream(stream); });
+      !s.ok()) {
+    return s;
   }
+  // Frees whose streams have finished count as free for the plan.
+  if (!pending_.empty()) ProcessPendingFrees(/*synchronize=*/false);
   PoolRestoreResult result;
   absl::flat_hash_map<std::uintptr_t, Block*> live;  // the pool's allocations now
   for (const auto& [addr, b] : allocated_) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "tests/mempool_test_util.h"
 
@@ -265,6 +266,105 @@ TEST_P(PoolCheckpointTest, BadCheckpointsAndStatesAreClearErrorsThatChangeNothin
             absl::StatusCode::kFailedPrecondition);
   for (void* x : {p[0], shared}) ASSERT_TRUE(alloc_->Free(x).ok());
   ExpectInvariants();
+}
+
+// What the pool does after a restore of `cp`: where a few allocations in it
+// land, and the statistics once they are freed. The same for two
+// allocators means that they behave identically.
+std::string AfterRestore(CachingManagedAllocator& a, const PoolCheckpoint& cp, Stream s) {
+  absl::StatusOr<PoolRestoreResult> r = a.RestorePoolCheckpoint(cp);
+  EXPECT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(a.BeginAllocateToPool(0, kPool, nullptr).ok());
+  std::string out;
+  std::vector<void*> got;
+  for (std::size_t n : {std::size_t{1000}, 3 * kMiB, std::size_t{700}, 2 * kMiB + 8}) {
+    absl::StatusOr<void*> p = a.Allocate(n, 0, s);
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) continue;
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(*p) % 512, 0u) << *p;
+    got.push_back(*p);
+  }
+  // Where each landed, as (segment size, offset in it): mmap places the
+  // segments of two allocators differently.
+  for (const SegmentSnapshot& seg : a.Snapshot()) {
+    for (void* p : got) {
+      const auto addr = reinterpret_cast<std::uintptr_t>(p);
+      if (addr >= seg.address && addr < seg.address + seg.total_size) {
+        absl::StrAppend(&out, seg.total_size, "+", addr - seg.address, " ");
+      }
+    }
+  }
+  EXPECT_TRUE(a.EndAllocateToPool(0, kPool).ok());
+  EXPECT_TRUE(a.ReleasePool(0, kPool).ok());
+  for (void* p : got) EXPECT_TRUE(a.Free(p).ok());
+  for (auto& [k, v] : a.GetStats(0)->Flatten()) absl::StrAppend(&out, k, "=", v, ";");
+  EXPECT_TRUE(a.CheckInvariants().ok()) << a.CheckInvariants();
+  return out;
+}
+
+// A checkpoint no allocator could have taken is refused whole, naming what is
+// wrong, before anything changes: a 1000-byte block or a pointer 8 bytes in
+// was carved, and the pool's next allocation came out misaligned.
+TEST_P(PoolCheckpointTest, MalformedCheckpointsAreRefusedAndChangeNothing) {
+  const bool classic = absl::StrContains(GetParam(), "classic");
+  std::string reference;
+  for (bool try_malformed : {false, true}) {
+    Remake(GetParam());
+    ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
+    std::vector<void*> p = InPool({{4 * kMiB, s1_}, {5000, s2_}});
+    const PoolCheckpoint cp = *alloc_->TakePoolCheckpoint(0, kPool);
+    ASSERT_TRUE(alloc_->Free(p[0]).ok());  // a restore carves p[0] again
+    char* const p0 = static_cast<char*>(p[0]);
+    if (try_malformed) {
+      const std::string before = Fingerprint(*alloc_);
+      struct Variant {
+        PoolAllocation a;
+        const char* why;
+        bool added = false;  // else in place of p[0]'s entry
+      };
+      const PoolAllocation p1 = *std::find_if(
+          cp.allocations.begin(), cp.allocations.end(),
+          [&](const PoolAllocation& a) { return a.ptr == p[1]; });
+      std::vector<Variant> variants = {
+          {{p0, 1000, 1000, s1_}, "not a multiple of 512 bytes"},
+          {{p0 + 8, 2 * kMiB, 2 * kMiB, s1_}, "not aligned to 512 bytes"},
+          {{p0 + 512, 1000, 1000, s1_}, "not a multiple of 512 bytes"},
+          {{p0, 0, 0, s1_}, "empty"},
+          {{p0, 4 * kMiB, 0, s1_}, "requested with 0 bytes"},
+          {{p0, 4 * kMiB, 4 * kMiB + 1, s1_}, "smaller than its request rounded"},
+          {{p0, 512, 600, s1_}, "smaller than its request rounded (1024 bytes)"},
+          {{p0, ~std::size_t{511}, 512, s1_}, "larger than the device"},
+          {{nullptr, 512, 512, s1_}, "not a valid range"},
+          {{p0 - 512, 4 * kMiB, 4 * kMiB, s1_}, "inside one segment"},
+          {{p0, 4 * kMiB, 4 * kMiB, Stream{0xbad0}}, "stream"},
+          {p1, "overlaps the allocation at", /*added=*/true},
+      };
+      if (classic) variants.push_back({{p0, 4 * kMiB, 1000, s1_}, "large-block segment"});
+      for (const Variant& v : variants) {
+        // Beside the checkpoint's good allocations: none is applied either.
+        PoolCheckpoint bad = cp;
+        if (v.added) {
+          bad.allocations.push_back(v.a);
+        } else {
+          for (PoolAllocation& a : bad.allocations) {
+            if (a.ptr == p0) a = v.a;
+          }
+        }
+        absl::StatusOr<PoolRestoreResult> r = alloc_->RestorePoolCheckpoint(bad);
+        EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << v.why;
+        EXPECT_THAT(r.status().message(), HasSubstr("malformed")) << v.why;
+        EXPECT_THAT(r.status().message(), HasSubstr(v.why));
+        EXPECT_EQ(Fingerprint(*alloc_), before) << v.why;
+      }
+      ExpectInvariants();
+    }
+    const std::string after = AfterRestore(*alloc_, cp, s1_);
+    if (!try_malformed) reference = after;
+    EXPECT_EQ(after, reference) << "the pool works differently after refused restores";
+    for (void* x : p) ASSERT_TRUE(alloc_->Free(x).ok());
+    ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+    ExpectInvariants();
+  }
 }
 
 TEST_P(PoolCheckpointTest, EmptyPoolCacheFreesOnlyAReleasedPoolsIdleMemory) {

@@ -292,6 +292,10 @@ int cma_pool_begin_flags(int device, unsigned long long id0, unsigned long long 
     f = [filter, owned](cma::Stream s) {
       return filter(owned.get(), reinterpret_cast<void*>(s)) != 0;
     };
+  } else if (release_ctx != nullptr) {
+    // No filter, but the context must still live until the pool context
+    // ends: the allocator drops its filter then, outside its locks.
+    f = [owned](cma::Stream) { return true; };
   }
   absl::Status s = a->BeginAllocateToPool(device, {id0, id1}, std::move(f), options);
   return s.ok() ? 0 : Fail(s);

@@ -80,8 +80,16 @@ int cma_forget_stream(void* stream);
  * is named by two numbers. While a pool context is open, an allocation on a
  * stream for which `filter(ctx, stream)` returns non-zero (every stream if
  * `filter` is NULL) goes to the pool; `release_ctx(ctx)`, if not NULL, is
- * called once the context has ended. While any context of a device is
- * open, cma makes no call that would break a CUDA graph capture there. */
+ * called exactly once: by cma_pool_end after the context has ended, by
+ * cma_pool_begin(_flags) when it fails, or by cma_shutdown for a context
+ * still open. While any context of a device is open, cma makes no call that
+ * would break a CUDA graph capture there.
+ * What the callbacks may call: `filter` runs inside cma_malloc (on the
+ * allocating thread) while cma holds the device's lock, so it must call no
+ * cma_* function and wait for no thread that does. `release_ctx` runs after
+ * cma's locks are released and may call any cma_* function (cma_free of the
+ * pool's allocations included), except when cma_shutdown calls it: then it
+ * must call none. */
 typedef int (*cma_stream_filter_fn)(void* ctx, void* stream);
 int cma_pool_create_or_incref(int device, unsigned long long id0, unsigned long long id1);
 int cma_pool_begin(int device, unsigned long long id0, unsigned long long id1,

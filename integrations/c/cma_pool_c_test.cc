@@ -74,6 +74,66 @@ TEST_F(PoolCApiTest, BeginFlags) {
   EXPECT_EQ(cma_pool_release(0, 7, 0), 0);
 }
 
+// What a release_ctx did from inside its call.
+struct Releaser {
+  void* to_free = nullptr;
+  int calls = 0;
+  int freed = -2;
+  int use_count = -2;
+  int allocating = -2;
+  void* fresh = nullptr;
+};
+
+void FreeOnRelease(void* ctx) {
+  auto* r = static_cast<Releaser*>(ctx);
+  ++r->calls;
+  r->freed = cma_free(r->to_free);
+}
+
+void CallCmaOnRelease(void* ctx) {
+  auto* r = static_cast<Releaser*>(ctx);
+  ++r->calls;
+  r->use_count = cma_pool_use_count(0, 7, 0);
+  r->allocating = cma_allocating_to_pool(0);
+  r->fresh = cma_malloc(4096, 0, nullptr);
+}
+
+// release_ctx runs once cma's locks are released, so it may free the pool's
+// allocations (it ran under the device lock: Abseil's deadlock detection
+// aborted the process, and without it the call hung).
+TEST_F(PoolCApiTest, ReleaseCtxMayCallCmaFree) {
+  Releaser r;
+  ASSERT_EQ(cma_pool_begin(0, 7, 0, &AcceptAll, &r, &FreeOnRelease), 0) << cma_last_error();
+  r.to_free = cma_malloc(1000, 0, nullptr);
+  ASSERT_NE(r.to_free, nullptr);
+  EXPECT_EQ(cma_pool_end(0, 7, 0), 0) << cma_last_error();
+  EXPECT_EQ(r.calls, 1);
+  EXPECT_EQ(r.freed, 0) << cma_last_error();
+  EXPECT_EQ(cma_pool_use_count(0, 7, 0), 1);
+  EXPECT_EQ(cma_pool_release(0, 7, 0), 0);
+  EXPECT_EQ(cma_pool_use_count(0, 7, 0), -1);  // released and empty: dissolved
+}
+
+// Without a filter, the context is still released only at the end (it was
+// released at once, inside cma_pool_begin), and from there any cma call works.
+TEST_F(PoolCApiTest, ReleaseCtxWithoutFilterRunsAtTheEndAndMayCallCma) {
+  Releaser r;
+  ASSERT_EQ(cma_pool_begin(0, 7, 0, nullptr, &r, &CallCmaOnRelease), 0) << cma_last_error();
+  EXPECT_EQ(r.calls, 0) << "the context was released while it is open";
+  void* p = cma_malloc(1000, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(r.calls, 0);
+  EXPECT_EQ(cma_pool_end(0, 7, 0), 0) << cma_last_error();
+  EXPECT_EQ(r.calls, 1);
+  EXPECT_EQ(r.use_count, 1);
+  EXPECT_EQ(r.allocating, 0);  // the context had ended
+  ASSERT_NE(r.fresh, nullptr) << cma_last_error();
+  void* const live[] = {p};
+  EXPECT_EQ(cma_pool_check_live(0, 7, 0, live, 1), 1) << "fresh went to the ended pool";
+  for (void* x : {p, r.fresh}) EXPECT_EQ(cma_free(x), 0);
+  EXPECT_EQ(cma_pool_release(0, 7, 0), 0);
+}
+
 TEST_F(PoolCApiTest, UseCountsAndBadInput) {
   EXPECT_EQ(cma_pool_use_count(0, 7, 0), -1);
   EXPECT_THAT(cma_last_error(), HasSubstr("does not exist"));
