@@ -86,6 +86,10 @@ struct Segment {
   // address range whose kPageSize pages are populated on demand; a populated
   // page that no block in use touches is idle and may be discarded.
   bool arena = false;
+  // Oversubscription's host tier (policy/oversubscription.h): the segment's
+  // pages live on the host, mapped for the device; one block, never split.
+  // Counted in host_resident_bytes, not reserved_bytes (device memory).
+  bool host_tier = false;
   PageMap pages;
 
   std::size_t PageOf(std::uintptr_t addr) const { return (addr - base) / kPageSize; }

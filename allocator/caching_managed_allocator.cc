@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "policy/oversubscription.h"
 
 namespace cma {
 
@@ -55,20 +56,25 @@ absl::StatusOr<std::unique_ptr<CachingManagedAllocator>> CachingManagedAllocator
       }
     }
   }
+  // Oversubscribing devices share the host's memory evenly.
+  std::size_t host_share = 0;
+  if (config.oversubscribe) {
+    absl::StatusOr<MemInfo> host = backend.GetHostMemInfo();
+    if (!host.ok()) return host.status();
+    host_share = host->free_bytes / static_cast<std::size_t>(*count);
+  }
   std::unique_ptr<CachingManagedAllocator> a(new CachingManagedAllocator(backend, std::move(config)));
   for (int d = 0; d < *count; ++d) {
     absl::StatusOr<MemInfo> mem = backend.GetMemInfo(d);
     if (!mem.ok()) return mem.status();
     // Default budget: never more managed memory than the device has free now,
-    // because oversubscribing managed memory can hang a shared GPU.
-    std::size_t budget = a->config_.managed_budget_bytes;
-    if (budget == 0) {
-      budget = static_cast<std::size_t>(static_cast<double>(mem->free_bytes) *
-                                        a->config_.managed_budget_fraction);
-    }
-    a->devices_.push_back(
-        std::make_unique<DeviceAllocator>(d, *count, &backend, &a->config_, mem->total_bytes,
-                                          budget));
+    // because oversubscribing managed memory can hang a shared GPU; beyond
+    // it only as the oversubscription mode places it (on the host).
+    absl::StatusOr<TierBudgets> budgets =
+        PlanTierBudgets(a->config_, d, mem->free_bytes, host_share);
+    if (!budgets.ok()) return budgets.status();
+    a->devices_.push_back(std::make_unique<DeviceAllocator>(
+        d, *count, &backend, &a->config_, mem->total_bytes, budgets->device, budgets->host));
   }
   return a;
 }
@@ -338,6 +344,21 @@ DeviceStats CachingManagedAllocator::GetStats() {
   DeviceStats total;
   for (auto& d : devices_) total += d->GetStats();
   return total;
+}
+
+absl::Status CachingManagedAllocator::SetHostRouting(int device, bool on) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->SetHostRouting(on);
+}
+
+absl::StatusOr<bool> CachingManagedAllocator::PlacedOnHost(void* ptr) {
+  for (auto& d : devices_) {
+    absl::StatusOr<bool> on_host = d->PlacedOnHost(ptr);
+    if (!absl::IsNotFound(on_host.status())) return on_host;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("cma: %p is not an allocation of this allocator", ptr));
 }
 
 absl::Status CachingManagedAllocator::SetMemoryFraction(double fraction, int device) {

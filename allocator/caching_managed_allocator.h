@@ -209,6 +209,17 @@ class CachingManagedAllocator {
   // memory (PyTorch's set_per_process_memory_fraction; 0 refuses every
   // allocation, as PyTorch's does).
   absl::Status SetMemoryFraction(double fraction, int device);
+  // Oversubscription (config oversubscribe:1, policy/oversubscription.h):
+  // while routing is on for `device` (nested calls count), its allocations
+  // are placed on the host, as those that do not fit the device's part of
+  // the budget are; a hint for allocations touched about once per step,
+  // such as an optimizer's state. kFailedPrecondition without
+  // oversubscription, or to turn off what is not on; kInvalidArgument for a
+  // bad device. Thread-safe.
+  absl::Status SetHostRouting(int device, bool on);
+  // Whether the allocation at `ptr` lives on the host (oversubscription);
+  // kInvalidArgument for a pointer this allocator did not hand out.
+  absl::StatusOr<bool> PlacedOnHost(void* ptr);
   absl::Status ResetPeakStats(int device);
   // Zeroes each statistic's allocated and freed totals and the counters
   // (num_alloc_retries, num_ooms, num_sync_all_streams, num_device_alloc,

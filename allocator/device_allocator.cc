@@ -13,19 +13,21 @@ namespace cma {
 
 DeviceAllocator::DeviceAllocator(int device, int device_count, Backend* backend,
                                  const AllocatorConfig* config, std::size_t device_total,
-                                 std::size_t budget)
+                                 std::size_t budget, std::size_t host_budget)
     : device_(device),
       device_count_(device_count),
       backend_(backend),
       config_(config),
       device_total_(device_total),
       budget_(budget),
+      host_budget_(host_budget),
       discard_fence_(config->wake_fence) {
   stats_.managed_budget_bytes = static_cast<std::int64_t>(budget);
+  stats_.host_budget_bytes = static_cast<std::int64_t>(host_budget);
   // A pool that empties frees its btree root node and the next insert
   // allocates it again; a sentinel no lookup can match keeps that malloc off
   // the fast path.
-  for (BlockPool* pool : {&small_pool_, &large_pool_}) {
+  for (BlockPool* pool : {&small_pool_, &large_pool_, &host_pool_}) {
     Block* sentinel = new Block;
     sentinel->mempool = ~std::uint32_t{0};
     sentinel->stream = ~Stream{0};
@@ -60,7 +62,7 @@ DeviceAllocator::~DeviceAllocator() {
   for (Block* b : spare_blocks_) delete b;
   // The pools' other entries were deleted with their segments above; only
   // the sentinels (always last) are still ours to delete.
-  for (BlockPool* pool : {&small_pool_, &large_pool_}) delete *pool->rbegin();
+  for (BlockPool* pool : {&small_pool_, &large_pool_, &host_pool_}) delete *pool->rbegin();
 }
 
 absl::Status DeviceAllocator::CheckStream(Stream stream) {
@@ -100,7 +102,7 @@ void DeviceAllocator::CountInactiveSplit(const Block* b, int sign) {
 }
 
 void DeviceAllocator::InsertFree(Block* b) {
-  PoolOf(b->segment->pool).insert(b);
+  FreeListOf(b->segment).insert(b);
   CountInactiveSplit(b, +1);
 }
 
@@ -109,7 +111,7 @@ void DeviceAllocator::EraseFree(Block* b) {
   if (recent == b) {
     recent = nullptr;
   } else {
-    PoolOf(b->segment->pool).erase(b);
+    FreeListOf(b->segment).erase(b);
   }
   CountInactiveSplit(b, -1);
 }
@@ -121,10 +123,13 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   if (bytes == 0) {
     return absl::InvalidArgumentError("cma: cannot allocate 0 bytes");
   }
-  if (bytes > device_total_) {
+  if (bytes > device_total_ + host_budget_) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "cma: request of %d bytes (%s) exceeds the total memory of device %d (%s)", bytes,
-        FormatBytes(bytes), device_, FormatBytes(device_total_)));
+        "cma: request of %d bytes (%s) exceeds the total memory of device %d (%s)%s", bytes,
+        FormatBytes(bytes), device_, FormatBytes(device_total_),
+        host_budget_ == 0 ? ""
+                          : absl::StrCat(" and the host part of its budget (",
+                                         FormatBytes(host_budget_), ")")));
   }
   MutexLock l(&mu_);
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
@@ -137,6 +142,16 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
 
   const std::size_t rounded = RoundRequest(bytes, *config_);
   const PoolKind pool = BlockPoolFor(rounded, *config_);
+  // Oversubscription: what the caller routes to the host, and what can never
+  // fit the device's part, goes to the host at once.
+  const bool spill = ABSL_PREDICT_FALSE(host_budget_ != 0) && !quiet;
+  if (spill && (host_routing_ > 0 || rounded > budget_)) {
+    if (Block* h = TakeHostBlock(rounded, stream)) return HandOutOnHost(h, bytes, stream);
+    absl::StatusOr<Block*> h = NewHostSegment(rounded, pool, stream);
+    if (h.ok()) return HandOutOnHost(*h, bytes, stream);
+    ++stats_.num_ooms;
+    return absl::ResourceExhaustedError(OomMessage(bytes, h.status()));
+  }
   // The steady state: the block the last free of this pool gave back, of
   // exactly this size (the best fit there is). Its pages are all populated:
   // it was in use, and discards move it into the pool first.
@@ -155,6 +170,12 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   // reuse what they return, give the idle cache back, then try once more.
   for (int attempt = 0; attempt < 2; ++attempt) {
     const bool retry = attempt == 1;
+    // Oversubscribed and the device's part is full: a cached host block
+    // serves before the retry's synchronisation (the steady state of a
+    // repeating workload makes no call).
+    if (retry && spill) {
+      if (Block* h = TakeHostBlock(rounded, stream)) return HandOutOnHost(h, bytes, stream);
+    }
     if (retry) {
       ++stats_.num_alloc_retries;
       if (!quiet) ProcessPendingFrees(/*synchronize=*/true);
@@ -183,6 +204,11 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
       b = FindCrossStream(rounded, pool, stream, /*synchronize=*/retry);
     }
     Segment* made = nullptr;  // a segment made for this request, if any
+    if (b == nullptr && spill && !retry && !DeviceHasRoomFor(rounded)) {
+      // No new arena whose pages could not be populated anyway.
+      cause = absl::ResourceExhaustedError("the device's part of the budget is full");
+      continue;
+    }
     if (b == nullptr) {
       if (!arena_mode()) {
         const std::size_t release =
@@ -228,6 +254,12 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
       populate_.clear();
     }
     return p;
+  }
+  if (spill) {
+    absl::StatusOr<Block*> h = NewHostSegment(rounded, pool, stream);
+    if (h.ok()) return HandOutOnHost(*h, bytes, stream);
+    cause = absl::Status(h.status().code(),
+                         absl::StrCat(cause.message(), "; then: ", h.status().message()));
   }
   ++stats_.num_ooms;
   return absl::ResourceExhaustedError(OomMessage(bytes, cause));
@@ -440,7 +472,7 @@ void DeviceAllocator::BecameFree(Block* b, bool keep_recent) {
   b->free_seq = ++free_seq_;
   // discard_on_free has just discarded its pages, or a Sleep had: not the
   // steady-state case (the last-freed slot holds only wholly populated blocks).
-  if (!keep_recent || config_->discard_on_free || forgot_pages) {
+  if (!keep_recent || config_->discard_on_free || forgot_pages || b->segment->host_tier) {
     ReturnBlock(b);
     if (ABSL_PREDICT_FALSE(b->mempool != 0)) PoolBlockFreed(b->mempool);
     return;
@@ -455,7 +487,7 @@ void DeviceAllocator::BecameFree(Block* b, bool keep_recent) {
 void DeviceAllocator::FlushRecent(Block*& recent) {
   Block* b = recent;
   recent = nullptr;
-  PoolOf(b->segment->pool).insert(b);  // already counted as free
+  FreeListOf(b->segment).insert(b);  // already counted as free
   b->unmerged = true;
   unmerged_.push_back(b);
 }

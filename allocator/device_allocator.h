@@ -44,8 +44,10 @@ class DeviceAllocator {
  public:
   // `backend` and `config` must outlive this object. `budget` caps the bytes
   // of managed memory this device may reserve.
+  // `host_budget` (oversubscription, policy/oversubscription.h) caps the
+  // bytes it may place on the host when the device's part is full; 0: none.
   DeviceAllocator(int device, int device_count, Backend* backend, const AllocatorConfig* config,
-                  std::size_t device_total, std::size_t budget);
+                  std::size_t device_total, std::size_t budget, std::size_t host_budget = 0);
   // Releases every segment, also those still handed out.
   ~DeviceAllocator();
   DeviceAllocator(const DeviceAllocator&) = delete;
@@ -105,6 +107,13 @@ class DeviceAllocator {
   // The allocated block at `ptr`: its size as requested and its stream.
   absl::StatusOr<std::pair<std::size_t, Stream>> Lookup(void* ptr) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Oversubscription: while on (nested calls count), every allocation is
+  // placed on the host (host_tier.cc), as an allocation that does not fit
+  // the device's part is. kFailedPrecondition without a host budget.
+  absl::Status SetHostRouting(bool on) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether `ptr` is an allocation of this device placed on the host.
+  absl::StatusOr<bool> PlacedOnHost(void* ptr) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Caps this device's managed memory; memory already reserved beyond the new
   // budget is kept until freed (idle cache above it is released now).
   void SetBudget(std::size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
@@ -130,6 +139,10 @@ class DeviceAllocator {
   // double free or interior pointer.
   absl::Status DiagnoseBadFree(void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   BlockPool& PoolOf(PoolKind k) { return k == PoolKind::kSmall ? small_pool_ : large_pool_; }
+  // Where a free block of `seg` waits: its pool, or the host tier's.
+  BlockPool& FreeListOf(const Segment* seg) {
+    return ABSL_PREDICT_FALSE(seg->host_tier) ? host_pool_ : PoolOf(seg->pool);
+  }
   Block*& RecentOf(PoolKind k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return recent_[k == PoolKind::kSmall ? 0 : 1];
   }
@@ -230,6 +243,21 @@ class DeviceAllocator {
   bool AdoptIdleStreams(std::size_t rounded, PoolKind pool, Stream stream, bool synchronize,
                         bool may_query = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> NewSegment(std::size_t rounded, PoolKind pool, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ---- the host tier (host_tier.cc): oversubscription's allocations that
+  // live on the host, one segment each, never split ----
+  // Whether fresh pages for `rounded` bytes fit the device's part (idle
+  // pages count as room: they can be discarded).
+  bool DeviceHasRoomFor(std::size_t rounded) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A cached host block of `stream` that holds `rounded` bytes without
+  // wasting much, taken out of the host pool; null if none.
+  Block* TakeHostBlock(std::size_t rounded, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new segment on the host for `rounded` bytes, advised and populated
+  // there; kResourceExhausted past the host budget.
+  absl::StatusOr<Block*> NewHostSegment(std::size_t rounded, PoolKind pool, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands out host block `b` (whole) for a request of `requested` bytes.
+  void* HandOutOnHost(Block* b, std::size_t requested, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Registers backend memory as a segment holding one free block of
   // `stream` (returned); counts the segment, not its bytes.
@@ -396,10 +424,13 @@ class DeviceAllocator {
   const AllocatorConfig* const config_;
   const std::size_t device_total_;
   std::size_t budget_ ABSL_GUARDED_BY(mu_);
+  const std::size_t host_budget_;
+  int host_routing_ ABSL_GUARDED_BY(mu_) = 0;  // SetHostRouting's nesting
 
   absl::Mutex mu_;
   BlockPool small_pool_ ABSL_GUARDED_BY(mu_);
   BlockPool large_pool_ ABSL_GUARDED_BY(mu_);
+  BlockPool host_pool_ ABSL_GUARDED_BY(mu_);  // free blocks of host-tier segments
   // Per pool, the block the last Free returned, kept out of the btree: an
   // alloc/free cycle of one size then neither erases nor inserts. It counts
   // as free and in its pool; every lookup other than the exact-size one,

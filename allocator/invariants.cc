@@ -75,7 +75,8 @@ absl::Status DeviceAllocator::CheckInvariants() {
   MutexLock l(&mu_);
   Recount segments, allocated, requested, active, inactive_split;
   std::size_t idle_pages = 0;
-  std::size_t free_blocks[2] = {0, 0};
+  std::size_t free_blocks[3] = {0, 0, 0};  // small, large, host tier
+  std::int64_t host_bytes = 0;
   std::size_t allocated_blocks = 0;
   std::uintptr_t previous_end = 0;
   absl::flat_hash_map<const Block*, int> pending_count;
@@ -91,7 +92,11 @@ absl::Status DeviceAllocator::CheckInvariants() {
     if (base < previous_end) return Broken(absl::StrFormat("segment %#x overlaps its predecessor", base));
     previous_end = base + seg->size;
     // An arena reserves only its populated pages.
-    segments.Add(seg->pool, seg->arena ? seg->pages.populated_count() * kPageSize : seg->size);
+    // An arena reserves only its populated pages; the host tier none (its
+    // bytes are counted apart).
+    segments.Add(seg->pool, seg->arena ? seg->pages.populated_count() * kPageSize
+                            : seg->host_tier ? 0 : seg->size);
+    if (seg->host_tier) host_bytes += static_cast<std::int64_t>(seg->size);
     if (seg->arena) {
       if (absl::Status s = CheckArenaPages(seg, &idle_pages); !s.ok()) return s;
     }
@@ -106,7 +111,7 @@ absl::Status DeviceAllocator::CheckInvariants() {
       if (b->next != nullptr && b->next->prev != b) return Broken(absl::StrFormat("broken links after %#x", b->addr));
       expect += b->size;
       const bool recent = b == RecentOf(seg->pool);
-      const bool in_pool = recent || PoolOf(seg->pool).contains(const_cast<Block*>(b));
+      const bool in_pool = recent || FreeListOf(seg).contains(const_cast<Block*>(b));
       if (b->allocated) {
         ++allocated_blocks;
         auto it = allocated_.find(b->addr);
@@ -126,7 +131,7 @@ absl::Status DeviceAllocator::CheckInvariants() {
         if (b->unmerged && std::find(unmerged_.begin(), unmerged_.end(), b) == unmerged_.end()) {
           return Broken(absl::StrFormat("unmerged block %#x is missing from the list", b->addr));
         }
-        ++free_blocks[static_cast<int>(seg->pool)];
+        ++free_blocks[seg->host_tier ? 2 : static_cast<int>(seg->pool)];
         if (b->is_split()) inactive_split.Add(seg->pool, b->size);
         const auto awaits_merge = [&](const Block* x) { return x->unmerged || x == recent_[0] || x == recent_[1]; };
         if (Mergeable(b->next, b) && !awaits_merge(b) && !awaits_merge(b->next)) {
@@ -140,6 +145,14 @@ absl::Status DeviceAllocator::CheckInvariants() {
   if (small_pool_.size() + (recent_[0] != nullptr) != free_blocks[0] + 1 ||
       large_pool_.size() + (recent_[1] != nullptr) != free_blocks[1] + 1) {
     return Broken(absl::StrFormat("pools hold %d/%d blocks, segments have %d/%d free", small_pool_.size(), large_pool_.size(), free_blocks[0], free_blocks[1]));
+  }
+  if (host_pool_.size() != free_blocks[2] + 1) {
+    return Broken(absl::StrFormat("the host pool holds %d blocks, host segments have %d free",
+                                  host_pool_.size() - 1, free_blocks[2]));
+  }
+  if (host_bytes != stats_.host_resident_bytes[kAllPools].current) {
+    return Broken(absl::StrFormat("host_resident_bytes %d, host segments hold %d",
+                                  stats_.host_resident_bytes[kAllPools].current, host_bytes));
   }
   if (allocated_.size() != allocated_blocks) return Broken("allocation map holds blocks that no segment has");
   for (const PendingFree& p : pending_) {

@@ -118,7 +118,8 @@ void DeviceAllocator::PlaceSegmentBlock(Block* b, Stream stream, Location target
 
 void DeviceAllocator::OnFreed(Block* b) {
   // A private pool keeps its blocks' contents: a graph replays into them.
-  if (!config_->discard_on_free || quiet() || b->mempool != 0) return;
+  // A host-tier block's pages stay populated on the host for its next user.
+  if (!config_->discard_on_free || quiet() || b->mempool != 0 || b->segment->host_tier) return;
   if (b->segment->arena) {
     DiscardPagesInside(b);
     return;

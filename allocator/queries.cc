@@ -45,7 +45,7 @@ void DeviceAllocator::ResetPeakStats() {
   for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
                        &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
                        &stats_.inactive_split_bytes, &stats_.requested_bytes,
-                       &stats_.host_staging_bytes}) {
+                       &stats_.host_staging_bytes, &stats_.host_resident_bytes}) {
     for (Stat& s : *a) s.peak = s.current;
   }
   peak_live_pages_ = populated_pages() - idle_pages_;
@@ -56,7 +56,7 @@ void DeviceAllocator::ResetAccumulatedStats() {
   for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
                        &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
                        &stats_.inactive_split_bytes, &stats_.requested_bytes,
-                       &stats_.host_staging_bytes}) {
+                       &stats_.host_staging_bytes, &stats_.host_resident_bytes}) {
     for (Stat& s : *a) s.allocated = s.freed = 0;
   }
   stats_.num_alloc_retries = stats_.num_ooms = stats_.num_device_alloc = stats_.num_device_free = 0;
@@ -65,6 +65,7 @@ void DeviceAllocator::ResetAccumulatedStats() {
   stats_.num_discard_waits = 0;
   stats_.sleep_staged_bytes = stats_.sleep_restored_bytes = 0;
   stats_.num_wake_fences = 0;
+  stats_.num_host_placements = 0;
 }
 
 void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
@@ -77,6 +78,8 @@ void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
     s.segment_type = seg->pool == PoolKind::kSmall ? "small" : "large";
     s.is_arena = seg->arena;
     s.populated_bytes = seg->arena ? seg->pages.populated_count() * kPageSize : seg->size;
+    s.on_host = seg->host_tier;
+    if (seg->host_tier) s.populated_bytes = 0;
     for (const Block* b = seg->first; b != nullptr; b = b->next) {
       BlockSnapshot bs;
       bs.address = b->addr;

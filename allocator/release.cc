@@ -71,6 +71,8 @@ void DeviceAllocator::ReleaseSegment(Segment* seg) {
     idle_pages_ -= seg->pages.populated_count();  // fully free: every populated page is idle
     stats_.idle_populated_bytes -= static_cast<std::int64_t>(populated);
     stats_.virtual_bytes -= static_cast<std::int64_t>(seg->size);
+  } else if (seg->host_tier) {
+    stats_.host_resident_bytes[kAllPools].Sub(static_cast<std::int64_t>(seg->size));
   } else {
     UpdateStat(stats_.reserved_bytes, seg->pool, -static_cast<std::int64_t>(seg->size));
   }

@@ -35,6 +35,9 @@ struct SegmentSnapshot {
   // physical part (the whole segment for a classic one).
   bool is_arena = false;
   std::size_t populated_bytes = 0;
+  // Oversubscription's host tier: the pages live on the host (none of the
+  // device's: populated_bytes is 0).
+  bool on_host = false;
   std::vector<BlockSnapshot> blocks;
 };
 

@@ -53,6 +53,9 @@ struct DeviceStats {
   // Pinned host memory held for Sleep's staging (allocator/staging.h), also
   // while awake; only .all is used. As PyTorch's host allocator counts it.
   StatArray host_staging_bytes;
+  // Oversubscription: managed memory this allocator placed on the host, for
+  // the device to read and write over the link (only .all is used).
+  StatArray host_resident_bytes;
   std::int64_t num_alloc_retries = 0;
   std::int64_t num_ooms = 0;
   std::int64_t num_device_alloc = 0;
@@ -82,6 +85,11 @@ struct DeviceStats {
   // Wakes (or Moves of a sleeping allocation) whose population was ordered
   // after the driver's work behind a Sleep's discards (wake_fence).
   std::int64_t num_wake_fences = 0;
+  // Oversubscription: the host part of the budget, and allocations placed
+  // on the host (new or reused) because the device's part was full or the
+  // caller routed them there.
+  std::int64_t host_budget_bytes = 0;
+  std::int64_t num_host_placements = 0;
 
   // Flattened as PyTorch does: "allocated_bytes.all.current", "num_ooms", ...
   std::map<std::string, std::int64_t> Flatten() const;

@@ -1,5 +1,9 @@
 #include "backends/backend.h"
 
+#include <fstream>
+#include <string>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace cma {
@@ -20,6 +24,28 @@ const char* AdviceName(Advice a) {
     case Advice::kUnsetCoarseGrain: return "unset_coarse_grain";
   }
   return "unknown";
+}
+
+absl::StatusOr<MemInfo> Backend::GetHostMemInfo() {
+  std::ifstream in("/proc/meminfo");
+  MemInfo m;
+  bool available = false, total = false;
+  std::string key, unit;
+  std::size_t kib = 0;
+  while (in >> key >> kib) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") {
+      m.free_bytes = kib << 10;
+      available = true;
+    } else if (key == "MemTotal:") {
+      m.total_bytes = kib << 10;
+      total = true;
+    }
+  }
+  if (!available || !total) {
+    return absl::UnavailableError("cma: cannot read the host's memory from /proc/meminfo");
+  }
+  return m;
 }
 
 }  // namespace cma

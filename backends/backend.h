@@ -151,6 +151,9 @@ class Backend {
   virtual absl::StatusOr<int> DeviceCount() = 0;
   virtual absl::StatusOr<DeviceFacts> GetDeviceFacts(int device) = 0;
   virtual absl::StatusOr<MemInfo> GetMemInfo(int device) = 0;
+  // The host's memory: available (Linux's MemAvailable) and total. The
+  // default reads /proc/meminfo; kUnavailable where it cannot.
+  virtual absl::StatusOr<MemInfo> GetHostMemInfo();
 
   // ---- managed memory ----
   // Allocates `bytes` of managed memory whose home is `device` (the device

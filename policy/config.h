@@ -53,6 +53,18 @@
 //                       allocation) populates only after the driver's work
 //                       behind the Sleep's discards, waited for on the GPU
 //                       (allocator/discard_fence.h says why).
+//   oversubscribe       0|1 (default 0): work larger than the device
+//                       (policy/oversubscription.h). The managed budget is
+//                       then the total, device plus host (default: the
+//                       device's free memory plus half the host's
+//                       available memory); allocations beyond the device's
+//                       part live on the host, read and written by the GPU
+//                       over the link, so nothing migrates on faults. Needs
+//                       segments:arena. Off, a budget above the device's
+//                       free memory leaves placement to the driver.
+//   device_headroom     size (default 1G): with oversubscribe:1, device
+//                       memory left to what is not this allocator's (the
+//                       CUDA context, kernels loaded later, libraries).
 // Sizes take an optional K, M or G suffix (powers of 1024).
 //
 // Errors: an unknown key or bad value returns kInvalidArgument naming the key
@@ -96,6 +108,8 @@ struct AllocatorConfig {
   std::size_t sleep_staging_max = std::numeric_limits<std::size_t>::max();  // max: none
   int sleep_pin_threads = 8;
   bool wake_fence = true;
+  bool oversubscribe = false;
+  std::size_t device_headroom = std::size_t{1} << 30;
 
   // The config back in `key:value` form (only keys that differ from defaults).
   std::string ToString() const;

@@ -64,6 +64,10 @@ absl::StatusOr<MemInfo> FaultInjectingBackend::GetMemInfo(int device) {
   CMA_FAULT(kOther, "GetMemInfo");
   return inner_.GetMemInfo(device);
 }
+absl::StatusOr<MemInfo> FaultInjectingBackend::GetHostMemInfo() {
+  CMA_FAULT(kOther, "GetHostMemInfo");
+  return inner_.GetHostMemInfo();
+}
 absl::StatusOr<void*> FaultInjectingBackend::AllocateManaged(int device, std::size_t bytes) {
   CMA_FAULT(kAllocation, "AllocateManaged");
   return inner_.AllocateManaged(device, bytes);

@@ -65,6 +65,7 @@ class FaultInjectingBackend final : public Backend {
   absl::StatusOr<int> DeviceCount() override;
   absl::StatusOr<DeviceFacts> GetDeviceFacts(int device) override;
   absl::StatusOr<MemInfo> GetMemInfo(int device) override;
+  absl::StatusOr<MemInfo> GetHostMemInfo() override;
   absl::StatusOr<void*> AllocateManaged(int device, std::size_t bytes) override;
   absl::Status FreeManaged(void* ptr) override;
   absl::StatusOr<void*> ReserveManaged(int device, std::size_t bytes) override;

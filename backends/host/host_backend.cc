@@ -1,6 +1,7 @@
 #include "backends/mutex_lock.h"
 #include "backends/host/host_backend.h"
 
+#include <algorithm>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -113,6 +114,11 @@ absl::StatusOr<MemInfo> HostBackend::GetMemInfo(int device) {
   if (auto s = CheckDevice(device); !s.ok()) return s;
   const std::size_t cap = capacity_[device];
   return MemInfo{cap > used_[device] ? cap - used_[device] : 0, cap};
+}
+
+absl::StatusOr<MemInfo> HostBackend::GetHostMemInfo() {
+  if (options_.host_available == 0) return Backend::GetHostMemInfo();
+  return MemInfo{options_.host_available, std::max(options_.host_total, options_.host_available)};
 }
 
 void HostBackend::SetDeviceCapacity(int device, std::size_t bytes) {

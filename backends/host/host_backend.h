@@ -48,6 +48,9 @@ struct HostBackendOptions {
   // memory does not migrate on fault (ROCm without XNACK), so that the
   // allocator's refusals can be tested; the emulation itself is unchanged.
   bool page_fault_migration = true;
+  // GetHostMemInfo's answer (available, total); 0: the real host's.
+  std::size_t host_available = 0;
+  std::size_t host_total = 0;
 };
 
 // One recorded placement call.
@@ -114,6 +117,7 @@ class HostBackend final : public Backend {
   absl::StatusOr<int> DeviceCount() override;
   absl::StatusOr<DeviceFacts> GetDeviceFacts(int device) override;
   absl::StatusOr<MemInfo> GetMemInfo(int device) override;
+  absl::StatusOr<MemInfo> GetHostMemInfo() override;
 
   absl::StatusOr<void*> AllocateManaged(int device, std::size_t bytes) override;
   absl::Status FreeManaged(void* ptr) override;

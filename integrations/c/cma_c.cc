@@ -382,6 +382,21 @@ int cma_set_memory_fraction(double fraction, int device) {
       [&](CachingManagedAllocator& a) { return a.SetMemoryFraction(fraction, device); });
 }
 
+int cma_set_host_routing(int device, int on) {
+  return WithAllocator([&](CachingManagedAllocator& a) { return a.SetHostRouting(device, on != 0); });
+}
+
+int cma_placed_on_host(void* ptr) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::StatusOr<bool> on_host = a->PlacedOnHost(ptr);
+  if (!on_host.ok()) {
+    Fail(on_host.status());
+    return -1;
+  }
+  return *on_host ? 1 : 0;
+}
+
 char* cma_stats_json(int device) {
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return nullptr;

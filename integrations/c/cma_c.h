@@ -164,6 +164,15 @@ int cma_device_of(void* ptr);
 size_t cma_allocation_size(void* ptr);
 /* Caps a device's managed memory at `fraction` of its total memory. */
 int cma_set_memory_fraction(double fraction, int device);
+/* Oversubscription (CMA_ALLOC_CONF oversubscribe:1): while routing is on for
+ * `device` (on = 1 nests, on = 0 undoes one), its allocations live on the
+ * host, read and written by the GPU over the link, as those that do not fit
+ * the device's part of the budget do. 0 on success; -1 (cma_last_error)
+ * without oversubscription, for a bad device, or to undo what is not on. */
+int cma_set_host_routing(int device, int on);
+/* 1 if the allocation at `ptr` lives on the host (oversubscription), 0 if
+ * on its device, -1 (cma_last_error) if cma did not make it. */
+int cma_placed_on_host(void* ptr);
 
 /* Statistics with PyTorch's keys, {"key": value, ...}; device -1 sums all. */
 char* cma_stats_json(int device);

@@ -35,6 +35,35 @@ TEST_F(CApiTest, MallocFreeAndStats) {
   EXPECT_EQ(cma_device_count(), 2);
 }
 
+TEST_F(CApiTest, HostRoutingNeedsOversubscription) {
+  void* p = cma_malloc(1000, 0, nullptr);
+  EXPECT_EQ(cma_placed_on_host(p), 0);
+  EXPECT_EQ(cma_set_host_routing(0, 1), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("oversubscribe:1"));
+  int local = 0;
+  EXPECT_EQ(cma_placed_on_host(&local), -1);
+  EXPECT_EQ(cma_free(p), 0);
+}
+
+TEST(CApiOversubscriptionTest, RoutedAllocationsLiveOnTheHost) {
+  // The host backend's devices have 8 GiB each; the host's real memory
+  // bounds the rest (a 9 GiB total needs 1 GiB of it).
+  ASSERT_EQ(cma_init("oversubscribe:1,managed_budget:9G", "host"), 0) << cma_last_error();
+  ASSERT_EQ(cma_set_host_routing(0, 1), 0) << cma_last_error();
+  void* state = cma_malloc(std::size_t{4} << 20, 0, nullptr);
+  ASSERT_EQ(cma_set_host_routing(0, 0), 0);
+  void* act = cma_malloc(std::size_t{4} << 20, 0, nullptr);
+  EXPECT_EQ(cma_placed_on_host(state), 1);
+  EXPECT_EQ(cma_placed_on_host(act), 0);
+  EXPECT_EQ(cma_set_host_routing(0, 0), -1) << "not on";
+  auto stats = Json(cma_stats_json(0));
+  EXPECT_EQ(stats["host_resident_bytes.all.current"], 4 << 20);
+  EXPECT_EQ(stats["num_host_placements"], 1);
+  EXPECT_EQ(cma_free(state), 0);
+  EXPECT_EQ(cma_free(act), 0);
+  cma_shutdown();
+}
+
 TEST_F(CApiTest, SleepLevelsAndTheStagingRelease) {
   const std::size_t n = std::size_t{4} << 20;
   auto* w = static_cast<unsigned char*>(cma_malloc(n, 0, nullptr));

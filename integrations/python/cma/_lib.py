@@ -75,6 +75,8 @@ def lib():
                 "cma_device_of": (i, [vp]),
                 "cma_allocation_size": (sz, [vp]),
                 "cma_set_memory_fraction": (i, [ctypes.c_double, i]),
+                "cma_set_host_routing": (i, [i, i]),
+                "cma_placed_on_host": (i, [vp]),
                 "cma_stats_json": (vp, [i]),
                 "cma_last_placement_error": (vp, [i]),
                 "cma_snapshot_json": (vp, []),
@@ -207,6 +209,20 @@ def reset_peak_stats(device=-1):
 
 def set_memory_fraction(fraction, device=0):
     _check(lib().cma_set_memory_fraction(fraction, device))
+
+
+def set_host_routing(on, device=0):
+    """Oversubscription (CMA_ALLOC_CONF oversubscribe:1): while on (calls
+    nest), `device`'s allocations live on the host, read over the link."""
+    _check(lib().cma_set_host_routing(device, 1 if on else 0))
+
+
+def placed_on_host(ptr):
+    """Whether the allocation at `ptr` lives on the host (oversubscription)."""
+    r = lib().cma_placed_on_host(ptr)
+    if r < 0:
+        raise _error()
+    return bool(r)
 
 
 def device_of(ptr):

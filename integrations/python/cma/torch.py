@@ -184,6 +184,69 @@ def zero_copy():
     from cma import torch_zero_copy; return torch_zero_copy.ZeroCopyMode()  # noqa: E702
 
 
+class _HostTier:
+    def __init__(self, device):
+        self._device = device
+
+    def __enter__(self):
+        _lib.set_host_routing(True, self._device)
+        return self
+
+    def __exit__(self, *exc):
+        _lib.set_host_routing(False, self._device)
+        return False
+
+
+def host_tier(device=None):
+    """`with cma.torch.host_tier():` oversubscription (CMA_ALLOC_CONF
+    oversubscribe:1): the device's allocations made inside (by any thread)
+    live on the host, read and written by the GPU over the link. Without
+    oversubscription it raises at entry."""
+    return _HostTier(_index(device))
+
+
+def host_resident(optimizer):
+    """Oversubscription hint, one line after building the optimizer: its
+    state (created by its first step) lives on the host, where each step
+    reads and writes it once over the link, leaving the device to the
+    parameters and activations. State that already exists is copied there
+    now. Every parameter must be a CUDA tensor cma owns (else ValueError,
+    nothing changed)."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"cma.torch.host_resident: {type(optimizer).__name__} is not a "
+                        "torch.optim.Optimizer")
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    devices = set()
+    for p in params:
+        if not p.is_cuda or _lib.device_of(p.untyped_storage().data_ptr()) is None:
+            raise ValueError("cma.torch.host_resident: a parameter of the optimizer is not a "
+                             f"CUDA tensor cma owns ({tuple(p.shape)} on {p.device})")
+        devices.add(p.device.index)
+    for p in params:  # state made by earlier steps
+        for key, t in list(optimizer.state.get(p, {}).items()):
+            if torch.is_tensor(t) and t.is_cuda and not _lib.placed_on_host(t.data_ptr()):
+                with host_tier(t.device):
+                    optimizer.state[p][key] = t.clone()
+    tiers = [_HostTier(d) for d in sorted(devices)]
+    entered = []
+
+    def before(opt, args, kwargs):
+        # Only a step that creates state routes (the first, or one after
+        # new parameters were added); later steps allocate on the device.
+        if any(len(opt.state.get(p, {})) == 0 for p in params if p.grad is not None):
+            for t in tiers:
+                t.__enter__()
+                entered.append(t)
+
+    def after(opt, args, kwargs):
+        while entered:
+            entered.pop().__exit__(None, None, None)
+
+    optimizer.register_step_pre_hook(before)
+    optimizer.register_step_post_hook(after)
+    return optimizer
+
+
 def advise(tensor, read_mostly=False, preferred=None, accessed_by=()):
     """Advice for the tensor's allocation; withdrawn when it is freed."""
     ptr, _ = _owned_storage(tensor)

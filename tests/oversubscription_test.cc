@@ -1,0 +1,223 @@
+// Oversubscription (config oversubscribe:1, policy/oversubscription.h) on the
+// host backend: the budget's split, the host tier that takes what does not
+// fit the device's part, its reuse, routing, errors, and the mode off.
+#include <cstring>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "policy/oversubscription.h"
+#include "tests/test_util.h"
+
+namespace cma {
+namespace {
+
+using ::testing::HasSubstr;
+using Op = PlacementRecord::Op;
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr std::size_t kGiB = std::size_t{1} << 30;
+
+AllocatorConfig Config(const std::string& text) {
+  absl::StatusOr<AllocatorConfig> c = ParseAllocatorConfig(text);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+TEST(TierBudgetsTest, OffKeepsTheBudgetAsBefore) {
+  TierBudgets b = *PlanTierBudgets(Config("managed_budget:0.5"), 0, 8 * kGiB, 64 * kGiB);
+  EXPECT_EQ(b.device, 4 * kGiB);
+  EXPECT_EQ(b.host, 0u);
+  // An absolute budget above the device leaves placement to the driver.
+  b = *PlanTierBudgets(Config("managed_budget:20G"), 0, 8 * kGiB, 64 * kGiB);
+  EXPECT_EQ(b.device, 20 * kGiB);
+  EXPECT_EQ(b.host, 0u);
+}
+
+TEST(TierBudgetsTest, OnSplitsTheTotalIntoDeviceAndHost) {
+  TierBudgets b =
+      *PlanTierBudgets(Config("oversubscribe:1,managed_budget:20G"), 0, 8 * kGiB, 64 * kGiB);
+  EXPECT_EQ(b.device, 7 * kGiB);  // less the default 1G headroom
+  EXPECT_EQ(b.host, 13 * kGiB);
+  // Default total: the device's free memory and half of the host's.
+  b = *PlanTierBudgets(Config("oversubscribe:1,device_headroom:512M"), 0, 8 * kGiB, 64 * kGiB);
+  EXPECT_EQ(b.device, 8 * kGiB - 512 * kMiB);
+  EXPECT_EQ(b.host, 40 * kGiB - b.device);
+  // A total within the device's part places nothing on the host.
+  b = *PlanTierBudgets(Config("oversubscribe:1,managed_budget:2G"), 0, 8 * kGiB, 64 * kGiB);
+  EXPECT_EQ(b.device, 2 * kGiB);
+  EXPECT_EQ(b.host, 0u);
+}
+
+TEST(TierBudgetsTest, ATotalBeyondDeviceAndHostNamesBoth) {
+  absl::StatusOr<TierBudgets> b =
+      PlanTierBudgets(Config("oversubscribe:1,managed_budget:100G"), 3, 8 * kGiB, 64 * kGiB);
+  ASSERT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(b.status().message(), HasSubstr("device 3 has 8.00 GiB free"));
+  EXPECT_THAT(b.status().message(), HasSubstr("the host 64.00 GiB available"));
+  b = PlanTierBudgets(Config("oversubscribe:1,device_headroom:8G"), 0, 8 * kGiB, 64 * kGiB);
+  ASSERT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(b.status().message(), HasSubstr("device_headroom"));
+}
+
+TEST(TierBudgetsTest, TheModeNeedsArenas) {
+  absl::StatusOr<AllocatorConfig> c = ParseAllocatorConfig("oversubscribe:1,segments:classic");
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("segments:arena"));
+  EXPECT_EQ(Config("oversubscribe:1,device_headroom:64M").ToString(),
+            "oversubscribe:1,device_headroom:67108864");
+}
+
+// A 64 MiB device with 8 MiB of headroom: 56 MiB for the device's part,
+// 200 MiB in all.
+class OversubscriptionTest : public AllocatorTest {
+ protected:
+  void SetUp() override { Remake("oversubscribe:1,device_headroom:8M,managed_budget:200M"); }
+  void Remake(const std::string& config) {
+    Make({.device_count = 1,
+          .device_capacity = 64 * kMiB,
+          .manual_completion = true,
+          .host_available = 4 * kGiB},
+         config);
+    s1_ = *backend_->CreateStream(0);
+    s2_ = *backend_->CreateStream(0);
+  }
+  void TearDown() override {
+    AllocatorTest::TearDown();
+    if (backend_) {
+      (void)backend_->DestroyStream(s1_);
+      (void)backend_->DestroyStream(s2_);
+    }
+  }
+  bool OnHost(void* p) { return *alloc_->PlacedOnHost(p); }
+  Stream s1_ = 0, s2_ = 0;
+};
+
+TEST_F(OversubscriptionTest, WhatDoesNotFitTheDeviceLivesOnTheHost) {
+  EXPECT_EQ(Stats().managed_budget_bytes, static_cast<std::int64_t>(56 * kMiB));
+  EXPECT_EQ(Stats().host_budget_bytes, static_cast<std::int64_t>(144 * kMiB));
+  void* a = Alloc(40 * kMiB, 0, s1_);
+  EXPECT_FALSE(OnHost(a));
+  backend_->ClearRecords();
+  void* b = Alloc(24 * kMiB, 0, s1_);  // past the device's part
+  ASSERT_NE(b, nullptr);
+  EXPECT_TRUE(OnHost(b));
+  // None of its pages on the device (the emulation leaves a page that was
+  // never touched unpopulated where a prefetch to the host names it).
+  for (std::size_t off = 0; off < 24 * kMiB; off += 2 * kMiB) {
+    EXPECT_LT(backend_->PageLocation(static_cast<char*>(b) + off), 0);
+  }
+  // Preferred on the host and mapped for the device: no fault migrates it.
+  bool preferred_host = false, accessed_by_device = false;
+  for (const PlacementRecord& r : backend_->Records()) {
+    if (r.op != Op::kAdvise || r.ptr != b) continue;
+    preferred_host |= r.advice == Advice::kSetPreferredLocation && r.location.is_host();
+    accessed_by_device |= r.advice == Advice::kSetAccessedBy && r.location == Location::Device(0);
+  }
+  EXPECT_TRUE(preferred_host);
+  EXPECT_TRUE(accessed_by_device);
+  EXPECT_EQ(Stats().host_resident_bytes[kAllPools].current, static_cast<std::int64_t>(24 * kMiB));
+  EXPECT_EQ(Stats().num_host_placements, 1);
+  // The device's memory counts only what lives there.
+  EXPECT_LE(Stats().reserved_bytes[kAllPools].current, static_cast<std::int64_t>(56 * kMiB));
+  std::memset(b, 0x3c, 24 * kMiB);
+  EXPECT_EQ(static_cast<unsigned char*>(b)[24 * kMiB - 1], 0x3c);
+  ExpectInvariants();
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(alloc_->Free(b).ok());
+}
+
+TEST_F(OversubscriptionTest, TheSteadyStateReusesHostBlocksWithNoCall) {
+  void* a = Alloc(50 * kMiB, 0, s1_);
+  void* b = Alloc(20 * kMiB, 0, s1_);
+  ASSERT_TRUE(OnHost(b));
+  ASSERT_TRUE(alloc_->Free(b).ok());
+  const std::int64_t segments = Stats().num_device_alloc;
+  const std::int64_t syncs = backend_->CallCount("SynchronizeStream");
+  backend_->ClearRecords();
+  for (int step = 0; step < 5; ++step) {
+    void* again = Alloc(20 * kMiB, 0, s1_);
+    EXPECT_EQ(again, b);
+    ASSERT_TRUE(alloc_->Free(again).ok());
+  }
+  EXPECT_EQ(Stats().num_device_alloc, segments);
+  EXPECT_EQ(backend_->CallCount("SynchronizeStream"), syncs);
+  EXPECT_TRUE(backend_->Records().empty()) << "no advice, prefetch or discard";
+  EXPECT_EQ(Stats().num_host_placements, 6);
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  // Empty, the cache gives the host memory back too.
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Stats().host_resident_bytes[kAllPools].current, 0);
+}
+
+TEST_F(OversubscriptionTest, AHostBlockUsedOnAnotherStreamWaitsForThatStream) {
+  void* a = Alloc(50 * kMiB, 0, s1_);
+  void* b = Alloc(20 * kMiB, 0, s1_);
+  ASSERT_TRUE(OnHost(b));
+  ASSERT_TRUE(alloc_->RecordStream(b, s2_).ok());
+  ASSERT_TRUE(backend_->EnqueueWork(s2_).ok());  // a kernel on s2 still reads b
+  ASSERT_TRUE(alloc_->Free(b).ok());
+  void* c = Alloc(20 * kMiB, 0, s1_);
+  EXPECT_NE(c, b) << "handed out while s2 may still use it";
+  ASSERT_TRUE(backend_->CompleteWork(s2_).ok());
+  void* d = Alloc(20 * kMiB, 0, s1_);
+  EXPECT_EQ(d, b) << "reused once s2's work completed";
+  for (void* p : {a, c, d}) ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(OversubscriptionTest, BeyondTheHostPartIsOutOfMemoryAndChangesNothing) {
+  void* a = Alloc(50 * kMiB, 0, s1_);
+  void* b = Alloc(140 * kMiB, 0, s1_);
+  ASSERT_TRUE(OnHost(b));
+  const DeviceStats before = Stats();
+  absl::StatusOr<void*> c = alloc_->Allocate(8 * kMiB, 0, s1_);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(c.status().message(), HasSubstr("host part of device 0's managed budget"));
+  EXPECT_EQ(Stats().host_resident_bytes[kAllPools].current,
+            before.host_resident_bytes[kAllPools].current);
+  EXPECT_EQ(Stats().active_bytes[kAllPools].current, before.active_bytes[kAllPools].current);
+  EXPECT_EQ(Stats().num_ooms, before.num_ooms + 1);
+  ASSERT_TRUE(alloc_->Free(b).ok());
+  ASSERT_TRUE(alloc_->Free(a).ok());
+}
+
+TEST_F(OversubscriptionTest, RoutingPlacesOnTheHostUntilTurnedOff) {
+  ASSERT_TRUE(alloc_->SetHostRouting(0, true).ok());
+  void* state = Alloc(4 * kMiB, 0, s1_);
+  EXPECT_TRUE(OnHost(state)) << "routed, though the device has room";
+  ASSERT_TRUE(alloc_->SetHostRouting(0, false).ok());
+  void* act = Alloc(4 * kMiB, 0, s1_);
+  EXPECT_FALSE(OnHost(act));
+  EXPECT_EQ(alloc_->SetHostRouting(0, false).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(alloc_->SetHostRouting(5, true).code(), absl::StatusCode::kInvalidArgument);
+  int local = 0;
+  EXPECT_EQ(alloc_->PlacedOnHost(&local).status().code(), absl::StatusCode::kInvalidArgument);
+  for (void* p : {state, act}) ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(OversubscriptionTest, ARequestLargerThanTheDeviceGoesToTheHost) {
+  void* big = Alloc(100 * kMiB, 0, s1_);
+  ASSERT_NE(big, nullptr);
+  EXPECT_TRUE(OnHost(big));
+  ASSERT_TRUE(alloc_->Free(big).ok());
+}
+
+TEST_F(OversubscriptionTest, OffTheSameWorkIsOutOfMemory) {
+  Remake("managed_budget:56M");
+  void* a = Alloc(40 * kMiB, 0, s1_);
+  absl::StatusOr<void*> b = alloc_->Allocate(24 * kMiB, 0, s1_);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Stats().host_resident_bytes[kAllPools].current, 0);
+  EXPECT_EQ(alloc_->SetHostRouting(0, true).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(alloc_->Free(a).ok());
+}
+
+TEST(OversubscriptionCreateTest, ABudgetNoMemoryCanHoldIsRefusedNamingBoth) {
+  HostBackend backend({.device_count = 1, .device_capacity = 64 * kMiB, .host_available = kGiB});
+  auto a = CachingManagedAllocator::Create(backend, "oversubscribe:1,device_headroom:8M,"
+                                                    "managed_budget:2G");
+  ASSERT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(a.status().message(), HasSubstr("host 1.00 GiB available"));
+}
+
+}  // namespace
+}  // namespace cma
