@@ -111,6 +111,8 @@ def parse_args(argv=None):
         ap.add_argument("--" + name.replace("_", "-"), type=int, default=None)
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--bf16", action="store_true", help="train: bf16 autocast; infer: bf16 weights")
+    ap.add_argument("--fused", action="store_true",
+                    help="train: AdamW(fused=True) in every route (default: foreach)")
     ap.add_argument("--ratios", default=None, help="comma-separated R: X = reference / R + context")
     ap.add_argument("--routes", default=None, help="routes besides inmem (default: by mode)")
     ap.add_argument("--cma-conf", default="oversubscribe:1,managed_budget:{budget_gib}G",
@@ -168,7 +170,7 @@ def route_argv(a, route, ratio=0.0):
     argv += ["--steps", str(steps), "--warmup", str(a.warmup), "--time-budget",
              str(a.route_time), "--ratios", str(ratio or 1), "--master-port",
              str(a.master_port)]
-    return argv + (["--bf16"] if a.bf16 else [])
+    return argv + (["--bf16"] if a.bf16 else []) + (["--fused"] if a.fused else [])
 
 
 # ---------------------------------------------------------------- a route's process
@@ -309,7 +311,7 @@ def train_route(torch, a, model, out):
         fully_shard(model, offload_policy=CPUOffloadPolicy())
     else:
         model.cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True if a.fused else None)
     hint = None
     if route == "cma_oversub_hint":
         import cma.torch as cmat
@@ -559,7 +561,10 @@ def main(argv=None):
                     sec["notes"].append("%s: %s" % (route, rec["reason"]))
                 if str(rec.get("status", "")).startswith(("failed", "killed", "timed")):
                     rc = 1
-                    tail = [ln for ln in rec.get("stderr_tail", "").splitlines() if ln.strip()]
+                    # The route's own error, not the NVML sampler's broken pipe after it.
+                    tail = [ln for ln in rec.get("stderr_tail", "").splitlines()
+                            if ln.strip() and "Error" in ln and "BrokenPipe" not in ln] or \
+                        [ln for ln in rec.get("stderr_tail", "").splitlines() if ln.strip()]
                     sec["notes"].append("%s %s%s" % (route, rec["status"],
                                                      ": " + tail[-1][:300] if tail else ""))
                 save()

@@ -41,6 +41,7 @@ def use_as_default(config=None):
     from cma import torch_allocator
     _lib.lib()  # loads libcma.so (and fails clearly if it cannot)
     torch_allocator.install(_lib.library_path())
+    _route_new_optimizer_state()
 
 
 def pool():
@@ -205,6 +206,54 @@ def host_tier(device=None):
     return _HostTier(_index(device))
 
 
+def _state_incomplete(optimizer, params):
+    # A step that creates state: the first, or one after parameters were added.
+    return any(len(optimizer.state.get(p, {})) == 0 for p in params if p.grad is not None)
+
+
+def _oversubscribed_devices(params):
+    """The CUDA devices of `params` whose cma budget has a host part."""
+    out = set()
+    for p in params:
+        if p.is_cuda and p.device.index not in out:
+            if _lib.stats(p.device.index).get("host_budget_bytes", 0) > 0:
+                out.add(p.device.index)
+    return out
+
+
+def _route_new_optimizer_state():
+    """Oversubscription's default placement for training: every optimizer's
+    state lives on the host. The state is touched once per step (the
+    optimizer reads and writes it over the link), while parameters and
+    activations are touched many times: they keep the device. Global
+    torch.optim hooks route the allocations of a step that creates state
+    (its first) to the host; without oversubscription they do nothing
+    after one check per optimizer."""
+    from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                       register_optimizer_step_pre_hook)
+    known = {}  # id(optimizer) -> devices with a host part, or () when none
+    entered = []
+
+    def before(opt, args, kwargs):
+        params = [p for g in opt.param_groups for p in g["params"]]
+        devices = known.get(id(opt))
+        if devices is None:
+            devices = known[id(opt)] = tuple(sorted(_oversubscribed_devices(params)))
+        if devices and getattr(opt, "_cma_host_resident", False) is False and \
+                _state_incomplete(opt, params):
+            for d in devices:
+                t = _HostTier(d)
+                t.__enter__()
+                entered.append(t)
+
+    def after(opt, args, kwargs):
+        while entered:
+            entered.pop().__exit__(None, None, None)
+
+    register_optimizer_step_pre_hook(before)
+    register_optimizer_step_post_hook(after)
+
+
 def host_resident(optimizer):
     """Oversubscription hint, one line after building the optimizer: its
     state (created by its first step) lives on the host, where each step
@@ -230,10 +279,12 @@ def host_resident(optimizer):
     tiers = [_HostTier(d) for d in sorted(devices)]
     entered = []
 
+    optimizer._cma_host_resident = True  # the global hook leaves it to these
+
     def before(opt, args, kwargs):
         # Only a step that creates state routes (the first, or one after
         # new parameters were added); later steps allocate on the device.
-        if any(len(opt.state.get(p, {})) == 0 for p in params if p.grad is not None):
+        if _state_incomplete(opt, params):
             for t in tiers:
                 t.__enter__()
                 entered.append(t)
