@@ -20,6 +20,7 @@
 #include "allocator/symmetric/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/fork_util.h"
 
 namespace cma {
 namespace {
@@ -28,21 +29,7 @@ using ::testing::HasSubstr;
 
 constexpr absl::Duration kTimeout = absl::Seconds(10);
 
-std::string Path(const char* test) {
-  return absl::StrFormat("/tmp/cma-rdva-%s-%d.sock", test, getpid());
-}
-
-pid_t Spawn(const std::function<bool()>& body) {
-  const pid_t pid = fork();
-  if (pid == 0) _exit(body() ? 0 : 1);
-  return pid;
-}
-
-int Wait(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+std::string Path(const char* test) { return SocketPath("rdva", test); }
 
 // Process 0 answers a same-user hello with a MAC under the token, so a weak
 // token falls to an offline guess: tokens short of 128 bits are refused,

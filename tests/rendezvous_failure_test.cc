@@ -22,6 +22,7 @@
 #include "allocator/symmetric/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/fork_util.h"
 
 namespace cma {
 namespace {
@@ -29,21 +30,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string Path(const char* test) {
-  return absl::StrFormat("/tmp/cma-rdvf-%s-%d.sock", test, getpid());
-}
-
-pid_t Spawn(const std::function<bool()>& body) {
-  const pid_t pid = fork();
-  if (pid == 0) _exit(body() ? 0 : 1);
-  return pid;
-}
-
-int Wait(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+std::string Path(const char* test) { return SocketPath("rdvf", test); }
 
 // Prints `s` from a child (whose gtest expectations the parent never sees)
 // and returns whether it matches.

@@ -28,6 +28,7 @@
 #include "allocator/symmetric/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/fork_util.h"
 
 namespace cma {
 namespace {
@@ -36,21 +37,7 @@ using ::testing::HasSubstr;
 
 constexpr absl::Duration kTimeout = absl::Seconds(10);
 
-std::string Path(const char* test) {
-  return absl::StrFormat("/tmp/cma-rdv-%s-%d.sock", test, getpid());
-}
-
-pid_t Spawn(const std::function<bool()>& body) {
-  const pid_t pid = fork();
-  if (pid == 0) _exit(body() ? 0 : 1);
-  return pid;
-}
-
-int Wait(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+std::string Path(const char* test) { return SocketPath("rdv", test); }
 
 // A connection to `path` once something listens there.
 int Connect(const std::string& path) {
