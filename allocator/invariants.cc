@@ -81,7 +81,10 @@ absl::Status DeviceAllocator::CheckInvariants() {
   std::uintptr_t previous_end = 0;
   absl::flat_hash_map<const Block*, int> pending_count;
   for (const PendingFree& p : pending_) ++pending_count[p.block];
-  for (const Block* b : deferred_) ++pending_count[b];  // one event, recorded later
+  for (const Block* b : deferred_) {
+    if (b->allocated) return Broken(absl::StrFormat("allocated block %#x is among the deferred frees", b->addr));
+    ++pending_count[b];  // one event, recorded later
+  }
   for (const auto& [b, wait] : capture_frees_) {
     if (std::find(deferred_.begin(), deferred_.end(), b) == deferred_.end()) {
       return Broken(absl::StrFormat("block %#x waits for a capture's joins but is not deferred", b->addr));

@@ -232,7 +232,9 @@ void DeviceAllocator::RecordDeferredFrees() {
   for (Block* b : blocks) {
     // What Free would have done: an event on each other stream that used
     // the block, or a wait for that stream if no event can be recorded.
-    b->pending_events = 0;
+    // Only the deferral's own count goes: a block held by an earlier try
+    // may still await events recorded then (on the streams it did fence).
+    --b->pending_events;
     const bool fenced = FenceStreamUses(b);
     if (b->hints) {  // advice withdrawn now that calls may be made again
       ApplyAdvice(WithdrawHintAdvice(*b->hints), b->ptr(), b->size);
