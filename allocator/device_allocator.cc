@@ -144,13 +144,12 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   const PoolKind pool = BlockPoolFor(rounded, *config_);
   // Oversubscription: what the caller routes to the host, and what can never
   // fit the device's part, goes to the host at once.
-  const bool spill = ABSL_PREDICT_FALSE(host_budget_ != 0) && !quiet;
+  // (A budget of 0, PyTorch's memory fraction 0, refuses everything.)
+  const bool spill = ABSL_PREDICT_FALSE(host_budget_ != 0) && !quiet && budget_ != 0;
   if (spill && (host_routing_ > 0 || rounded > budget_)) {
-    if (Block* h = TakeHostBlock(rounded, stream)) return HandOutOnHost(h, bytes, stream);
-    absl::StatusOr<Block*> h = NewHostSegment(rounded, pool, stream);
-    if (h.ok()) return HandOutOnHost(*h, bytes, stream);
-    ++stats_.num_ooms;
-    return absl::ResourceExhaustedError(OomMessage(bytes, h.status()));
+    absl::StatusOr<void*> h = AllocateOnHost(rounded, bytes, pool, stream);
+    if (!h.ok()) ++stats_.num_ooms;
+    return h.ok() ? h : absl::ResourceExhaustedError(OomMessage(bytes, h.status()));
   }
   // The steady state: the block the last free of this pool gave back, of
   // exactly this size (the best fit there is). Its pages are all populated:
@@ -256,8 +255,8 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
     return p;
   }
   if (spill) {
-    absl::StatusOr<Block*> h = NewHostSegment(rounded, pool, stream);
-    if (h.ok()) return HandOutOnHost(*h, bytes, stream);
+    absl::StatusOr<void*> h = AllocateOnHost(rounded, bytes, pool, stream);
+    if (h.ok()) return h;
     cause = absl::Status(h.status().code(),
                          absl::StrCat(cause.message(), "; then: ", h.status().message()));
   }

@@ -259,6 +259,13 @@ class DeviceAllocator {
   // Hands out host block `b` (whole) for a request of `requested` bytes.
   void* HandOutOnHost(Block* b, std::size_t requested, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A cached host block, else a new host segment; past the host budget,
+  // once more after the pending frees and the free host segments are given
+  // back (the out-of-memory retry, for the host tier).
+  absl::StatusOr<void*> AllocateOnHost(std::size_t rounded, std::size_t requested, PoolKind pool,
+                                       Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives every wholly free host segment back, after its stream's work.
+  void ReleaseFreeHostSegments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Registers backend memory as a segment holding one free block of
   // `stream` (returned); counts the segment, not its bytes.
   Block* AddSegment(void* mem, std::size_t size, PoolKind pool, Stream stream)

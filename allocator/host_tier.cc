@@ -5,6 +5,9 @@
 // segment of whole 2 MiB pages, never split (its advice covers exactly its
 // pages); freed, it is cached for its stream like any block.
 #include <algorithm>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
 
 #include "absl/strings/str_format.h"
 #include "allocator/device_allocator.h"
@@ -67,6 +70,39 @@ void* DeviceAllocator::HandOutOnHost(Block* b, std::size_t requested, Stream str
   b->location = Location::Host();
   ++stats_.num_host_placements;
   return p;
+}
+
+absl::StatusOr<void*> DeviceAllocator::AllocateOnHost(std::size_t rounded, std::size_t requested,
+                                                      PoolKind pool, Stream stream) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (attempt == 1) {
+      ++stats_.num_alloc_retries;
+      ProcessPendingFrees(/*synchronize=*/true);
+      ReleaseFreeHostSegments();
+    }
+    if (Block* h = TakeHostBlock(rounded, stream)) return HandOutOnHost(h, requested, stream);
+    absl::StatusOr<Block*> h = NewHostSegment(rounded, pool, stream);
+    if (h.ok()) return HandOutOnHost(*h, requested, stream);
+    if (!absl::IsResourceExhausted(h.status()) || attempt == 1) return h.status();
+  }
+  return absl::InternalError("unreachable");
+}
+
+void DeviceAllocator::ReleaseFreeHostSegments() {
+  std::vector<Segment*> idle;
+  for (Block* b : host_pool_) {
+    if (b->segment != nullptr && b->is_free()) idle.push_back(b->segment);  // one block each
+  }
+  absl::flat_hash_set<Stream> synced;
+  for (Segment* seg : idle) {
+    const Stream s = seg->first->stream;
+    if (!synced.contains(s)) {
+      if (!backend_->SynchronizeStream(s).ok()) continue;  // its work may still touch it
+      synced.insert(s);
+    }
+    ReleaseSegment(seg);
+  }
+  if (!synced.empty()) ++stats_.num_sync_all_streams;
 }
 
 absl::Status DeviceAllocator::SetHostRouting(bool on) {

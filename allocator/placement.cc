@@ -161,7 +161,20 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
   for (void* p : ptrs) {
     auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(p));
     if (it == allocated_.end()) return NotMine();
-    blocks.push_back(it->second);
+    Block* b = it->second;
+    if (ABSL_PREDICT_FALSE(b->segment->host_tier)) {
+      // It lives on the host, mapped for this device: already where a move
+      // to either would put it (and it must stay there: nothing counts it
+      // on the device). Another device does not map it.
+      if (!target.is_host() && target.device != device_) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "cma: %p lives on the host for device %d (oversubscription); device %d does not "
+            "map it",
+            p, device_, target.device));
+      }
+      continue;
+    }
+    blocks.push_back(b);
   }
   // The move may be ordered on a stream of the owning device or of the
   // target device.
@@ -240,6 +253,11 @@ absl::Status DeviceAllocator::SetHints(void* ptr, const AllocationHints& hints) 
   if (it == allocated_.end()) return NotMine();
   if (absl::Status s = RefuseWhileQuiet("set_hints"); !s.ok()) return s;
   Block* b = it->second;
+  if (b->segment->host_tier) {
+    return absl::FailedPreconditionError(
+        "cma: the allocation lives on the host (oversubscription): its placement is the host "
+        "tier's, which advice would undo");
+  }
   if (b->hints) ApplyAdvice(WithdrawHintAdvice(*b->hints), b->ptr(), b->size);
   ApplyAdvice(HintAdvice(hints), b->ptr(), b->size);
   b->hints = std::make_unique<AllocationHints>(hints);

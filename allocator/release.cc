@@ -124,7 +124,7 @@ absl::Status DeviceAllocator::ForgetStream(Stream stream) {
   ProcessPendingFrees(/*synchronize=*/false);
   FlushRecent();
   std::vector<Block*> orphans;
-  for (BlockPool* pool : {&small_pool_, &large_pool_}) {
+  for (BlockPool* pool : {&small_pool_, &large_pool_, &host_pool_}) {
     for (Block* b : *pool) {  // every private pool's too
       if (b->stream == stream && b->segment != nullptr) orphans.push_back(b);
     }
@@ -137,7 +137,8 @@ absl::Status DeviceAllocator::ForgetStream(Stream stream) {
   }
   for (Block* b : deferred_) {
     if (b->stream == stream) b->stream = kDefaultStream;
-    // (A free held for want of a fence on this stream is freed at the next try.)
+    // (A free held because this stream could not be fenced is freed at the
+    // next synchronising try, now that the stream has been waited for.)
     b->stream_uses.erase(std::remove(b->stream_uses.begin(), b->stream_uses.end(), stream),
                          b->stream_uses.end());
   }

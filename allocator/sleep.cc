@@ -136,7 +136,10 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
   // bytes on pages that must stay (allocator/sleep_plan.h) migrate too.
   std::vector<Block*> blocks;
   blocks.reserve(allocated_.size());
-  for (auto& [addr, b] : allocated_) blocks.push_back(b);
+  // (The host tier's allocations hold nothing on the device: they stay.)
+  for (auto& [addr, b] : allocated_) {
+    if (!b->segment->host_tier) blocks.push_back(b);
+  }
   // Address order: the same state stages the same way every cycle.
   std::sort(blocks.begin(), blocks.end(), [](const Block* a, const Block* b) {
     return a->addr < b->addr;
@@ -412,7 +415,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
   std::vector<StagedPart> parts;
   std::size_t bytes = 0;
   for (auto& [addr, b] : allocated_) {
-    if (b->placed && b->location == here) continue;
+    if ((b->placed && b->location == here) || b->segment->host_tier) continue;
     bytes += b->size;
     const Range r{b->ptr(), b->size};
     auto st = staged_.find(addr);
@@ -441,7 +444,9 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
   // streams too before it populates.
   absl::flat_hash_set<Stream> owners;
   for (auto& [addr, b] : allocated_) {
-    if (!(b->placed && b->location == here) && b->stream != stream) owners.insert(b->stream);
+    if (!(b->placed && b->location == here) && !b->segment->host_tier && b->stream != stream) {
+      owners.insert(b->stream);
+    }
   }
   for (Stream u : owners) {
     if (absl::Status w = OrderAfter(stream, u); !w.ok()) {
@@ -463,6 +468,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
   staging_.Reset();
   std::size_t woken = 0;
   for (auto& [addr, b] : allocated_) {
+    if (b->segment->host_tier) continue;  // it stays on the host
     woken += !(b->placed && b->location == here);
     b->placed = true;
     b->location = here;
