@@ -352,6 +352,13 @@ absl::Status CachingManagedAllocator::SetHostRouting(int device, bool on) {
   return (*d)->SetHostRouting(on);
 }
 
+absl::Status CachingManagedAllocator::MarkIteration(int device) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  (*d)->MarkIteration();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> CachingManagedAllocator::PlacedOnHost(void* ptr) {
   for (auto& d : devices_) {
     absl::StatusOr<bool> on_host = d->PlacedOnHost(ptr);

@@ -217,6 +217,12 @@ class CachingManagedAllocator {
   // oversubscription, or to turn off what is not on; kInvalidArgument for a
   // bad device. Thread-safe.
   absl::Status SetHostRouting(int device, bool on);
+  // Oversubscription: an iteration of a repeating workload (a training
+  // step) ends on `device`: the one recorded since the last call plans
+  // which of the next one's allocations live on the host
+  // (policy/host_plan.h), followed while the requests repeat. A no-op
+  // without oversubscription; kInvalidArgument for a bad device.
+  absl::Status MarkIteration(int device);
   // Whether the allocation at `ptr` lives on the host (oversubscription);
   // kInvalidArgument for a pointer this allocator did not hand out.
   absl::StatusOr<bool> PlacedOnHost(void* ptr);

@@ -146,10 +146,15 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   // fit the device's part, goes to the host at once.
   // (A budget of 0, PyTorch's memory fraction 0, refuses everything.)
   const bool spill = ABSL_PREDICT_FALSE(host_budget_ != 0) && !quiet && budget_ != 0;
-  if (spill && (host_routing_ > 0 || rounded > budget_)) {
+  const bool planned = spill && !plan_host_.empty() && PlannedOnHost(rounded);
+  if (spill && (host_routing_ > 0 || rounded > budget_ || planned)) {
     absl::StatusOr<void*> h = AllocateOnHost(rounded, bytes, pool, stream);
-    if (!h.ok()) ++stats_.num_ooms;
-    return h.ok() ? h : absl::ResourceExhaustedError(OomMessage(bytes, h.status()));
+    if (h.ok()) return h;
+    if (host_routing_ > 0 || rounded > budget_) {
+      ++stats_.num_ooms;
+      return absl::ResourceExhaustedError(OomMessage(bytes, h.status()));
+    }
+    // (Planned only: the device may still hold it.)
   }
   // The steady state: the block the last free of this pool gave back, of
   // exactly this size (the best fit there is). Its pages are all populated:
@@ -354,6 +359,7 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
   b->pages_discarded = false;
   b->sleep_dropped = false;
   b->stream_uses.clear();
+  if (ABSL_PREDICT_FALSE(recording_)) RecordAllocation(b);
   if (b->segment->arena) AcquirePages(b, all_populated);
   allocated_[b->addr] = b;
   const PoolKind size_class = b->size_class = PoolFor(rounded);
@@ -413,6 +419,7 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   }
 
   allocated_.erase(it);
+  if (ABSL_PREDICT_FALSE(recording_)) RecordFree(addr);
   if (ABSL_PREDICT_FALSE(!staged_.empty())) Unstage(addr);
   if (b->hints && !defer) {
     ApplyAdvice(WithdrawHintAdvice(*b->hints), b->ptr(), b->size);

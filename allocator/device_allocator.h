@@ -26,6 +26,7 @@
 #include "allocator/stats.h"
 #include "backends/backend.h"
 #include "policy/config.h"
+#include "policy/host_plan.h"
 #include "policy/placement_policy.h"
 #include "policy/size_policy.h"
 
@@ -113,6 +114,11 @@ class DeviceAllocator {
   absl::Status SetHostRouting(bool on) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether `ptr` is an allocation of this device placed on the host.
   absl::StatusOr<bool> PlacedOnHost(void* ptr) ABSL_LOCKS_EXCLUDED(mu_);
+  // Oversubscription: an iteration of a repeating workload (a training
+  // step) ends here (iteration_plan.cc). The one just recorded becomes the
+  // plan of the next: which of its allocations live on the host
+  // (policy/host_plan.h). A no-op without a host budget.
+  void MarkIteration() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Caps this device's managed memory; memory already reserved beyond the new
   // budget is kept until freed (idle cache above it is released now).
@@ -266,6 +272,12 @@ class DeviceAllocator {
                                        Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives every wholly free host segment back, after its stream's work.
   void ReleaseFreeHostSegments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ---- the iteration plan (iteration_plan.cc) ----
+  // Whether the plan places the next allocation, of `rounded` bytes, on the
+  // host; a request other than the recorded one ends the plan.
+  bool PlannedOnHost(std::size_t rounded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordAllocation(const Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordFree(std::uintptr_t addr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Registers backend memory as a segment holding one free block of
   // `stream` (returned); counts the segment, not its bytes.
   Block* AddSegment(void* mem, std::size_t size, PoolKind pool, Stream stream)
@@ -433,6 +445,19 @@ class DeviceAllocator {
   std::size_t budget_ ABSL_GUARDED_BY(mu_);
   const std::size_t host_budget_;
   int host_routing_ ABSL_GUARDED_BY(mu_) = 0;  // SetHostRouting's nesting
+  // The iteration being recorded (since the last MarkIteration): its own
+  // allocations and the device allocations it began with, in event time,
+  // with where each live one is recorded (own?, index).
+  bool recording_ ABSL_GUARDED_BY(mu_) = false;
+  std::int64_t record_time_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Lifetime> recorded_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::size_t> recorded_sizes_ ABSL_GUARDED_BY(mu_);  // the requests, rounded
+  std::vector<Lifetime> carried_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::uintptr_t, std::pair<bool, std::size_t>> record_index_ ABSL_GUARDED_BY(mu_);
+  // The plan from the iteration before: per allocation, its size and
+  // whether it lives on the host. Empty when there is none or it ended.
+  std::vector<std::size_t> plan_sizes_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> plan_host_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex mu_;
   BlockPool small_pool_ ABSL_GUARDED_BY(mu_);

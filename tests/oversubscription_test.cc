@@ -1,11 +1,13 @@
 // Oversubscription (config oversubscribe:1, policy/oversubscription.h) on the
 // host backend: the budget's split, the host tier that takes what does not
 // fit the device's part, its reuse, routing, errors, and the mode off.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "policy/host_plan.h"
 #include "policy/oversubscription.h"
 #include "tests/test_util.h"
 
@@ -65,6 +67,38 @@ TEST(TierBudgetsTest, TheModeNeedsArenas) {
   EXPECT_THAT(c.status().message(), HasSubstr("segments:arena"));
   EXPECT_EQ(Config("oversubscribe:1,device_headroom:64M").ToString(),
             "oversubscribe:1,device_headroom:67108864");
+}
+
+// ---- the iteration plan (policy/host_plan.h) ----
+
+TEST(HostPlanTest, TheLongLivedAllocationGoesRatherThanEveryTemporary) {
+  // 50 bytes resident, a long-lived 40 from event 1 to 20, then 30-byte
+  // temporaries one after another: by allocation order each temporary
+  // would go to the host; the plan moves the long-lived one alone.
+  const std::vector<Lifetime> carried = {{50, 0, Lifetime::kNeverFreed}};
+  std::vector<Lifetime> own = {{40, 1, 20}};
+  for (int t = 2; t < 18; t += 2) own.push_back({30, t, t + 1});
+  const std::vector<bool> host = PlanHostPlacement(own, carried, 100);
+  ASSERT_EQ(host.size(), own.size());
+  EXPECT_TRUE(host[0]);
+  for (std::size_t i = 1; i < own.size(); ++i) EXPECT_FALSE(host[i]) << i;
+}
+
+TEST(HostPlanTest, WhatOutlivesTheIterationGoesFirstAndOnlyWhatIsNeeded) {
+  const std::vector<Lifetime> own = {{40, 0, Lifetime::kNeverFreed}, {40, 1, 5}, {40, 2, 3}};
+  EXPECT_EQ(PlanHostPlacement(own, {}, 100), (std::vector<bool>{true, false, false}));
+  EXPECT_EQ(PlanHostPlacement(own, {}, 120), (std::vector<bool>{false, false, false}));
+  // A carried allocation freed early makes room for the rest.
+  const std::vector<Lifetime> carried = {{60, 0, 1}};
+  const std::vector<Lifetime> later = {{50, 2, 10}, {40, 3, 4}};
+  EXPECT_EQ(PlanHostPlacement(later, carried, 100), (std::vector<bool>{false, false}));
+}
+
+TEST(HostPlanTest, FixedAllocationsOverTheCapacitySendEveryChoosableOneToTheHost) {
+  const std::vector<Lifetime> carried = {{150, 0, Lifetime::kNeverFreed}};
+  const std::vector<Lifetime> own = {{10, 1, 2}, {10, 3, 4}};
+  EXPECT_EQ(PlanHostPlacement(own, carried, 100), (std::vector<bool>{true, true}));
+  EXPECT_TRUE(PlanHostPlacement({}, carried, 100).empty());
 }
 
 // A 64 MiB device with 8 MiB of headroom: 56 MiB for the device's part,
@@ -214,6 +248,47 @@ TEST_F(OversubscriptionTest, OffTheSameWorkIsOutOfMemory) {
   EXPECT_EQ(Stats().host_resident_bytes[kAllPools].current, 0);
   EXPECT_EQ(alloc_->SetHostRouting(0, true).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(alloc_->Free(a).ok());
+}
+
+// A repeating iteration: a long-lived 30 MiB allocation, then ten 20 MiB
+// temporaries one after another, beside 10 MiB resident, on a device whose
+// part is 56 MiB. By allocation order every temporary lives on the host;
+// once an iteration is recorded, the next places the long-lived one there
+// instead, and the temporaries on the device.
+TEST_F(OversubscriptionTest, TheNextIterationFollowsThePlanLearntFromTheLast) {
+  void* resident = Alloc(10 * kMiB, 0, s1_);
+  std::vector<bool> temporaries_on_host;
+  bool long_lived_on_host = false;
+  auto iteration = [&] {
+    temporaries_on_host.clear();
+    void* a = Alloc(30 * kMiB, 0, s1_);
+    long_lived_on_host = OnHost(a);
+    for (int t = 0; t < 10; ++t) {
+      void* tmp = Alloc(20 * kMiB, 0, s1_);
+      temporaries_on_host.push_back(OnHost(tmp));
+      ASSERT_TRUE(alloc_->Free(tmp).ok());
+    }
+    ASSERT_TRUE(alloc_->Free(a).ok());
+    ASSERT_TRUE(alloc_->MarkIteration(0).ok());
+  };
+  iteration();  // recorded from its end on
+  iteration();  // recorded: allocation order
+  EXPECT_FALSE(long_lived_on_host);
+  EXPECT_EQ(std::count(temporaries_on_host.begin(), temporaries_on_host.end(), true), 10);
+  const std::int64_t before = Stats().num_host_placements;
+  iteration();  // planned
+  EXPECT_TRUE(long_lived_on_host);
+  EXPECT_EQ(std::count(temporaries_on_host.begin(), temporaries_on_host.end(), true), 0);
+  EXPECT_EQ(Stats().num_host_placements - before, 1);
+  iteration();  // the plan holds in the steady state
+  EXPECT_TRUE(long_lived_on_host);
+  EXPECT_EQ(std::count(temporaries_on_host.begin(), temporaries_on_host.end(), true), 0);
+  // A different request ends the plan: allocation order again.
+  void* other = Alloc(12 * kMiB, 0, s1_);
+  EXPECT_FALSE(OnHost(other));
+  ASSERT_TRUE(alloc_->Free(other).ok());
+  ASSERT_TRUE(alloc_->Free(resident).ok());
+  EXPECT_EQ(alloc_->MarkIteration(3).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Sleep and Wake leave the host tier where it is: nothing counts it on the

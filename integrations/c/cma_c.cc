@@ -386,6 +386,10 @@ int cma_set_host_routing(int device, int on) {
   return WithAllocator([&](CachingManagedAllocator& a) { return a.SetHostRouting(device, on != 0); });
 }
 
+int cma_mark_iteration(int device) {
+  return WithAllocator([&](CachingManagedAllocator& a) { return a.MarkIteration(device); });
+}
+
 int cma_placed_on_host(void* ptr) {
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return -1;

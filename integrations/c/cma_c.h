@@ -170,6 +170,10 @@ int cma_set_memory_fraction(double fraction, int device);
  * the device's part of the budget do. 0 on success; -1 (cma_last_error)
  * without oversubscription, for a bad device, or to undo what is not on. */
 int cma_set_host_routing(int device, int on);
+/* Oversubscription: an iteration of a repeating workload (a training step)
+ * ends on `device`; the one recorded since the last call plans which of
+ * the next one's allocations live on the host. 0; -1 for a bad device. */
+int cma_mark_iteration(int device);
 /* 1 if the allocation at `ptr` lives on the host (oversubscription), 0 if
  * on its device, -1 (cma_last_error) if cma did not make it. */
 int cma_placed_on_host(void* ptr);

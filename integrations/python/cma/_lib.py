@@ -77,6 +77,7 @@ def lib():
                 "cma_set_memory_fraction": (i, [ctypes.c_double, i]),
                 "cma_set_host_routing": (i, [i, i]),
                 "cma_placed_on_host": (i, [vp]),
+                "cma_mark_iteration": (i, [i]),
                 "cma_stats_json": (vp, [i]),
                 "cma_last_placement_error": (vp, [i]),
                 "cma_snapshot_json": (vp, []),
@@ -215,6 +216,12 @@ def set_host_routing(on, device=0):
     """Oversubscription (CMA_ALLOC_CONF oversubscribe:1): while on (calls
     nest), `device`'s allocations live on the host, read over the link."""
     _check(lib().cma_set_host_routing(device, 1 if on else 0))
+
+
+def mark_iteration(device=0):
+    """Oversubscription: an iteration (a training step) ends on `device`; the
+    one recorded since the last call plans the next one's host placements."""
+    _check(lib().cma_mark_iteration(device))
 
 
 def placed_on_host(ptr):

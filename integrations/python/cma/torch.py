@@ -227,8 +227,10 @@ def _route_new_optimizer_state():
     optimizer reads and writes it over the link), while parameters and
     activations are touched many times: they keep the device. Global
     torch.optim hooks route the allocations of a step that creates state
-    (its first) to the host; without oversubscription they do nothing
-    after one check per optimizer."""
+    (its first) to the host, and mark each step's end, so that the next
+    step follows the plan learnt from the last (which of its allocations
+    live on the host: CachingManagedAllocator::MarkIteration); without
+    oversubscription they do nothing after one check per optimizer."""
     from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                        register_optimizer_step_pre_hook)
     known = {}  # id(optimizer) -> devices with a host part, or () when none
@@ -249,6 +251,9 @@ def _route_new_optimizer_state():
     def after(opt, args, kwargs):
         while entered:
             entered.pop().__exit__(None, None, None)
+        # A step ends an iteration: the next follows the plan learnt from it.
+        for d in known.get(id(opt), ()):
+            _lib.mark_iteration(d)
 
     register_optimizer_step_pre_hook(before)
     register_optimizer_step_post_hook(after)
