@@ -221,7 +221,8 @@ class CachingManagedAllocator {
   // step) ends on `device`: the one recorded since the last call plans
   // which of the next one's allocations live on the host
   // (policy/host_plan.h), followed while the requests repeat. A no-op
-  // without oversubscription; kInvalidArgument for a bad device.
+  // without oversubscription and host_plan:1; kInvalidArgument for a bad
+  // device.
   absl::Status MarkIteration(int device);
   // Whether the allocation at `ptr` lives on the host (oversubscription);
   // kInvalidArgument for a pointer this allocator did not hand out.

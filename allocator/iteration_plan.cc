@@ -18,7 +18,7 @@ constexpr std::size_t kMaxRecorded = std::size_t{1} << 20;
 
 void DeviceAllocator::MarkIteration() {
   MutexLock l(&mu_);
-  if (host_budget_ == 0) return;
+  if (host_budget_ == 0 || !config_->host_plan) return;
   plan_host_.clear();
   plan_sizes_.clear();
   if (recording_ && !recorded_.empty()) {

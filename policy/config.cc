@@ -16,7 +16,7 @@ constexpr absl::string_view kKeys =
     "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, prefetch, "
     "preferred_location, accessed_by, discard_on_free, managed_budget, release_threshold, "
     "release_before_peak, multicast, segments, arena_size, idle_page_slack, sleep_staging_max, "
-    "sleep_pin_threads, wake_fence, oversubscribe, device_headroom";
+    "sleep_pin_threads, wake_fence, oversubscribe, device_headroom, host_plan";
 
 absl::Status Bad(absl::string_view key, absl::string_view value, absl::string_view accepted) {
   return absl::InvalidArgumentError(absl::StrCat("CMA_ALLOC_CONF: bad value '", value,
@@ -150,6 +150,10 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view v, AllocatorConfi
     auto f = ParseFlag(key, v);
     if (!f.ok()) return f.status();
     c.oversubscribe = *f;
+  } else if (key == "host_plan") {
+    auto f = ParseFlag(key, v);
+    if (!f.ok()) return f.status();
+    c.host_plan = *f;
   } else if (key == "device_headroom") {
     auto n = ParseSize(v);
     if (!n.ok()) return Bad(key, v, "a size such as 512M or 1G");
@@ -252,6 +256,7 @@ std::string AllocatorConfig::ToString() const {
   }
   if (!wake_fence) parts.push_back("wake_fence:0");
   if (oversubscribe) parts.push_back("oversubscribe:1");
+  if (host_plan) parts.push_back("host_plan:1");
   if (device_headroom != d.device_headroom) {
     parts.push_back(absl::StrCat("device_headroom:", device_headroom));
   }

@@ -62,6 +62,13 @@
 //                       over the link, so nothing migrates on faults. Needs
 //                       segments:arena. Off, a budget above the device's
 //                       free memory leaves placement to the driver.
+//   host_plan           0|1 (default 0): with oversubscribe:1, each iteration
+//                       marked by MarkIteration plans the next one's host
+//                       placements (policy/host_plan.h) rather than leaving
+//                       them to allocation order. Measured on GPT-2 style
+//                       training (bench/results/h200_oversub): faster at 3x
+//                       oversubscription, slower at 1.5x (it moves long-lived
+//                       activations that kernels read many times), hence off.
 //   device_headroom     size (default 1G): with oversubscribe:1, device
 //                       memory left to what is not this allocator's (the
 //                       CUDA context, kernels loaded later, libraries).
@@ -109,6 +116,7 @@ struct AllocatorConfig {
   int sleep_pin_threads = 8;
   bool wake_fence = true;
   bool oversubscribe = false;
+  bool host_plan = false;
   std::size_t device_headroom = std::size_t{1} << 30;
 
   // The config back in `key:value` form (only keys that differ from defaults).

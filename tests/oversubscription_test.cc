@@ -65,8 +65,8 @@ TEST(TierBudgetsTest, TheModeNeedsArenas) {
   absl::StatusOr<AllocatorConfig> c = ParseAllocatorConfig("oversubscribe:1,segments:classic");
   ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(c.status().message(), HasSubstr("segments:arena"));
-  EXPECT_EQ(Config("oversubscribe:1,device_headroom:64M").ToString(),
-            "oversubscribe:1,device_headroom:67108864");
+  EXPECT_EQ(Config("oversubscribe:1,device_headroom:64M,host_plan:1").ToString(),
+            "oversubscribe:1,host_plan:1,device_headroom:67108864");
 }
 
 // ---- the iteration plan (policy/host_plan.h) ----
@@ -256,6 +256,7 @@ TEST_F(OversubscriptionTest, OffTheSameWorkIsOutOfMemory) {
 // once an iteration is recorded, the next places the long-lived one there
 // instead, and the temporaries on the device.
 TEST_F(OversubscriptionTest, TheNextIterationFollowsThePlanLearntFromTheLast) {
+  Remake("oversubscribe:1,device_headroom:8M,managed_budget:200M,host_plan:1");
   void* resident = Alloc(10 * kMiB, 0, s1_);
   std::vector<bool> temporaries_on_host;
   bool long_lived_on_host = false;
@@ -289,6 +290,17 @@ TEST_F(OversubscriptionTest, TheNextIterationFollowsThePlanLearntFromTheLast) {
   ASSERT_TRUE(alloc_->Free(other).ok());
   ASSERT_TRUE(alloc_->Free(resident).ok());
   EXPECT_EQ(alloc_->MarkIteration(3).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(OversubscriptionTest, WithoutHostPlanAllocationOrderDecides) {
+  for (int i = 0; i < 3; ++i) {
+    void* a = Alloc(50 * kMiB, 0, s1_);
+    void* t = Alloc(20 * kMiB, 0, s1_);
+    EXPECT_FALSE(OnHost(a));
+    EXPECT_TRUE(OnHost(t));
+    for (void* p : {t, a}) ASSERT_TRUE(alloc_->Free(p).ok());
+    ASSERT_TRUE(alloc_->MarkIteration(0).ok());
+  }
 }
 
 // Sleep and Wake leave the host tier where it is: nothing counts it on the
