@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/fork_util.h"
+#include "tests/rendezvous_test_util.h"
 
 namespace cma {
 namespace {
@@ -73,12 +74,8 @@ TEST(RendezvousAuthTest, AVerdictWithoutProcessZerosMacIsRefused) {
   const std::string token = *MakeRendezvousToken();
   for (const bool sign_with_another_token : {false, true}) {
     const std::string path = Path("fake-verdict");
-    const int l = socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
-    ASSERT_EQ(bind(l, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    ASSERT_EQ(listen(l, 4), 0);
+    const int l = ListenAt(path);
+    ASSERT_GE(l, 0);
     const pid_t member = Spawn([&] {
       auto x = MakeUnixSocketExchange(path, 1, 2, kTimeout, token);
       const absl::Status s = x.status();

@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/fork_util.h"
+#include "tests/rendezvous_test_util.h"
 
 namespace cma {
 namespace {
@@ -89,12 +90,8 @@ TEST(RendezvousFailureTest, AMemberThatLeavesBeforeTheOthersIsNamed) {
 TEST(RendezvousFailureTest, AProcessZeroThatGoesAwayIsNotARejection) {
   const std::string path = Path("gone");
   const std::string token = *MakeRendezvousToken();
-  const int l = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
-  ASSERT_EQ(bind(l, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  ASSERT_EQ(listen(l, 4), 0);
+  const int l = ListenAt(path);
+  ASSERT_GE(l, 0);
   const pid_t member = Spawn([&] {
     auto x = MakeUnixSocketExchange(path, 1, 2, absl::Seconds(10), token);
     return Check(x.status().code() == absl::StatusCode::kUnavailable &&
@@ -153,21 +150,8 @@ TEST(RendezvousFailureTest, AMemberWhoseProcessZeroDiedFailsFast) {
     absl::SleepFor(absl::Milliseconds(300));
     return true;
   });
-  struct Ctx {
-    std::string name;
-    std::int32_t pid;
-    std::string token;
-  } ctx{absl::StrFormat("@cma-rdvf-dead-%d", getpid()), root, *MakeRendezvousToken()};
-  AllGatherCallback cb = [](void* c, const void*, size_t len, void* recv) {
-    auto* x = static_cast<Ctx*>(c);
-    std::memset(recv, 0, 2 * len);
-    std::memcpy(recv, x->name.c_str(), x->name.size());
-    std::memcpy(static_cast<char*>(recv) + sizeof(sockaddr_un::sun_path), x->token.data(),
-                x->token.size());
-    std::memcpy(static_cast<char*>(recv) + sizeof(sockaddr_un::sun_path) + kMaxTokenBytes,
-                &x->pid, sizeof(x->pid));
-    return 0;
-  };
+  RootEntry ctx{absl::StrFormat("@cma-rdvf-dead-%d", getpid()), root, *MakeRendezvousToken()};
+  AllGatherCallback cb = RootEntry::Gather;
   const absl::Time t0 = absl::Now();
   auto x = MakeCallbackExchange(cb, &ctx, 1, 2, absl::Seconds(20));
   const absl::Duration took = absl::Now() - t0;

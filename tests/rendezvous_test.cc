@@ -29,6 +29,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/fork_util.h"
+#include "tests/rendezvous_test_util.h"
 
 namespace cma {
 namespace {
@@ -277,12 +278,8 @@ TEST(RendezvousTest, CallbackBootstrapListensUnderAnAbstractNameAndLeavesNothing
 TEST(RendezvousTest, AProcessZeroThatDoesNotKnowTheTokenIsRefusedAndLearnsNothing) {
   const std::string path = Path("fake-root");
   const std::string token = *MakeRendezvousToken();
-  const int l = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
-  ASSERT_EQ(bind(l, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  ASSERT_EQ(listen(l, 4), 0);
+  const int l = ListenAt(path);
+  ASSERT_GE(l, 0);
   const pid_t member = Spawn([&] {
     auto x = MakeUnixSocketExchange(path, 1, 2, kTimeout, token);
     return x.status().code() == absl::StatusCode::kPermissionDenied &&
@@ -457,22 +454,9 @@ TEST(RendezvousTest, TheCallbackBootstrapChecksProcessZerosPublishedPid) {
                  static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size())),
             0);
   ASSERT_EQ(listen(l, 4), 0);
-  struct Ctx {
-    std::string name;
-    std::int32_t pid;
-    std::string token;
-  } ctx{name, getpid() + 1, *MakeRendezvousToken()};  // not the listener's pid
+  RootEntry ctx{name, getpid() + 1, *MakeRendezvousToken()};  // not the listener's pid
   // Member 1 of 2: the "all-gather" hands it process 0's entry (name, token, pid).
-  AllGatherCallback cb = [](void* c, const void*, size_t len, void* recv) {
-    auto* x = static_cast<Ctx*>(c);
-    std::memset(recv, 0, 2 * len);
-    std::memcpy(recv, x->name.c_str(), x->name.size());
-    std::memcpy(static_cast<char*>(recv) + sizeof(sockaddr_un::sun_path), x->token.data(),
-                x->token.size());
-    std::memcpy(static_cast<char*>(recv) + sizeof(sockaddr_un::sun_path) + kMaxTokenBytes,
-                &x->pid, sizeof(x->pid));
-    return 0;
-  };
+  AllGatherCallback cb = RootEntry::Gather;
   auto x = MakeCallbackExchange(cb, &ctx, 1, 2, absl::Seconds(2));
   EXPECT_EQ(x.status().code(), absl::StatusCode::kPermissionDenied) << x.status();
   EXPECT_THAT(x.status().message(), HasSubstr("as the framework's all-gather says"));
