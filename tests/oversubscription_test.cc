@@ -3,6 +3,8 @@
 // fit the device's part, its reuse, routing, errors, and the mode off.
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <random>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -381,6 +383,105 @@ TEST_F(OversubscriptionTest, AdviceOnAHostBlockIsRefusedAndTheTiersAdviceStays) 
   EXPECT_EQ(at->accessed_by, std::vector<int>{0});
   ASSERT_TRUE(alloc_->Free(c).ok());
   ASSERT_TRUE(alloc_->SetHostRouting(0, false).ok());
+}
+
+// Randomized, three streams with pending work, the device's part small
+// enough that the host tier serves often: after every step no allocation
+// overlaps another, every live one keeps its tag, and memory freed while a
+// stream other than its next user had work queued on it is handed out only
+// once that work has completed (an event recorded at the free says so).
+TEST_F(OversubscriptionTest, RandomizedReuseNeverRacesAnotherStream) {
+  struct Live {
+    std::size_t size;
+    Stream stream;
+    std::vector<Stream> uses;
+    unsigned char tag;
+  };
+  struct Freed {
+    std::uintptr_t lo, hi;
+    std::vector<std::pair<Stream, Event>> pending;  // (stream, its position at the free)
+  };
+  static constexpr std::size_t kSizes[] = {4096, 700 * 1024, 3 * kMiB, 9 * kMiB, 21 * kMiB};
+  for (std::uint32_t seed : {1u, 2u, 3u}) {
+    SCOPED_TRACE(seed);
+    std::mt19937 rng(seed);
+    const Stream streams[3] = {s1_, s2_, *backend_->CreateStream(0)};
+    std::map<std::uintptr_t, Live> live;
+    std::vector<Freed> freed;
+    unsigned char next_tag = 1;
+    int routed = 0;
+    for (int step = 0; step < 1500; ++step) {
+      const int op = static_cast<int>(rng() % 100);
+      const Stream st = streams[rng() % 3];
+      if (op < 35) {
+        absl::StatusOr<void*> got = alloc_->Allocate(kSizes[rng() % 5], 0, st);
+        if (!got.ok()) {
+          ASSERT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted) << got.status();
+          continue;
+        }
+        const auto lo = reinterpret_cast<std::uintptr_t>(*got);
+        const std::size_t size = *alloc_->RequestedSize(*got);
+        for (const auto& [p, l] : live) {
+          ASSERT_TRUE(lo + size <= p || p + l.size <= lo) << "overlaps a live allocation";
+        }
+        for (const Freed& f : freed) {
+          if (lo >= f.hi || lo + size <= f.lo) continue;
+          for (const auto& [x, e] : f.pending) {
+            if (x == st) continue;  // ordered by the stream itself
+            ASSERT_TRUE(*backend_->QueryEvent(e)) << "handed out while stream " << x
+                                                  << " may still use it (step " << step << ")";
+          }
+        }
+        live[lo] = {size, st, {}, next_tag};
+        std::memset(*got, next_tag, 1);
+        static_cast<unsigned char*>(*got)[size - 1] = next_tag;
+        next_tag = static_cast<unsigned char>(next_tag % 250 + 1);
+      } else if (op < 65 && !live.empty()) {
+        auto it = live.begin();
+        std::advance(it, rng() % live.size());
+        Freed f{it->first, it->first + it->second.size, {}};
+        std::vector<Stream> users = it->second.uses;
+        users.push_back(it->second.stream);
+        for (Stream u : users) {
+          Event e = *backend_->CreateEvent(0);
+          ASSERT_TRUE(backend_->RecordEvent(e, u).ok());
+          f.pending.push_back({u, e});
+        }
+        ASSERT_TRUE(alloc_->Free(reinterpret_cast<void*>(it->first)).ok());
+        live.erase(it);
+        freed.push_back(std::move(f));
+      } else if (op < 75 && !live.empty()) {
+        auto it = live.begin();
+        std::advance(it, rng() % live.size());
+        ASSERT_TRUE(alloc_->RecordStream(reinterpret_cast<void*>(it->first), st).ok());
+        it->second.uses.push_back(st);
+      } else if (op < 87) {
+        ASSERT_TRUE(backend_->EnqueueWork(st).ok());
+      } else if (op < 96) {
+        ASSERT_TRUE(backend_->CompleteWork(st).ok());
+      } else if (op < 98) {
+        ASSERT_TRUE(alloc_->SetHostRouting(0, routed == 0).ok());
+        routed = 1 - routed;
+      } else {
+        ASSERT_TRUE(alloc_->EmptyCache().ok());
+      }
+      for (const auto& [p, l] : live) {
+        ASSERT_EQ(*reinterpret_cast<unsigned char*>(p), l.tag) << "step " << step;
+        ASSERT_EQ(*reinterpret_cast<unsigned char*>(p + l.size - 1), l.tag) << "step " << step;
+      }
+      if (step % 100 == 0) ASSERT_TRUE(alloc_->CheckInvariants().ok()) << alloc_->CheckInvariants();
+    }
+    EXPECT_GT(Stats().num_host_placements, 0);
+    if (routed) ASSERT_TRUE(alloc_->SetHostRouting(0, false).ok());
+    for (const auto& [p, l] : live) ASSERT_TRUE(alloc_->Free(reinterpret_cast<void*>(p)).ok());
+    for (Stream s : streams) ASSERT_TRUE(backend_->CompleteWork(s).ok());
+    for (const Freed& f : freed) {
+      for (const auto& [x, e] : f.pending) ASSERT_TRUE(backend_->DestroyEvent(e).ok());
+    }
+    ASSERT_TRUE(alloc_->EmptyCache().ok());
+    ASSERT_TRUE(alloc_->ForgetStream(streams[2]).ok());
+    ASSERT_TRUE(backend_->DestroyStream(streams[2]).ok());
+  }
 }
 
 TEST(OversubscriptionCreateTest, ABudgetNoMemoryCanHoldIsRefusedNamingBoth) {
