@@ -276,14 +276,15 @@ void DeviceAllocator::ForgetIdlePage(Segment* seg, std::size_t page) {
   stats_.discarded_bytes += static_cast<std::int64_t>(kPageSize);
 }
 
-void DeviceAllocator::DiscardPagesInside(Block* b, bool already_discarded, bool pool_too) {
+void DeviceAllocator::DiscardPagesInside(Block* b, bool already_discarded, bool pool_too,
+                                         std::uintptr_t from) {
   // A private pool keeps its free blocks' pages (see DiscardIdlePages), but
   // pages a Sleep has discarded hold nothing whoever owns them.
   if (b->mempool != 0 && !already_discarded && !pool_too) return;
   // Only pages that lie wholly inside the block: its own stream is then the
   // only one whose work can still touch them.
   Segment* seg = b->segment;
-  const std::size_t first = (b->addr - seg->base + kPageSize - 1) / kPageSize;
+  const std::size_t first = (std::max(b->addr, from) - seg->base + kPageSize - 1) / kPageSize;
   const std::size_t end = (b->addr + b->size - seg->base) / kPageSize;
   std::vector<Range> ranges;
   std::vector<std::size_t> idle;

@@ -49,6 +49,10 @@ struct Block {
   // disposable block, or one whose contents it staged); they hold nothing
   // until Wake or a Move repopulates them, or the free forgets them.
   bool pages_discarded = false;
+  // With pages_discarded: where the discarded whole pages start, 0 for the
+  // block's start. A Move to the host brings back only the staged copy, so
+  // the pages wholly beyond it (rounding past the request) stay discarded.
+  std::uintptr_t discarded_from = 0;
   // Allocated blocks: a Sleep dropped the contents (a disposable block) and
   // nothing has written them since; only such a block may a Wake populate
   // without migrating (a Move, the caller's writes after it, a Wake clear

@@ -472,7 +472,10 @@ void DeviceAllocator::BecameFree(Block* b, bool keep_recent) {
     // the page map learns they hold nothing.
     b->pages_discarded = false;
     (void)OrderAfter(b->stream, sleep_wake_stream_);
-    if (b->segment->arena) DiscardPagesInside(b, /*already_discarded=*/true);
+    if (b->segment->arena) {
+      DiscardPagesInside(b, /*already_discarded=*/true, /*pool_too=*/false, b->discarded_from);
+    }
+    b->discarded_from = 0;
   }
   OnFreed(b);
   b->free_seq = ++free_seq_;

@@ -324,9 +324,10 @@ class DeviceAllocator {
   // stream (discard_on_free), or only forgotten when a Sleep has discarded
   // them already (`already_discarded`).
   // A private pool's free blocks keep their pages unless `pool_too` (the
-  // pool holds no reference, so no graph replays into them).
-  void DiscardPagesInside(Block* b, bool already_discarded = false, bool pool_too = false)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // pool holds no reference, so no graph replays into them). With `from`,
+  // only the pages wholly at or after it.
+  void DiscardPagesInside(Block* b, bool already_discarded = false, bool pool_too = false,
+                          std::uintptr_t from = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Orders the work queued later on `waiter` after the work queued on `on`
   // so far: an event wait on the GPU, or a host sync if events fail.
   absl::Status OrderAfter(Stream waiter, Stream on) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

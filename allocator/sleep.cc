@@ -269,7 +269,10 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
     // free brings its pages back to the device.
     auto role = roles.find(b);
     const bool discarded = role != roles.end() && role->second == Leave::kDrop;
-    b->pages_discarded = b->pages_discarded || discarded || staged_.contains(b->addr);
+    if (discarded || staged_.contains(b->addr)) {
+      b->pages_discarded = true;
+      b->discarded_from = 0;  // all of them, whatever an earlier Move left
+    }
     b->sleep_dropped = b->sleep_dropped || (discarded && b->disposable);
     b->placed = true;
     b->location = Location::Host();
@@ -395,8 +398,22 @@ absl::Status DeviceAllocator::RestoreStaged(absl::Span<Block* const> blocks, Loc
     if (stream != sleep_wake_stream_) staging_readers_.insert(stream);
   }
   for (Block* b : mine) {
+    if (!contents_dead && target.is_host()) {
+      // Only the copy came back: the whole pages beyond it, which held
+      // the rounding past the request, stay discarded (a prefetch to the
+      // host populates nothing), and the free forgets them.
+      const Range& copied = staged_.find(b->addr)->second.bytes;
+      const std::uintptr_t copied_end =
+          reinterpret_cast<std::uintptr_t>(copied.ptr) + copied.bytes;
+      const std::uintptr_t base = b->segment->base;
+      const std::uintptr_t end =
+          base + (copied_end - base + kPageSize - 1) / kPageSize * kPageSize;
+      b->pages_discarded = end < b->addr + b->size;
+      b->discarded_from = end;
+    } else if (!contents_dead) {
+      b->pages_discarded = false;
+    }
     Unstage(b->addr);
-    if (!contents_dead) b->pages_discarded = false;
   }
   return absl::OkStatus();
 }

@@ -60,6 +60,9 @@ TEST(ArenaCheckerRegressionTest, SeedsThatFoundBugsFindNothing) {
       {"segments:classic,discard_on_free:1", 5018, true, "discard_on_free edge page"},
       {"segments:classic,discard_on_free:1", 3607321673402834886u, true, "discard_on_free edge page"},
       {"segments:classic,discard_on_free:1", 3607321673403040780u, true, "discard_on_free edge page"},
+      // A Move to the host of a block a Sleep staged brought back only the
+      // copy, yet the free counted the rounding's discarded pages populated.
+      {"roundup_power2_divisions:4", 5715716591337748030u, true, "staged tail moved to host"},
   };
   for (const Regression& r : kSeeds) {
     auto checker = ArenaChecker::Create(r.config, std::size_t{256} << 20, r.pool_checkpoints);
