@@ -5,7 +5,7 @@ import math
 import statistics
 
 MiB, GiB = 1 << 20, 1 << 30
-CMA_ROUTES = ("managed_plain", "cma_oversub", "cma_oversub_hint")
+CMA_ROUTES = ("managed_plain", "cma_oversub", "cma_oversub_hint", "cma_oversub_direct")
 
 
 def param_count(layers, width, vocab, n_pos):

@@ -16,6 +16,9 @@ fixed seeded tokens, deterministic kernels):
   cma_oversub       cma with --cma-conf (oversubscribe:1)
   cma_oversub_hint  the same plus cma.torch.host_resident(optimizer)
                     (skipped with a note when cma.torch has no such function)
+  cma_oversub_direct  cma_oversub with CMA_STAGED_STEP=0: the optimizer reads
+                    its host-resident state in place over the link instead of
+                    the staged step (cma/torch_staged_step.py); named only
 For each ratio R of --ratios the blocker leaves X = P / R + C free, C the
 cost of a route's CUDA context, measured before inmem with cudaMemGetInfo
 alone: a probe (the blocker holding nothing) reads free F with only its own
@@ -80,7 +83,7 @@ from oversub_report import (CMA_ROUTES, cma_conf, context_cost, host_need, markd
 GiB, MiB = ob.GiB, ob.MiB
 TRAIN_ROUTES = ("fsdp2_offload", "managed_plain", "cma_oversub", "cma_oversub_hint")
 INFER_ROUTES = ("cma_oversub", "managed_plain", "accel_auto")
-ALL_ROUTES = ("inmem",) + TRAIN_ROUTES + ("accel_auto", "accel_offload")
+ALL_ROUTES = ("inmem",) + TRAIN_ROUTES + ("cma_oversub_direct", "accel_auto", "accel_offload")
 STAT_WORDS = ("prefetch", "migrat", "evict", "host", "oversub", "resident", "fault")
 STEP_PREFIX, INFO_PREFIX = "STEP ", "INFO "
 DEFAULTS = {  # (mode, quick): sizes an H100 80GB holds for inmem, fp32
@@ -324,20 +327,32 @@ def train_route(torch, a, model, out):
     for k in range(a.steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
+        # GPU time of forward + backward and of the optimizer's step apart
+        # (events on the current stream: no sync between them).
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        marks[0].record()
         ids = data[k].cuda(non_blocking=True)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.bf16):
             loss = model(input_ids=ids, labels=ids).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        marks[1].record()
         opt.step()
+        marks[2].record()
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         if hint is not None and a.hint_at == "after_first_step" and k == 0:
             out["hint_result"] = repr(hint(opt))[:200]
-        if not log.record({"step": k, "s": dt, "loss": loss.item()}):
+        split = {"fwd_bwd_s": marks[0].elapsed_time(marks[1]) / 1e3,
+                 "opt_s": marks[1].elapsed_time(marks[2]) / 1e3}
+        if not log.record({"step": k, "s": dt, "loss": loss.item(), **split}):
             break
     if route == "fsdp2_offload":
         torch.distributed.destroy_process_group()
+    if route in CMA_ROUTES:
+        from cma import torch_staged_step
+        out["steps_staged"] = torch_staged_step.steps_staged(opt)
+        out["unstaged_because"] = torch_staged_step.unstaged_because(opt)
     return log.steps
 
 
@@ -449,6 +464,9 @@ def route_env(route, conf=None):
     env = dict(os.environ, PYTHONUNBUFFERED="1", CUBLAS_WORKSPACE_CONFIG=":4096:8")
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.pop("CMA_ALLOC_CONF", None)
+    env.pop("CMA_STAGED_STEP", None)
+    if route == "cma_oversub_direct":
+        env["CMA_STAGED_STEP"] = "0"
     if conf:
         env["CMA_ALLOC_CONF"] = conf
     return env

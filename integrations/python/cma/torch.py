@@ -241,6 +241,9 @@ def _route_new_optimizer_state():
         devices = known.get(id(opt))
         if devices is None:
             devices = known[id(opt)] = tuple(sorted(_oversubscribed_devices(params)))
+            if devices:  # its host-resident state is updated staged from the next step
+                from cma import torch_staged_step
+                torch_staged_step.attach(opt)
         if devices and getattr(opt, "_cma_host_resident", False) is False and \
                 _state_incomplete(opt, params):
             for d in devices:
@@ -301,6 +304,14 @@ def host_resident(optimizer):
     optimizer.register_step_pre_hook(before)
     optimizer.register_step_post_hook(after)
     return optimizer
+
+
+def staged_step(enabled=None, chunk_mib=None):
+    """Oversubscription's staged optimizer step (torch_staged_step.py): its
+    switch and chunk size in MiB; returns the settings.
+    CMA_STAGED_STEP=0 (off) or =MiB sets them at import."""
+    from cma import torch_staged_step
+    return torch_staged_step.configure(enabled, chunk_mib)
 
 
 def advise(tensor, read_mostly=False, preferred=None, accessed_by=()):

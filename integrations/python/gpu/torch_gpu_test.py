@@ -247,3 +247,19 @@ def teardown_module():
     if out and RESULTS:
         with open(out, "w") as f:
             json.dump(RESULTS, f, indent=1)
+
+
+@pytest.mark.parametrize("impl", ["fused", "foreach", "single"])
+def test_oversubscription_staged_step_is_bit_identical(impl):
+    runs = {r: run_script("oversub_route.py", r, impl, timeout=300)
+            for r in ("native", "staged", "direct")}
+    RESULTS.setdefault("oversub_staged_step", {})[impl] = runs
+    for r in ("staged", "direct"):
+        for key in ("losses", "params", "state"):
+            assert runs[r][key] == runs["native"][key], (r, key, runs)
+        assert runs[r]["state_on_host"] > 0 and runs[r]["num_host_placements"] > 0, runs[r]
+        assert runs[r]["post_hook_saw_grads"] and runs[r]["host_resident_refuses_cpu"], runs[r]
+    # Every step after the one that creates the state is staged, and only
+    # then; a fused step never (it reads and writes the state once anyway).
+    assert runs["staged"]["steps_staged"] == (0 if impl == "fused" else 7), runs["staged"]
+    assert runs["direct"]["steps_staged"] == 0, runs["direct"]

@@ -1,0 +1,81 @@
+"""Oversubscription's training path in one process, for torch_gpu_test.py.
+Nothing is oversubscribed: `oversubscribe:1` only lets the optimizer's state
+live on the host (routed there by cma.torch's optimizer hooks), which is all
+the staged step (cma/torch_staged_step.py) needs.
+
+    python3 oversub_route.py native|staged|direct fused|foreach|single  ->  JSON
+staged: 4 MiB chunks, so the ring of buffers wraps many times a step;
+direct: CMA_STAGED_STEP=0 (the state read in place over the link).
+Every route must give the same losses, parameters and optimizer state."""
+import hashlib
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+route, impl = sys.argv[1], sys.argv[2]
+if route == "direct":
+    os.environ["CMA_STAGED_STEP"] = "0"
+elif route == "staged":
+    os.environ["CMA_STAGED_STEP"] = "4"
+
+import torch  # noqa: E402
+import cma.torch as cmat  # noqa: E402
+
+if route != "native":
+    cmat.use_as_default("oversubscribe:1")
+torch.manual_seed(0)
+torch.use_deterministic_algorithms(True)
+torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def digest(tensors):
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+width, depth = 1024, 6
+layers = []
+for _ in range(depth):
+    layers += [torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)]
+model = torch.nn.Sequential(torch.nn.Embedding(4096, width), *layers,
+                            torch.nn.Linear(width, 4096)).cuda()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01,
+                        **{"fused": {"fused": True}, "foreach": {"foreach": True},
+                           "single": {"foreach": False}}[impl])
+seen_grads = []
+# A post-hook the caller registered before the first step sees the gradients.
+opt.register_step_post_hook(lambda o, a, k: seen_grads.append(
+    all(p.grad is not None for g in o.param_groups for p in g["params"])))
+g = torch.Generator(device="cuda").manual_seed(1)
+losses = []
+for step in range(8):
+    x = torch.randint(0, 4096, (8, 128), device="cuda", generator=g)
+    loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+torch.cuda.synchronize()
+state = [t for p in model.parameters() for t in opt.state[p].values() if torch.is_tensor(t)]
+out = {"route": route, "impl": impl, "losses": losses,
+       "params": digest(model.parameters()), "state": digest(state),
+       "post_hook_saw_grads": all(seen_grads)}
+if route != "native":
+    from cma import torch_staged_step
+    st = cmat.memory_stats()
+    out["steps_staged"] = torch_staged_step.steps_staged(opt)
+    out["num_host_placements"] = st.get("num_host_placements", 0)
+    out["state_on_host"] = sum(cmat._lib.placed_on_host(t.data_ptr()) for t in state
+                               if t.numel() * t.element_size() >= (1 << 20))
+    # A hint naming a tensor cma does not own: ValueError, nothing changed.
+    cpu_opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(4))])
+    try:
+        cmat.host_resident(cpu_opt)
+        out["host_resident_refuses_cpu"] = False
+    except ValueError as e:
+        out["host_resident_refuses_cpu"] = "not a CUDA tensor cma owns" in str(e)
+print(json.dumps(out))
