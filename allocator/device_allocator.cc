@@ -178,7 +178,10 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
     // serves before the retry's synchronisation (the steady state of a
     // repeating workload makes no call).
     if (retry && spill) {
-      if (Block* h = TakeHostBlock(rounded, stream)) return HandOutOnHost(h, bytes, stream);
+      if (Block* h = TakeHostBlock(rounded, stream)) {
+        stats_.host_overflow_bytes += static_cast<std::int64_t>(bytes);
+        return HandOutOnHost(h, bytes, stream);
+      }
     }
     if (retry) {
       ++stats_.num_alloc_retries;
@@ -261,7 +264,10 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   }
   if (spill) {
     absl::StatusOr<void*> h = AllocateOnHost(rounded, bytes, pool, stream);
-    if (h.ok()) return h;
+    if (h.ok()) {
+      stats_.host_overflow_bytes += static_cast<std::int64_t>(bytes);
+      return h;
+    }
     cause = absl::Status(h.status().code(),
                          absl::StrCat(cause.message(), "; then: ", h.status().message()));
   }

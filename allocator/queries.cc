@@ -65,7 +65,7 @@ void DeviceAllocator::ResetAccumulatedStats() {
   stats_.num_discard_waits = 0;
   stats_.sleep_staged_bytes = stats_.sleep_restored_bytes = 0;
   stats_.num_wake_fences = 0;
-  stats_.num_host_placements = 0;
+  stats_.num_host_placements = stats_.host_overflow_bytes = 0;
 }
 
 void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {

@@ -90,6 +90,11 @@ struct DeviceStats {
   // caller routed them there.
   std::int64_t host_budget_bytes = 0;
   std::int64_t num_host_placements = 0;
+  // Bytes requested by the placements on the host made because the
+  // device's part was full (not routed there): what a repeating workload
+  // would need to make room for (cma.torch's activation offload learns
+  // from it).
+  std::int64_t host_overflow_bytes = 0;
 
   // Flattened as PyTorch does: "allocated_bytes.all.current", "num_ooms", ...
   std::map<std::string, std::int64_t> Flatten() const;

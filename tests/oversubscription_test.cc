@@ -160,6 +160,7 @@ TEST_F(OversubscriptionTest, WhatDoesNotFitTheDeviceLivesOnTheHost) {
   EXPECT_TRUE(accessed_by_device);
   EXPECT_EQ(Stats().host_resident_bytes[kAllPools].current, static_cast<std::int64_t>(24 * kMiB));
   EXPECT_EQ(Stats().num_host_placements, 1);
+  EXPECT_EQ(Stats().host_overflow_bytes, static_cast<std::int64_t>(24 * kMiB));
   // The device's memory counts only what lives there.
   EXPECT_LE(Stats().reserved_bytes[kAllPools].current, static_cast<std::int64_t>(56 * kMiB));
   std::memset(b, 0x3c, 24 * kMiB);
@@ -186,6 +187,7 @@ TEST_F(OversubscriptionTest, TheSteadyStateReusesHostBlocksWithNoCall) {
   EXPECT_EQ(backend_->CallCount("SynchronizeStream"), syncs);
   EXPECT_TRUE(backend_->Records().empty()) << "no advice, prefetch or discard";
   EXPECT_EQ(Stats().num_host_placements, 6);
+  EXPECT_EQ(Stats().host_overflow_bytes, static_cast<std::int64_t>(6 * 20 * kMiB));
   ASSERT_TRUE(alloc_->Free(a).ok());
   // Empty, the cache gives the host memory back too.
   ASSERT_TRUE(alloc_->EmptyCache().ok());
@@ -225,6 +227,7 @@ TEST_F(OversubscriptionTest, RoutingPlacesOnTheHostUntilTurnedOff) {
   ASSERT_TRUE(alloc_->SetHostRouting(0, true).ok());
   void* state = Alloc(4 * kMiB, 0, s1_);
   EXPECT_TRUE(OnHost(state)) << "routed, though the device has room";
+  EXPECT_EQ(Stats().host_overflow_bytes, 0) << "routed, not overflowed";
   ASSERT_TRUE(alloc_->SetHostRouting(0, false).ok());
   void* act = Alloc(4 * kMiB, 0, s1_);
   EXPECT_FALSE(OnHost(act));
