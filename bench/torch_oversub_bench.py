@@ -16,9 +16,11 @@ fixed seeded tokens, deterministic kernels):
   cma_oversub       cma with --cma-conf (oversubscribe:1)
   cma_oversub_hint  the same plus cma.torch.host_resident(optimizer)
                     (skipped with a note when cma.torch has no such function)
-  cma_oversub_direct  cma_oversub with CMA_STAGED_STEP=0: the optimizer reads
-                    its host-resident state in place over the link instead of
-                    the staged step (cma/torch_staged_step.py); named only
+  cma_oversub_direct  cma_oversub with CMA_STAGED_STEP=0 and
+                    CMA_ACTIVATION_OFFLOAD=0: the allocator's placement alone,
+                    without cma.torch's staged optimizer step and activation
+                    offload (cma/torch_staged_step.py, torch_offload.py);
+                    named only
 For each ratio R of --ratios the blocker leaves X = P / R + C free, C the
 cost of a route's CUDA context, measured before inmem with cudaMemGetInfo
 alone: a probe (the blocker holding nothing) reads free F with only its own
@@ -353,6 +355,8 @@ def train_route(torch, a, model, out):
         from cma import torch_staged_step
         out["steps_staged"] = torch_staged_step.steps_staged(opt)
         out["unstaged_because"] = torch_staged_step.unstaged_because(opt)
+        from cma import torch_offload
+        out["activation_offload"] = torch_offload.stats(torch.cuda.current_device())
     return log.steps
 
 
@@ -465,8 +469,9 @@ def route_env(route, conf=None):
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.pop("CMA_ALLOC_CONF", None)
     env.pop("CMA_STAGED_STEP", None)
+    env.pop("CMA_ACTIVATION_OFFLOAD", None)
     if route == "cma_oversub_direct":
-        env["CMA_STAGED_STEP"] = "0"
+        env["CMA_STAGED_STEP"] = env["CMA_ACTIVATION_OFFLOAD"] = "0"
     if conf:
         env["CMA_ALLOC_CONF"] = conf
     return env

@@ -223,7 +223,8 @@ def _oversubscribed_devices(params):
 
 def _route_new_optimizer_state():
     """Oversubscription's default placement for training: every optimizer's
-    state lives on the host. The state is touched once per step (the
+    state lives on the host (updated by torch_staged_step.py), and saved
+    activations make room when a step overflows (torch_offload.py). The state is touched once per step (the
     optimizer reads and writes it over the link), while parameters and
     activations are touched many times: they keep the device. Global
     torch.optim hooks route the allocations of a step that creates state
@@ -241,9 +242,12 @@ def _route_new_optimizer_state():
         devices = known.get(id(opt))
         if devices is None:
             devices = known[id(opt)] = tuple(sorted(_oversubscribed_devices(params)))
-            if devices:  # its host-resident state is updated staged from the next step
-                from cma import torch_staged_step
+            if devices:
+                # Its host-resident state is updated staged from the next
+                # step, and activations make room when a step overflows.
+                from cma import torch_offload, torch_staged_step
                 torch_staged_step.attach(opt)
+                torch_offload.watch(devices, params)
         if devices and getattr(opt, "_cma_host_resident", False) is False and \
                 _state_incomplete(opt, params):
             for d in devices:
@@ -255,7 +259,11 @@ def _route_new_optimizer_state():
         while entered:
             entered.pop().__exit__(None, None, None)
         # A step ends an iteration: the next follows the plan learnt from it.
-        for d in known.get(id(opt), ()):
+        devices = known.get(id(opt), ())
+        if devices:
+            from cma import torch_offload
+            torch_offload.end_step(devices)
+        for d in devices:
             _lib.mark_iteration(d)
 
     register_optimizer_step_pre_hook(before)
@@ -304,6 +312,14 @@ def host_resident(optimizer):
     optimizer.register_step_pre_hook(before)
     optimizer.register_step_post_hook(after)
     return optimizer
+
+
+def activation_offload(enabled=None):
+    """Oversubscription's activation offload (torch_offload.py): on or off
+    for steps from now on; returns whether it is on. CMA_ACTIVATION_OFFLOAD=0
+    turns it off at import."""
+    from cma import torch_offload
+    return torch_offload.configure(enabled)
 
 
 def staged_step(enabled=None, chunk_mib=None):

@@ -3,9 +3,11 @@ Nothing is oversubscribed: `oversubscribe:1` only lets the optimizer's state
 live on the host (routed there by cma.torch's optimizer hooks), which is all
 the staged step (cma/torch_staged_step.py) needs.
 
-    python3 oversub_route.py native|staged|direct fused|foreach|single  ->  JSON
-staged: 4 MiB chunks, so the ring of buffers wraps many times a step;
-direct: CMA_STAGED_STEP=0 (the state read in place over the link).
+    python3 oversub_route.py native|staged|direct|offload fused|foreach|single  ->  JSON
+staged: 4 MiB chunks, so the two buffers alternate many times a step;
+direct: CMA_STAGED_STEP=0 (the state read in place over the link);
+offload: CMA_ACTIVATION_OFFLOAD=64 (64 MiB of saved activations a step
+travel to the host and back).
 Every route must give the same losses, parameters and optimizer state."""
 import hashlib
 import json
@@ -19,6 +21,8 @@ if route == "direct":
     os.environ["CMA_STAGED_STEP"] = "0"
 elif route == "staged":
     os.environ["CMA_STAGED_STEP"] = "4"
+elif route == "offload":
+    os.environ["CMA_ACTIVATION_OFFLOAD"] = "64"
 
 import torch  # noqa: E402
 import cma.torch as cmat  # noqa: E402
@@ -68,6 +72,8 @@ if route != "native":
     from cma import torch_staged_step
     st = cmat.memory_stats()
     out["steps_staged"] = torch_staged_step.steps_staged(opt)
+    from cma import torch_offload
+    out["offload"] = torch_offload.stats(0)
     out["num_host_placements"] = st.get("num_host_placements", 0)
     out["state_on_host"] = sum(cmat._lib.placed_on_host(t.data_ptr()) for t in state
                                if t.numel() * t.element_size() >= (1 << 20))

@@ -252,9 +252,9 @@ def teardown_module():
 @pytest.mark.parametrize("impl", ["fused", "foreach", "single"])
 def test_oversubscription_staged_step_is_bit_identical(impl):
     runs = {r: run_script("oversub_route.py", r, impl, timeout=300)
-            for r in ("native", "staged", "direct")}
+            for r in ("native", "staged", "direct", "offload")}
     RESULTS.setdefault("oversub_staged_step", {})[impl] = runs
-    for r in ("staged", "direct"):
+    for r in ("staged", "direct", "offload"):
         for key in ("losses", "params", "state"):
             assert runs[r][key] == runs["native"][key], (r, key, runs)
         assert runs[r]["state_on_host"] > 0 and runs[r]["num_host_placements"] > 0, runs[r]
@@ -263,3 +263,7 @@ def test_oversubscription_staged_step_is_bit_identical(impl):
     # then; a fused step never (it reads and writes the state once anyway).
     assert runs["staged"]["steps_staged"] == (0 if impl == "fused" else 7), runs["staged"]
     assert runs["direct"]["steps_staged"] == 0, runs["direct"]
+    # Nothing overflows this small model: only the forced 64 MiB a step moves.
+    assert runs["staged"]["offload"]["bytes_moved"] == 0, runs["staged"]
+    moved = runs["offload"]["offload"]["bytes_moved"]
+    assert 8 * (64 << 20) <= moved <= 8 * (128 << 20), runs["offload"]
