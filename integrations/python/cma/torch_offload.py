@@ -3,27 +3,35 @@ step whose parameters, gradients and activations do not fit together.
 
 With the optimizer's state on the host (torch._route_new_optimizer_state),
 what still does not fit overflows by allocation order: whatever is asked
-for once the device's part is full lives on the host, and in a training
-step that is the logits and what the loss makes of them, read and written
-over the link several times each. The activations that autograd saves for
-backward early in the forward pass are the better ones to move: each is
-written once and read once, at the end of backward. So, once a step has
-overflowed, the next ones copy that many bytes (and a quarter more) of the
-first saved activations to the host as forward saves them, on a side
-stream, freeing their device memory as the copy ends, and bring them back
-in backward ahead of use (up to 512 MiB in flight), again on the side
-stream, which the consuming stream waits for. The copies are exact: losses
-stay bit-identical. The amount only grows (by each step's overflow), up to
-every saved activation.
+for once the device's part is full lives on the host. Where that is most
+of the activations (3x oversubscription of a GPT-2 step: 23 GB a step,
+three times the device's part), each is read and written over the link
+several times. The activations autograd saves for backward are better
+moved whole: each is written once in forward and read once in backward.
+So, after a step whose overflow was at least a quarter of the device's
+part, the next steps copy that many bytes (and a quarter more; the amount
+grows by each later overflow) of the first saved activations to the host
+as forward saves them, on a side stream (the forward stream waits for
+each copy two saves later and frees the device copy in its own order, so
+the memory serves the next allocations at once), and bring them back in
+backward ahead of use (up to 512 MiB in flight), on the side stream, which
+the consuming stream waits for. The copies are exact: losses stay
+bit-identical. Measured (bench/results/h200_oversub_staged/): at 3x, 1.25-
+1.35 s a step against 3.68-3.75 by allocation order alone; at 1.5x, where
+only the logits overflow (10% of the device's part), moving 1.9 GB of
+activations instead made steps slower (0.69-0.84 s against 0.60), hence
+the threshold.
 
 How: autograd's saved-tensor hooks, installed for the process (the
-calling thread's forward passes) when cma.torch first sees an optimizer
-whose device is oversubscribed; a step ends at that optimizer's step.
+calling thread's forward passes) at the end of the first step that sets
+an amount to move (installed, they cost even when nothing moves); cma.torch
+watches the devices of every optimizer whose device is oversubscribed, and
+a step ends at that optimizer's step.
 Left alone: saved tensors under 1 MiB, parameters and views of them,
 tensors on other devices, and anything saved while a CUDA graph is being
 captured or torch.compile traces. CMA_ACTIVATION_OFFLOAD=0 (or
 configure(False)) turns it off; =MiB moves that much from the first step
-on. Not thread-safe: one training loop per
+on, whatever the overflow. Not thread-safe: one training loop per
 process, as the optimizer hook that drives it assumes.
 """
 import os
@@ -34,6 +42,7 @@ from cma import _lib
 
 _MIN_BYTES = 1 << 20
 _PREFETCH_BYTES = 512 << 20
+_MIN_OVERFLOW_SHARE = 0.25
 _env = os.environ.get("CMA_ACTIVATION_OFFLOAD", "").strip()
 _enabled = _env not in ("0", "off", "false")
 # CMA_ACTIVATION_OFFLOAD=MiB: move that much from the first step on (the
@@ -65,8 +74,8 @@ class _Offloader:
         self.target = _initial_target  # bytes to move per step, learnt from overflow
         self.moved = 0  # this step
         self.saved = []  # this step's _Saved, in forward order
-        self.seen = {}
         self.in_flight = 0  # bytes fetched back and not yet handed to backward
+        self.holding = []  # (device tensor, its copy out's event), oldest first
         self.params = set()  # storages of the optimizers' parameters
         self.stream = None
         self.mark = _overflow(index)
@@ -86,28 +95,44 @@ class _Offloader:
                 (t.requires_grad and t.is_leaf) or
                 torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
             return t
-        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
-        s = self.seen.get(key)
-        if s is None:
-            side = self._side()
-            side.wait_stream(torch.cuda.current_stream(t.device))
-            with torch.cuda.stream(side):
-                _lib.set_host_routing(True, self.index)
-                try:
-                    host = torch.empty_like(t)
-                finally:
-                    _lib.set_host_routing(False, self.index)
-                host.copy_(t, non_blocking=True)
-            t.record_stream(side)  # its memory is reused only after the copy
-            s = self.seen[key] = _Saved(host, len(self.saved), n)
-            self.saved.append(s)
-            self.moved += n
-            self.bytes_moved += n
+        # Each save is its own copy: an earlier save of the same address may
+        # name another tensor by now (the first one's memory is freed below).
+        cur, side = torch.cuda.current_stream(t.device), self._side()
+        side.wait_stream(cur)
+        with torch.cuda.stream(side):
+            _lib.set_host_routing(True, self.index)
+            try:
+                host = torch.empty_like(t)
+            finally:
+                _lib.set_host_routing(False, self.index)
+            host.copy_(t, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+        s = _Saved(host, len(self.saved), n)
+        self.saved.append(s)
+        self.moved += n
+        self.bytes_moved += n
+        # The device copy goes once this stream has waited for its copy
+        # out, two saves later (the copy overlaps the work between):
+        # freed in this stream's order, it serves the next allocations
+        # at once, which an event-guarded free would not (the host runs
+        # ahead of the GPU and would find it still busy).
+        self.holding.append((t, copied))
+        self._release(cur, keep=2)
         return s
 
-    def _fetch(self, s):
-        with torch.cuda.stream(self._side()):
-            s.device = torch.empty_like(s.host)
+    def _release(self, cur, keep=0):
+        while len(self.holding) > keep:
+            _, copied = self.holding.pop(0)
+            cur.wait_event(copied)
+
+    def _fetch(self, s, cur):
+        # Allocated in the consuming stream's order; the side stream writes
+        # it after what that stream has queued so far.
+        s.device = torch.empty_like(s.host)
+        side = self._side()
+        side.wait_stream(cur)
+        with torch.cuda.stream(side):
             s.device.copy_(s.host, non_blocking=True)
             s.ready = torch.cuda.Event()
             s.ready.record()
@@ -116,39 +141,45 @@ class _Offloader:
     def unpack(self, s):
         if not isinstance(s, _Saved):
             return s
-        if s.device is None:
-            self._fetch(s)
         cur = torch.cuda.current_stream(self.index)
+        self._release(cur)
+        if s.device is None:
+            self._fetch(s, cur)
         cur.wait_event(s.ready)
         d, s.device = s.device, None
-        d.record_stream(cur)  # made on the side stream, used on this one
         self.in_flight -= s.nbytes
         # Backward wants them in the reverse of forward's order: fetch the
         # ones saved before this one while its gradient is computed.
         k = s.index - 1
         while k >= 0 and self.in_flight < _PREFETCH_BYTES:
             if self.saved[k].device is None and self.saved[k].host is not None:
-                self._fetch(self.saved[k])
+                self._fetch(self.saved[k], cur)
             k -= 1
         return d
 
     def end_step(self):
         """A step ended: learn from its overflow, forget its saved copies
         (backward is done with them; the host blocks go back to the cache)."""
-        now = _overflow(self.index)
+        st = _lib.stats(self.index)
+        now = st.get("host_overflow_bytes", 0)
         overflow, self.mark = now - self.mark, now
-        if _enabled and overflow > 0:
+        # Only where the overflow is a large share of the device's part: at
+        # 1.5x (an overflow of 10%, the logits) moving activations made steps
+        # slower, at 3x (300%, most activations) 2.8x faster; see the module
+        # docstring.
+        large = overflow >= _MIN_OVERFLOW_SHARE * st.get("managed_budget_bytes", 0)
+        if _enabled and overflow > 0 and (self.target > 0 or large):
             self.target += overflow + overflow // 4
         self.steps += 1
+        self._release(torch.cuda.current_stream(self.index))
         self.moved = self.in_flight = 0
-        self.seen.clear()
         for s in self.saved:
             s.host = s.device = None
         self.saved = []
 
 
 def _overflow(index):
-    return _lib.stats(index).get("host_overflow_bytes", 0)
+    return _lib.stats(index).get("host_overflow_bytes", 0)  # (cumulative)
 
 
 def _pack(t):
@@ -168,11 +199,17 @@ def _unpack(s):
 
 def watch(devices, params):
     """Offload for `devices` (oversubscribed), never `params`' storages."""
-    global _installed
     for d in devices:
         o = _offloaders.setdefault(d, _Offloader(d))
         o.params.update(p.untyped_storage().data_ptr() for p in params if p.is_cuda)
-    if not _installed:
+    _install_when_needed()
+
+
+def _install_when_needed():
+    # Only once something is to move: installed, the hooks alone cost (a
+    # 1.5x step with hooks that moved nothing: 0.68 s against 0.59).
+    global _installed
+    if not _installed and any(o.target > 0 for o in _offloaders.values()):
         torch._C._autograd._push_saved_tensors_default_hooks(_pack, _unpack)
         _installed = True
 
@@ -181,6 +218,7 @@ def end_step(devices):
     for d in devices:
         if d in _offloaders:
             _offloaders[d].end_step()
+    _install_when_needed()
 
 
 def stats(device):

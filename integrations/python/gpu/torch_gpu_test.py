@@ -263,7 +263,8 @@ def test_oversubscription_staged_step_is_bit_identical(impl):
     # then; a fused step never (it reads and writes the state once anyway).
     assert runs["staged"]["steps_staged"] == (0 if impl == "fused" else 7), runs["staged"]
     assert runs["direct"]["steps_staged"] == 0, runs["direct"]
-    # Nothing overflows this small model: only the forced 64 MiB a step moves.
+    # Nothing overflows this small model: only the forced 64 MiB a step moves
+    # (from the second step: cma.torch sees the optimizer at its first).
     assert runs["staged"]["offload"]["bytes_moved"] == 0, runs["staged"]
     moved = runs["offload"]["offload"]["bytes_moved"]
-    assert 8 * (64 << 20) <= moved <= 8 * (128 << 20), runs["offload"]
+    assert 7 * (64 << 20) <= moved <= 7 * (128 << 20), runs["offload"]
