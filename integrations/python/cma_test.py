@@ -28,6 +28,15 @@ def test_malloc_free_and_stats():
     assert cma.backend_name() == "host"
 
 
+def test_oversubscription_calls_are_public():
+    # docs/oversubscription.md names them as cma.placed_on_host and
+    # cma.set_host_routing.
+    p = cma.malloc(1 << 20)
+    assert cma.placed_on_host(p) is False
+    cma.free(p)
+    assert cma.set_host_routing is cma._lib.set_host_routing
+
+
 def test_errors_carry_the_librarys_message():
     with pytest.raises(cma.CmaError, match="0 bytes"):
         cma.malloc(0)
