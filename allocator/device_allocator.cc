@@ -363,6 +363,7 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
   b->disposable = false;
   b->keep = false;
   b->pages_discarded = false;
+  b->discarded_from = 0;
   b->sleep_dropped = false;
   b->stream_uses.clear();
   if (ABSL_PREDICT_FALSE(recording_)) RecordAllocation(b);

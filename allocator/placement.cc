@@ -1,6 +1,7 @@
 // DeviceAllocator's placement: carrying out policy/placement_policy.h's
 // decisions through the Backend, and the zero-copy move (sleep mode is in
 // sleep.cc).
+#include <algorithm>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -176,6 +177,14 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
     }
     blocks.push_back(b);
   }
+  // A pointer named twice (tied weights in a model's tensor list) moves
+  // once: each block's staged part is restored, and unstaged, once.
+  {
+    absl::flat_hash_set<Block*> seen;
+    blocks.erase(std::remove_if(blocks.begin(), blocks.end(),
+                                [&seen](Block* b) { return !seen.insert(b).second; }),
+                 blocks.end());
+  }
   // The move may be ordered on a stream of the owning device or of the
   // target device.
   if (absl::Status s = CheckStream(stream); !s.ok()) {
@@ -228,7 +237,10 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
     // migrates it. (Moved to the host, the pages are still none of the
     // device's: the free tells the page map so.)
     b->sleep_dropped = false;
-    if (!target.is_host()) b->pages_discarded = false;
+    if (!target.is_host()) {
+      b->pages_discarded = false;
+      b->discarded_from = 0;
+    }
   }
   stats_.moves += static_cast<std::int64_t>(blocks.size());
   return absl::OkStatus();

@@ -412,6 +412,7 @@ absl::Status DeviceAllocator::RestoreStaged(absl::Span<Block* const> blocks, Loc
       b->discarded_from = end;
     } else if (!contents_dead) {
       b->pages_discarded = false;
+      b->discarded_from = 0;
     }
     Unstage(b->addr);
   }
@@ -490,6 +491,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
     b->placed = true;
     b->location = here;
     b->pages_discarded = false;
+    b->discarded_from = 0;
     b->sleep_dropped = false;
   }
   sleep_wake_stream_ = stream;

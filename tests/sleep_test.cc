@@ -212,6 +212,26 @@ TEST_F(SleepManyChunksTest, PinnedMemoryRunningOutMigratesTheRestAndKeepsNoSpare
   ExpectInvariants();
 }
 
+// Review of issue 34's fix: a batch naming a staged allocation twice (tied
+// weights) read the staged entry after the first mention had removed it.
+TEST_F(SleepTest, AMoveNamingAStagedAllocationTwiceRestoresItOnce) {
+  Remake("roundup_power2_divisions:4");
+  void* a = Filled(5 * kMiB + 1, 3);
+  ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
+  ASSERT_GT(Staging(), 0);
+  const std::vector<void*> twice = {a, a};
+  ASSERT_TRUE(alloc_->MoveBatch(twice, Location::Host(), s1_).ok());
+  ASSERT_TRUE(backend_->CompleteWork(s1_).ok());
+  EXPECT_TRUE(Intact(a, 5 * kMiB + 1, 3));
+  EXPECT_EQ(Stats().sleep_restored_bytes, static_cast<std::int64_t>(5 * kMiB + 1));
+  ExpectInvariants();
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  ASSERT_TRUE(backend_->CompleteWork(s1_).ok());
+  EXPECT_TRUE(Intact(a, 5 * kMiB + 1, 3));
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ExpectInvariants();
+}
+
 TEST_F(SleepTest, ReleaseIsRefusedWhileStagingHoldsContentsThenGivesItAllBack) {
   void* weights = Filled(4 * kMiB, 9);
   ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
