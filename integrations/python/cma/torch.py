@@ -234,14 +234,15 @@ def _route_new_optimizer_state():
     oversubscription they do nothing after one check per optimizer."""
     from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                        register_optimizer_step_pre_hook)
-    known = {}  # id(optimizer) -> devices with a host part, or () when none
+    import weakref
+    known = weakref.WeakKeyDictionary()  # optimizer -> devices with a host part, or ()
     entered = []
 
     def before(opt, args, kwargs):
         params = [p for g in opt.param_groups for p in g["params"]]
-        devices = known.get(id(opt))
+        devices = known.get(opt)
         if devices is None:
-            devices = known[id(opt)] = tuple(sorted(_oversubscribed_devices(params)))
+            devices = known[opt] = tuple(sorted(_oversubscribed_devices(params)))
             if devices:
                 # Its host-resident state is updated staged from the next
                 # step, and activations make room when a step overflows.
@@ -259,7 +260,7 @@ def _route_new_optimizer_state():
         while entered:
             entered.pop().__exit__(None, None, None)
         # A step ends an iteration: the next follows the plan learnt from it.
-        devices = known.get(id(opt), ())
+        devices = known.get(opt, ())
         if devices:
             from cma import torch_offload
             torch_offload.end_step(devices)

@@ -20,8 +20,11 @@ the same kernel on the same values: bit-identical to the unstaged step.
 Only optimizers whose update of a parameter reads nothing but that
 parameter's gradient and state are staged (torch.optim's Adam, AdamW,
 SGD, Adagrad, RMSprop, Adamax, NAdam, RAdam, exactly those classes);
-others, a step given a closure, sparse gradients, or too little free device
-memory for two chunks run as before (reading the state over the link).
+others, a step given a closure, sparse gradients, fused or differentiable
+groups, or too little free device memory for two chunks run as before
+(reading the state over the link). A step that raises after the staging
+(a pre-hook registered later) has updated the parameters and left their
+gradients unset.
 
 Contract: the staging runs as the optimizer's last step pre-hook (appended
 when the optimizer is first seen; a pre-hook registered later runs after
@@ -74,12 +77,19 @@ def configure(enabled=None, chunk_mib=None):
 
 
 def _on_host(t, cache):
-    key = (t.data_ptr(), t.untyped_storage().nbytes())
+    """Whether `t` is a whole host-resident allocation of cma's. Where it
+    lives is cached per allocation; the layout is checked every time (state
+    made again by load_state_dict may reuse an address)."""
+    try:
+        if t.storage_offset() != 0 or not t.is_contiguous():
+            return False
+        key = (t.data_ptr(), t.untyped_storage().nbytes())
+    except Exception:  # a tensor with no storage of its own (a subclass)
+        return False
     hit = cache.get(key)
     if hit is None:
         try:
-            hit = (t.storage_offset() == 0 and t.is_contiguous() and
-                   _lib.placed_on_host(t.data_ptr()))
+            hit = _lib.placed_on_host(key[0])
         except Exception:  # not an allocation start cma knows: read in place
             hit = False
         cache[key] = hit
@@ -100,14 +110,18 @@ class _Stager:
     def _plan(self, chunk_bytes):
         """Chunks: (group, [params], [(state, key, host tensor)], bytes),
         None when this step cannot be staged."""
-        chunks = []
+        chunks, seen = [], set()
         for group in self.opt.param_groups:
-            if group.get("fused"):
-                return None  # one pass each way already, at the link's rate
+            if group.get("fused") or group.get("differentiable"):
+                # fused: one pass each way already, at the link's rate;
+                # differentiable: the state's autograd history would pass
+                # through the copies.
+                return None
             cur = None
             for p in group["params"]:
-                if p.grad is None:
-                    continue
+                if p.grad is None or id(p) in seen:
+                    continue  # (a parameter listed twice is updated once, as torch does)
+                seen.add(id(p))
                 if p.grad.is_sparse or not p.is_cuda:
                     return None
                 state = self.opt.state.get(p)
@@ -226,10 +240,12 @@ def _copy(loads, stores):
     running at any moment carry both directions (its blocks take the
     pieces in the list's order)."""
     def pieces(pairs):
+        # As bytes: one dtype for the lot, which _foreach_copy_'s one-kernel
+        # path needs (mixed dtypes fall back to a copy per piece).
         out = []
         for d, s in pairs:
-            n = max(1, _PIECE_BYTES // d.element_size())
-            out += zip(d.view(-1).split(n), s.view(-1).split(n))
+            out += zip(d.view(-1).view(torch.uint8).split(_PIECE_BYTES),
+                       s.view(-1).view(torch.uint8).split(_PIECE_BYTES))
         return out
     a, b = pieces(loads), pieces(stores)
     both = [p for pair in zip(a, b) for p in pair] + a[len(b):] + b[len(a):]
@@ -253,6 +269,9 @@ def attach(opt):
     opt._cma_stager = stager
 
     def before(o, args, kwargs):
+        # Gradients held by a step that raised after staging (so its
+        # post-hook never ran) are not this step's to put back.
+        stager.held_grads = None
         # args[0] is the optimizer; anything after it (a closure) or a
         # keyword the step takes leaves the step as it is.
         if _settings["enabled"] and len(args) <= 1 and not kwargs:
