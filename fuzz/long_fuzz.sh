@@ -111,7 +111,7 @@ for name in "${fuzzers[@]}"; do
     grep -E "^(==[0-9]+==ERROR|SUMMARY)" "$log" | head -3 >&2
     [[ $rc -eq 0 ]] && break
     if [[ $(ls "$art" | wc -l) -ge 5 ]]; then break; fi
-    if ! ls "$art" | grep -q .; then  # failed with nothing to show: do not loop on it
+    if [[ -z $(ls -A "$art") ]]; then  # failed with nothing to show: do not loop on it
       findings+="$name exited $rc without an input (see $log)"$'\n'
       found=1
       break
@@ -122,7 +122,7 @@ for name in "${fuzzers[@]}"; do
   min="$log_dir/min/$name"
   mkdir -p "$min"
   if "$bin/$name" -merge=1 -timeout=10 -rss_limit_mb=2048 "$min" "$corpus" "$work" \
-    >"$log_dir/fuzzers/$name.merge.log" 2>&1 && ls "$min" | grep -q .; then
+    >"$log_dir/fuzzers/$name.merge.log" 2>&1 && [[ -n $(ls -A "$min") ]]; then
     new=$(comm -13 <(ls "$corpus" | sort) <(ls "$min" | sort) | wc -l)
     dropped=$(comm -23 <(ls "$corpus" | sort) <(ls "$min" | sort) | wc -l)
     find "$corpus" -maxdepth 1 -type f -delete
