@@ -75,7 +75,7 @@ class _Offloader:
         self.moved = 0  # this step
         self.saved = []  # this step's _Saved, in forward order
         self.in_flight = 0  # bytes fetched back and not yet handed to backward
-        self.holding = []  # (device tensor, its copy out's event), oldest first
+        self.holding = []  # (device tensor, its copy out's event, its stream), oldest first
         self.params = set()  # storages of the optimizers' parameters
         self.stream = None
         self.mark = _overflow(index)
@@ -103,6 +103,9 @@ class _Offloader:
             _lib.set_host_routing(True, self.index)
             try:
                 host = torch.empty_like(t)
+            except torch.OutOfMemoryError:
+                self.moved = self.target  # the host's part is full: keep the rest this step
+                return t
             finally:
                 _lib.set_host_routing(False, self.index)
             host.copy_(t, non_blocking=True)
@@ -117,14 +120,16 @@ class _Offloader:
         # freed in this stream's order, it serves the next allocations
         # at once, which an event-guarded free would not (the host runs
         # ahead of the GPU and would find it still busy).
-        self.holding.append((t, copied))
-        self._release(cur, keep=2)
+        self.holding.append((t, copied, cur))
+        self._release(keep=2)
         return s
 
-    def _release(self, cur, keep=0):
+    def _release(self, keep=0):
+        # The stream each was saved on (whose order frees it) waits for
+        # its copy out.
         while len(self.holding) > keep:
-            _, copied = self.holding.pop(0)
-            cur.wait_event(copied)
+            _, copied, stream = self.holding.pop(0)
+            stream.wait_event(copied)
 
     def _fetch(self, s, cur):
         # Allocated in the consuming stream's order; the side stream writes
@@ -142,7 +147,7 @@ class _Offloader:
         if not isinstance(s, _Saved):
             return s
         cur = torch.cuda.current_stream(self.index)
-        self._release(cur)
+        self._release()
         if s.device is None:
             self._fetch(s, cur)
         cur.wait_event(s.ready)
@@ -171,7 +176,7 @@ class _Offloader:
         if _enabled and overflow > 0 and (self.target > 0 or large):
             self.target += overflow + overflow // 4
         self.steps += 1
-        self._release(torch.cuda.current_stream(self.index))
+        self._release()
         self.moved = self.in_flight = 0
         for s in self.saved:
             s.host = s.device = None
