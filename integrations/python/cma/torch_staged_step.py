@@ -97,7 +97,8 @@ def _on_host(t, cache):
 
 
 class _Stager:
-    """One optimizer's staging: its streams and what it learnt of its state."""
+    """One optimizer's staging: where its state lives (learnt once per
+    allocation) and the gradients it holds back during a step."""
 
     def __init__(self, opt):
         self.opt = opt
