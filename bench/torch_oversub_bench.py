@@ -21,6 +21,9 @@ fixed seeded tokens, deterministic kernels):
                     without cma.torch's staged optimizer step and activation
                     offload (cma/torch_staged_step.py, torch_offload.py);
                     named only
+  cma_oversub_inbwd  cma_oversub plus cma.torch.step_in_backward(optimizer):
+                    the optimizer's step runs during backward on a side
+                    stream, each gradient freed once applied; named only
 For each ratio R of --ratios the blocker leaves X = P / R + C free, C the
 cost of a route's CUDA context, measured before inmem with cudaMemGetInfo
 alone: a probe (the blocker holding nothing) reads free F with only its own
@@ -85,7 +88,8 @@ from oversub_report import (CMA_ROUTES, cma_conf, context_cost, host_need, markd
 GiB, MiB = ob.GiB, ob.MiB
 TRAIN_ROUTES = ("fsdp2_offload", "managed_plain", "cma_oversub", "cma_oversub_hint")
 INFER_ROUTES = ("cma_oversub", "managed_plain", "accel_auto")
-ALL_ROUTES = ("inmem",) + TRAIN_ROUTES + ("cma_oversub_direct", "accel_auto", "accel_offload")
+ALL_ROUTES = ("inmem",) + TRAIN_ROUTES + ("cma_oversub_direct", "cma_oversub_inbwd",
+                                          "accel_auto", "accel_offload")
 STAT_WORDS = ("prefetch", "migrat", "evict", "host", "oversub", "resident", "fault")
 STEP_PREFIX, INFO_PREFIX = "STEP ", "INFO "
 DEFAULTS = {  # (mode, quick): sizes an H100 80GB holds for inmem, fp32
@@ -323,6 +327,9 @@ def train_route(torch, a, model, out):
         hint = cmat.host_resident
         if a.hint_at == "init":
             out["hint_result"] = repr(hint(opt))[:200]
+    if route == "cma_oversub_inbwd":
+        import cma.torch as cmat
+        cmat.step_in_backward(opt)
     g = torch.Generator().manual_seed(1)
     data = [torch.randint(0, a.vocab, (a.batch, a.seq), generator=g) for _ in range(a.steps)]
     log = _StepLog(torch, a, out)
@@ -357,6 +364,8 @@ def train_route(torch, a, model, out):
         out["unstaged_because"] = torch_staged_step.unstaged_because(opt)
         from cma import torch_offload
         out["activation_offload"] = torch_offload.stats(torch.cuda.current_device())
+        from cma import torch_step_in_backward
+        out["buckets_in_backward"] = torch_step_in_backward.buckets_applied(opt)
     return log.steps
 
 

@@ -221,6 +221,17 @@ def _oversubscribed_devices(params):
     return out
 
 
+def _state_tiers(optimizer, params):
+    """Host tiers to enter while a step creates state for `params` outside
+    optimizer.step() (torch_step_in_backward.py): where the optimizer
+    hooks below, or host_resident()'s, would route it."""
+    if getattr(optimizer, "_cma_host_resident", False):
+        devices = {p.device.index for p in params if p.is_cuda}
+    else:
+        devices = _oversubscribed_devices(params)
+    return [_HostTier(d) for d in sorted(devices)]
+
+
 def _route_new_optimizer_state():
     """Oversubscription's default placement for training: every optimizer's
     state lives on the host (updated by torch_staged_step.py), and saved
@@ -313,6 +324,24 @@ def host_resident(optimizer):
     optimizer.register_step_pre_hook(before)
     optimizer.register_step_post_hook(after)
     return optimizer
+
+
+def step_in_backward(optimizer, enabled=True, bucket_mib=64):
+    """Opt-in hint, one line after building the optimizer: each parameter
+    is updated during backward, as soon as its gradient is final (every
+    `bucket_mib` of parameters, on a side stream), and its gradient freed;
+    optimizer.step() then only catches the current stream up. Beyond the
+    GPU's memory this overlaps the link-bound step with backward and frees
+    the gradients' memory; results stay bit-identical. Gradients are None
+    after backward, so clipping, accumulation over several backward passes
+    and GradScaler are refused (torch_step_in_backward.py states the
+    contract). TypeError for a non-optimizer, ValueError (nothing changed)
+    for one whose update is not elementwise, a non-CUDA parameter or a
+    differentiable group. enabled=False removes it. Returns the optimizer."""
+    from cma import torch_step_in_backward
+    if not enabled:
+        return torch_step_in_backward.detach(optimizer)
+    return torch_step_in_backward.attach(optimizer, bucket_mib)
 
 
 def activation_offload(enabled=None):

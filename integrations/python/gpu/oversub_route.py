@@ -7,7 +7,10 @@ the staged step (cma/torch_staged_step.py) needs.
 staged: 4 MiB chunks, so the two buffers alternate many times a step;
 direct: CMA_STAGED_STEP=0 (the state read in place over the link);
 offload: CMA_ACTIVATION_OFFLOAD=64 (64 MiB of saved activations a step
-travel to the host and back).
+travel to the host and back);
+inbwd: cma.torch.step_in_backward(opt, bucket_mib=8) (each bucket updated
+during backward), and inbwd_native the same hint over PyTorch's own
+allocator; both also check that misuse is refused.
 Every route must give the same losses, parameters and optimizer state."""
 import hashlib
 import json
@@ -27,7 +30,7 @@ elif route == "offload":
 import torch  # noqa: E402
 import cma.torch as cmat  # noqa: E402
 
-if route != "native":
+if route not in ("native", "inbwd_native"):
     cmat.use_as_default("oversubscribe:1")
 torch.manual_seed(0)
 torch.use_deterministic_algorithms(True)
@@ -50,6 +53,8 @@ model = torch.nn.Sequential(torch.nn.Embedding(4096, width), *layers,
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01,
                         **{"fused": {"fused": True}, "foreach": {"foreach": True},
                            "single": {"foreach": False}}[impl])
+if route.startswith("inbwd"):
+    cmat.step_in_backward(opt, bucket_mib=8)
 seen_grads = []
 # A post-hook the caller registered before the first step sees the gradients.
 opt.register_step_post_hook(lambda o, a, k: seen_grads.append(
@@ -68,7 +73,38 @@ state = [t for p in model.parameters() for t in opt.state[p].values() if torch.i
 out = {"route": route, "impl": impl, "losses": losses,
        "params": digest(model.parameters()), "state": digest(state),
        "post_hook_saw_grads": all(seen_grads)}
-if route != "native":
+if route.startswith("inbwd"):
+    from cma import torch_step_in_backward as sib
+    out["buckets_applied"] = sib.buckets_applied(opt)
+    out["grads_after_backward"] = sum(p.grad is not None for p in model.parameters())
+    refused = {}
+    x = torch.randint(0, 4096, (8, 128), device="cuda", generator=g)
+    # Clipping after the update: refused, naming the hint.
+    model(x).float().mean().backward()
+    try:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        refused["clip"] = False
+    except RuntimeError as e:
+        refused["clip"] = "step_in_backward" in str(e)
+    # A second backward before optimizer.step(): refused.
+    try:
+        model(x).float().mean().backward()
+        refused["accumulate"] = False
+    except RuntimeError as e:
+        refused["accumulate"] = "second backward" in str(e)
+    opt.step()
+    for bad, exc in ((lambda: cmat.step_in_backward(object()), TypeError),
+                     (lambda: cmat.step_in_backward(torch.optim.LBFGS(model.parameters())),
+                      ValueError),
+                     (lambda: cmat.step_in_backward(
+                         torch.optim.AdamW([torch.nn.Parameter(torch.zeros(4))])), ValueError)):
+        try:
+            bad()
+            refused.setdefault("bad_input", []).append(False)
+        except exc:
+            refused.setdefault("bad_input", []).append(True)
+    out["refused"] = refused
+if route not in ("native", "inbwd_native"):
     from cma import torch_staged_step
     st = cmat.memory_stats()
     out["steps_staged"] = torch_staged_step.steps_staged(opt)

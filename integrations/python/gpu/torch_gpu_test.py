@@ -268,3 +268,21 @@ def test_oversubscription_staged_step_is_bit_identical(impl):
     assert runs["staged"]["offload"]["bytes_moved"] == 0, runs["staged"]
     moved = runs["offload"]["offload"]["bytes_moved"]
     assert 7 * (64 << 20) <= moved <= 7 * (128 << 20), runs["offload"]
+
+
+@pytest.mark.parametrize("impl", ["fused", "foreach", "single"])
+def test_step_in_backward_is_bit_identical(impl):
+    runs = {r: run_script("oversub_route.py", r, impl, timeout=300)
+            for r in ("native", "inbwd", "inbwd_native")}
+    RESULTS.setdefault("step_in_backward", {})[impl] = runs
+    for r in ("inbwd", "inbwd_native"):
+        for key in ("losses", "params", "state"):
+            assert runs[r][key] == runs["native"][key], (r, key, runs)
+        # 8 MiB buckets over 14 weights of 16 MiB: a bucket a weight or more,
+        # every backward; no gradient left for optimizer.step().
+        assert runs[r]["buckets_applied"] >= 8 * 14, runs[r]
+        assert runs[r]["grads_after_backward"] == 0 and not runs[r]["post_hook_saw_grads"]
+        assert runs[r]["refused"] == {"clip": True, "accumulate": True,
+                                      "bad_input": [True, True, True]}, runs[r]
+    # State made during backward follows oversubscription's placement.
+    assert runs["inbwd"]["state_on_host"] > 0, runs["inbwd"]
