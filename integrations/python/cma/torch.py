@@ -326,22 +326,24 @@ def host_resident(optimizer):
     return optimizer
 
 
-def step_in_backward(optimizer, enabled=True, bucket_mib=64):
+def step_in_backward(optimizer, enabled=True, bucket_mib=64, sms=8):
     """Opt-in hint, one line after building the optimizer: each parameter
     is updated during backward, as soon as its gradient is final (every
-    `bucket_mib` of parameters, on a side stream), and its gradient freed;
+    `bucket_mib` of parameters, on a side stream limited to `sms` SMs where
+    torch offers green contexts; 0: all), and its gradient freed;
     optimizer.step() then only catches the current stream up. Beyond the
     GPU's memory this overlaps the link-bound step with backward and frees
     the gradients' memory; results stay bit-identical. Gradients are None
-    after backward, so clipping, accumulation over several backward passes
-    and GradScaler are refused (torch_step_in_backward.py states the
-    contract). TypeError for a non-optimizer, ValueError (nothing changed)
-    for one whose update is not elementwise, a non-CUDA parameter or a
-    differentiable group. enabled=False removes it. Returns the optimizer."""
+    after backward, so clipping, accumulation over several backward passes,
+    GradScaler and data parallelism are refused (torch_step_in_backward.py
+    states the contract). TypeError for a non-optimizer, ValueError (nothing
+    changed) for one whose update is not elementwise, a non-CUDA parameter,
+    a differentiable group or a parameter hinted by another live optimizer.
+    enabled=False removes it. Returns the optimizer."""
     from cma import torch_step_in_backward
     if not enabled:
         return torch_step_in_backward.detach(optimizer)
-    return torch_step_in_backward.attach(optimizer, bucket_mib)
+    return torch_step_in_backward.attach(optimizer, bucket_mib, sms)
 
 
 def activation_offload(enabled=None):

@@ -77,6 +77,7 @@ if route.startswith("inbwd"):
     from cma import torch_step_in_backward as sib
     out["buckets_applied"] = sib.buckets_applied(opt)
     out["grads_after_backward"] = sum(p.grad is not None for p in model.parameters())
+    out["side_stream_sms"] = {str(k): v for k, v in sib.side_stream_sms(opt).items()}
     refused = {}
     x = torch.randint(0, 4096, (8, 128), device="cuda", generator=g)
     # Clipping after the update: refused, naming the hint.
@@ -93,11 +94,20 @@ if route.startswith("inbwd"):
     except RuntimeError as e:
         refused["accumulate"] = "second backward" in str(e)
     opt.step()
+    # GradScaler while the hint is attached: refused before anything runs.
+    try:
+        torch.amp.GradScaler("cuda").scale(model(x).float().mean())
+        refused["scaler"] = False
+    except RuntimeError as e:
+        refused["scaler"] = "step_in_backward" in str(e)
     for bad, exc in ((lambda: cmat.step_in_backward(object()), TypeError),
                      (lambda: cmat.step_in_backward(torch.optim.LBFGS(model.parameters())),
                       ValueError),
                      (lambda: cmat.step_in_backward(
-                         torch.optim.AdamW([torch.nn.Parameter(torch.zeros(4))])), ValueError)):
+                         torch.optim.AdamW([torch.nn.Parameter(torch.zeros(4))])), ValueError),
+                     # a second live optimizer over the same parameters
+                     (lambda: cmat.step_in_backward(torch.optim.AdamW(model.parameters())),
+                      ValueError)):
         try:
             bad()
             refused.setdefault("bad_input", []).append(False)

@@ -282,7 +282,9 @@ def test_step_in_backward_is_bit_identical(impl):
         # every backward; no gradient left for optimizer.step().
         assert runs[r]["buckets_applied"] >= 8 * 14, runs[r]
         assert runs[r]["grads_after_backward"] == 0 and not runs[r]["post_hook_saw_grads"]
-        assert runs[r]["refused"] == {"clip": True, "accumulate": True,
-                                      "bad_input": [True, True, True]}, runs[r]
+        assert runs[r]["refused"] == {"clip": True, "accumulate": True, "scaler": True,
+                                      "bad_input": [True, True, True, True]}, runs[r]
+        # Hopper offers green contexts: the side stream holds 8 SMs.
+        assert runs[r]["side_stream_sms"] == {"0": 8}, runs[r]
     # State made during backward follows oversubscription's placement.
     assert runs["inbwd"]["state_on_host"] > 0, runs["inbwd"]
