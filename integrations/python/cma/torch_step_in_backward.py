@@ -44,12 +44,9 @@ backward does not reach is not updated, where a plain loop would apply its
 zero gradient (weight decay, momentum). Hyperparameters (a scheduler's lr)
 are read when each bucket is applied: change them between optimizer.step()
 and the next backward, as schedulers do. State made in backward (the first
-step's) follows oversubscription's placement (the host), except the
-bucket applied when backward ends, which overlaps nothing: its state stays
-on the device where the device's part had room for it at its peak. The
-hint holds its optimizer weakly: an optimizer that is gone leaves its hooks
-inert, and a parameter can carry the hint of one live optimizer only
-(ValueError).
+step's) follows oversubscription's placement (the host). The hint holds its
+optimizer weakly: an optimizer that is gone leaves its hooks inert, and a
+parameter can carry the hint of one live optimizer only (ValueError).
 Thread safety: backward's hooks run on autograd's threads (one per device)
 under one lock per optimizer; the optimizer itself is not thread-safe, as
 torch.optim is not.
@@ -127,9 +124,9 @@ class _InBackward:
     def on_backward_end(self):
         with self.lock:
             self.end_queued = False
-            self.apply_pending(at_end=True)
+            self.apply_pending()
 
-    def apply_pending(self, at_end=False):
+    def apply_pending(self):
         with self.lock:
             params = [p for p in self.pending.values() if p.grad is not None]
             self.pending, self.pending_bytes = {}, 0
@@ -146,17 +143,16 @@ class _InBackward:
                         side.wait_event(ev)
                 grads = [p.grad for p in ps]
                 with torch.cuda.stream(side):
-                    self._step(opt, ps, at_end)
+                    self._step(opt, ps)
                 for p, g in zip(ps, grads):
                     g.record_stream(side)  # its memory returns after the update
                     p.grad = None
                     self.applied.add(id(p))
             self.buckets += 1
 
-    def _step(self, opt, params, at_end):
+    def _step(self, opt, params):
         """The class's own step over `params` alone, each in its own group's
-        hyperparameters; new state routed as a whole step's would be, except
-        the last bucket's (below)."""
+        hyperparameters; new state routed as a whole step's would be."""
         from cma import torch as cmat
         groups = {}
         for p in params:
@@ -164,8 +160,7 @@ class _InBackward:
         saved = opt.param_groups
         tiers = []
         try:
-            if cmat._state_incomplete(opt, params) and not (
-                    at_end and _room_at_peak(opt, params)):
+            if cmat._state_incomplete(opt, params):
                 tiers = cmat._state_tiers(opt, params)
             for t in tiers:
                 t.__enter__()
@@ -203,25 +198,6 @@ class _InBackward:
         with self.lock:
             self.catch_up()
             self.applied.clear()
-
-
-def _room_at_peak(opt, params):
-    """Whether the state of the bucket applied when backward ends (the first
-    layers' parameters: the embedding, whose gradient is final last) may
-    stay on the device. Its update overlaps nothing, so over the link it
-    would be time added to every step; it stays where the device's part
-    kept room for it (Adam's two moments, and 256 MiB to spare) at its
-    populated peak so far. An explicit host_resident() hint wins."""
-    if getattr(opt, "_cma_host_resident", False):
-        return False
-    from cma import _lib
-    need = 2 * sum(p.numel() * p.element_size() for p in params) + (256 << 20)
-    for device in {p.device.index for p in params}:
-        st = _lib.stats(device)
-        budget = st.get("managed_budget_bytes", 0)
-        if budget <= 0 or budget - st.get("reserved_bytes.all.peak", budget) < need:
-            return False
-    return True
 
 
 def _side_stream(device, sms):
