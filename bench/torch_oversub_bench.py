@@ -369,6 +369,7 @@ def train_route(torch, a, model, out):
         out["activation_offload"] = torch_offload.stats(torch.cuda.current_device())
         from cma import torch_step_in_backward
         out["buckets_in_backward"] = torch_step_in_backward.buckets_applied(opt)
+        out["tail_state_bytes"] = torch_step_in_backward.tail_state_bytes(opt)
     return log.steps
 
 

@@ -44,9 +44,13 @@ backward does not reach is not updated, where a plain loop would apply its
 zero gradient (weight decay, momentum). Hyperparameters (a scheduler's lr)
 are read when each bucket is applied: change them between optimizer.step()
 and the next backward, as schedulers do. State made in backward (the first
-step's) follows oversubscription's placement (the host). The hint holds its
-optimizer weakly: an optimizer that is gone leaves its hooks inert, and a
-parameter can carry the hint of one live optimizer only (ValueError).
+step's) follows oversubscription's placement (the host), except the state
+of the bucket applied last in the first backward, which overlaps nothing:
+after that backward it moves to the device where the device's part had
+room for it at its peak (tail_state_bytes(opt) says how much). The hint
+holds its optimizer weakly: an optimizer that is gone leaves its hooks
+inert, and a parameter can carry the hint of one live optimizer only
+(ValueError).
 Thread safety: backward's hooks run on autograd's threads (one per device)
 under one lock per optimizer; the optimizer itself is not thread-safe, as
 torch.optim is not.
@@ -81,6 +85,9 @@ class _InBackward:
         self.end_queued = False
         self.handles = []
         self.buckets = 0  # buckets applied, for tests and benchmarks
+        self.last_bucket = []  # the parameters applied last (their update overlaps nothing)
+        self.tail_placed = False  # whether the last bucket's state placement was decided
+        self.tail_state_bytes = 0  # bytes of it brought to the device
 
     def opt(self):
         """The optimizer while it lives and still carries this hint."""
@@ -149,6 +156,7 @@ class _InBackward:
                     p.grad = None
                     self.applied.add(id(p))
             self.buckets += 1
+            self.last_bucket = params
 
     def _step(self, opt, params):
         """The class's own step over `params` alone, each in its own group's
@@ -198,6 +206,54 @@ class _InBackward:
         with self.lock:
             self.catch_up()
             self.applied.clear()
+            opt = self.opt()
+            if not self.tail_placed and opt is not None and self.last_bucket:
+                self.tail_placed = True
+                self.tail_state_bytes = _tail_to_device(opt, self.last_bucket)
+
+
+def _tail_to_device(opt, params):
+    """After the first backward: the state of the bucket applied last (the
+    parameters whose gradient is final last, such as a tied embedding) is
+    updated after backward has ended, so over the link it adds its time to
+    every step. It moves to the device where the device's part kept room
+    for it (and 256 MiB to spare) at its populated peak; returns the bytes
+    moved. An explicit host_resident() hint wins."""
+    from cma import _lib
+    if getattr(opt, "_cma_host_resident", False):
+        return 0
+    parts = []
+    for p in params:
+        for k, t in opt.state.get(p, {}).items():
+            if torch.is_tensor(t) and t.is_cuda and t.numel() * t.element_size() >= \
+                    torch_staged_step._MIN_STAGED_BYTES and _placed_on_host(t):
+                parts.append((p, k, t))
+    need = sum(t.numel() * t.element_size() for _, _, t in parts)
+    if not need:
+        return 0
+    for device in {t.device.index for _, _, t in parts}:
+        st = _lib.stats(device)
+        budget = st.get("managed_budget_bytes", 0)
+        if budget - st.get("reserved_bytes.all.peak", budget) < need + (256 << 20):
+            return 0
+    moved = 0
+    for p, k, t in parts:
+        new = torch.empty_like(t)
+        if _placed_on_host(new):
+            continue  # no room after all: the host copy stays
+        new.copy_(t)
+        t.record_stream(torch.cuda.current_stream(t.device))  # freed after the copy reads it
+        opt.state[p][k] = new
+        moved += t.numel() * t.element_size()
+    return moved
+
+
+def _placed_on_host(t):
+    from cma import _lib
+    try:
+        return bool(_lib.placed_on_host(t.data_ptr()))
+    except Exception:  # not an allocation cma knows (PyTorch's own allocator)
+        return False
 
 
 def _side_stream(device, sms):
@@ -294,6 +350,13 @@ def buckets_applied(opt):
     """How many buckets `opt` applied inside backward (0 without the hint)."""
     s = getattr(opt, "_cma_in_backward", None)
     return 0 if s is None else s.buckets
+
+
+def tail_state_bytes(opt):
+    """Bytes of optimizer state the hint brought to the device (the last
+    bucket's, see _tail_to_device)."""
+    s = getattr(opt, "_cma_in_backward", None)
+    return 0 if s is None else s.tail_state_bytes
 
 
 def side_stream_sms(opt):

@@ -78,6 +78,7 @@ if route.startswith("inbwd"):
     out["buckets_applied"] = sib.buckets_applied(opt)
     out["grads_after_backward"] = sum(p.grad is not None for p in model.parameters())
     out["side_stream_sms"] = {str(k): v for k, v in sib.side_stream_sms(opt).items()}
+    out["tail_state_bytes"] = sib.tail_state_bytes(opt)
     refused = {}
     x = torch.randint(0, 4096, (8, 128), device="cuda", generator=g)
     # Clipping after the update: refused, naming the hint.
