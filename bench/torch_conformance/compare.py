@@ -111,6 +111,45 @@ def markdown(results):
     return "\n".join(out) + "\n"
 
 
+def orders_markdown(by_order):
+    """The run orders side by side: per order and route the outcome counts,
+    then what the baseline route passes and another does not in each order,
+    and the tests whose outcome under a route changes with the order."""
+    out = ["# test_cuda.py conformance in several run orders", "",
+           "| order | route | selected | " + " | ".join(core.OUTCOMES) + " | processes |",
+           "|" + "---|" * (4 + len(core.OUTCOMES))]
+    for order, results in by_order.items():
+        for r in results:
+            s = r.get("summary") or core.summarize(r.get("order") or [], r.get("tests", {}))
+            selected = r.get("selected", len(r.get("order") or []))
+            out.append(f"| {order} | {r['route']} | {selected} | "
+                       + " | ".join(str(s.get(o, 0)) for o in core.OUTCOMES)
+                       + f" | {r.get('processes', '?')} |")
+    for order, results in by_order.items():
+        base = results[0]
+        for other in results[1:]:
+            lost = differences(base, other)[0]
+            out += ["", f"## {order}: {base['route']} passes, {other['route']} does not "
+                    f"({len(lost)})", ""]
+            out += [f"- {core.test_key(i)}: {_outcome(other, i)['outcome']}: "
+                    f"{_cell(_outcome(other, i).get('reason', ''))}" for i in lost]
+    routes = {r["route"] for results in by_order.values() for r in results}
+    for route in sorted(routes):
+        seen = {}
+        for order, results in by_order.items():
+            for r in results:
+                if r["route"] == route:
+                    for i in r.get("order") or []:
+                        ok = _outcome(r, i)["outcome"] in core.OK_OUTCOMES
+                        seen.setdefault(i, {})[order] = ok
+        flaky = [i for i, v in seen.items() if len(set(v.values())) > 1]
+        out += ["", f"## {route}: outcome depends on the order ({len(flaky)})", ""]
+        out += [f"- {core.test_key(i)}: passes in "
+                + ", ".join(o for o, ok in seen[i].items() if ok) + "; not in "
+                + ", ".join(o for o, ok in seen[i].items() if not ok) for i in flaky]
+    return "\n".join(out) + "\n"
+
+
 def brief(report):
     """The report without its long per-test tables: the summary, the notes,
     and the grouped reasons (for a terminal with little scrollback)."""

@@ -205,3 +205,23 @@ def summarize(order, results):
     for nodeid in order:
         counts[results.get(nodeid, {}).get("outcome", "not_run")] += 1
     return counts
+
+
+def first_chunk(ids, size=None):
+    """The tests one process runs when the driver splits the selection into
+    fresh processes of `size` tests in collection order (CMA_CONF_CHUNK,
+    unset or 0: all of them). PyTorch's tests leave state behind (caches,
+    pools, graphs), so an outcome that changes with what ran before in the
+    same process is not conformance: the driver runs each order apart."""
+    if size is None:
+        size = int(os.environ.get("CMA_CONF_CHUNK", "0") or 0)
+    return list(ids) if size <= 0 else list(ids)[:size]
+
+
+def order_name(chunk):
+    """The name of a run order in result files: whole (one process for the
+    selection, as PyTorch's CI runs the file), chunksN, or each (N = 1)."""
+    if not chunk:
+        return "whole"
+    return "each" if chunk == 1 else f"chunks{chunk}"
+

@@ -18,7 +18,9 @@ Environment (set by the driver): CMA_CONF_ROUTE, CMA_CONF_EVENTS (event log),
 CMA_CONF_TEST_FILE, CMA_CONF_ONLY (optional file: JSON list of ids to keep),
 CMA_CONF_DEADLINE (epoch seconds), CMA_CONF_SOFT_TIMEOUT, CMA_CONF_HARD_TIMEOUT,
 CMA_CONF_SLOW (JSON {substring: soft seconds} for tests known to compile),
-CMA_CONF_EXCLUDE (JSON list of substrings: selected tests not to run).
+CMA_CONF_EXCLUDE (JSON list of substrings: selected tests not to run),
+CMA_CONF_CHUNK (optional: run only the first N of what is left; the driver
+starts the next process for the rest).
 """
 import faulthandler
 import hashlib
@@ -100,7 +102,7 @@ def pytest_collection_modifyitems(session, config, items):
             only = json.load(f)
     selected = core.select([i.nodeid for i in items], only=only)
     excluded = core.excluded(selected, EXCLUDE)
-    keep_ids = set(selected) - set(excluded)
+    keep_ids = set(core.first_chunk([i for i in selected if i not in set(excluded)]))
     keep = [i for i in items if i.nodeid in keep_ids]
     dropped = [i for i in items if i.nodeid not in keep_ids]
     items[:] = keep

@@ -153,10 +153,11 @@ FAKE_CHILD = textwrap.dedent("""
         only = json.load(open(os.environ["CMA_CONF_ONLY"]))
     keep = core.select(ids, only=only)
     ev = core.EventWriter(os.environ["CMA_CONF_EVENTS"])
+    selected, keep = keep, core.first_chunk(keep)
     if os.environ.get("FAKE_FATAL"):
         ev.write("fatal", msg="route install failed")
         sys.exit(4)
-    ev.write("selected", ids=keep, collected=len(ids))
+    ev.write("selected", ids=selected, collected=len(ids))
     ev.write("meta", torch="fake", route=os.environ["CMA_CONF_ROUTE"])
     for i in keep:
         ev.start(i)
@@ -212,10 +213,71 @@ class DriverTest(unittest.TestCase):
         self.assertEqual(r["summary"]["not_run"] + r["summary"]["passed"]
                          + r["summary"]["crashed"] + r["summary"]["timeout"], len(r["order"]))
 
+    def run_chunked(self, chunk):
+        d = tempfile.mkdtemp()
+        child = os.path.join(d, "child.py")
+        with open(child, "w") as f:
+            f.write(FAKE_CHILD)
+        old = dict(os.environ)
+        os.environ.update(HARNESS_DIR=HERE, FAKE_SLOW_S="0")
+        try:
+            return run_conformance.run_route(
+                "cma", child, d, 60.0, soft_s=0.5, hard_s=1.0, command=[sys.executable, child],
+                slow={}, poll_s=0.1, kill_grace_s=1.0, chunk=chunk), d
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+
+    def test_chunks_run_in_fresh_processes_and_only_crashes_count_as_restarts(self):
+        whole, _ = self.run_fake(env={"FAKE_SLOW_S": "0"})
+        for chunk, processes in ((2, 3), (1, 5)):
+            r, d = self.run_chunked(chunk)
+            self.assertEqual(r["order"], whole["order"])
+            self.assertEqual({k: v["outcome"] for k, v in r["tests"].items()},
+                             {k: v["outcome"] for k, v in whole["tests"].items()})
+            # chunk 2: [a, crash] dies, [hang, b] is killed, [b, slow] ends as
+            # planned; chunk 1: every test its own process, two of them died.
+            self.assertEqual((r["processes"], r["restarts"]), (processes, 2), chunk)
+            self.assertEqual(r["run_order"], core.order_name(chunk))
+            name = "cma_each.json" if chunk == 1 else "cma_chunks2.json"
+            self.assertTrue(os.path.exists(os.path.join(d, name)), name)
+        self.assertEqual((whole["processes"], whole["run_order"]), (3, "whole"))
+
     def test_fatal_stops_the_route(self):
         r, _ = self.run_fake(env={"FAKE_FATAL": "1"})
         self.assertEqual(r["fatal"], "route install failed")
         self.assertEqual(r["order"], None)
+
+
+class OrdersTest(unittest.TestCase):
+    def test_first_chunk_and_order_names(self):
+        self.assertEqual(core.first_chunk(["a", "b", "c"], 2), ["a", "b"])
+        self.assertEqual(core.first_chunk(["a", "b"], 0), ["a", "b"])
+        self.assertEqual([core.order_name(c) for c in (0, 1, 20)], ["whole", "each", "chunks20"])
+
+    def test_orders_side_by_side_name_what_depends_on_the_order(self):
+        order = ["f.py::T::test_a", "f.py::T::test_b"]
+
+        def res(route, a, b):
+            return {"route": route, "order": order, "processes": 1,
+                    "tests": {order[0]: {"outcome": a}, order[1]: {"outcome": b, "reason": "r"}}}
+        md = compare.orders_markdown({
+            "whole": [res("native", "passed", "passed"), res("cma", "passed", "passed")],
+            "each": [res("native", "passed", "passed"), res("cma", "passed", "failed")]})
+        self.assertIn("| each | cma | 2 | 1 | 0 | 1 |", md)
+        self.assertIn("## whole: native passes, cma does not (0)", md)
+        self.assertIn("## each: native passes, cma does not (1)\n\n- T::test_b: failed: r", md)
+        self.assertIn("## cma: outcome depends on the order (1)\n\n- T::test_b: passes in "
+                      "whole; not in each", md)
+        self.assertIn("## native: outcome depends on the order (0)", md)
+
+    def test_bad_orders_are_refused(self):
+        with tempfile.NamedTemporaryFile(suffix=".py") as f:
+            for bad in (["--orders", "twice,twice"], ["--orders", "sideways"],
+                        ["--chunk", "0", "--orders", "chunks"]):
+                with self.assertRaises(SystemExit):
+                    run_conformance.main(["--out", tempfile.mkdtemp(), "--test-file", f.name]
+                                         + bad)
 
 
 class CompareTest(unittest.TestCase):

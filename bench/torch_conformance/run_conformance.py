@@ -7,12 +7,20 @@ segments, each route in fresh processes, and a comparison lists what native
 passes and cma does not.
 
   run_conformance.py --out DIR [--routes native,cma,expandable]
+                     [--orders whole,chunks,each] [--chunk 20]
                      [--test-file upstream/test_cuda.py] [--total-s 560]
                      [--route-s 200] [--soft-s 40] [--hard-s 60]
 
-Per route it writes DIR/<route>.json (every test's outcome and one-line
-reason, torch/device facts, stand-ins used); then DIR/compare.md (the
-comparison) and DIR/logs.tar.gz (pytest's output per route, the event logs,
+Orders (issue 32): a result that depends on what ran before it in the same
+process is not conformance, so each order runs apart: whole (one process,
+as PyTorch's CI runs the file), chunks (fresh processes of --chunk tests in
+collection order) and each (every test alone); orders.md puts them side by
+side when more than one ran.
+
+Per route and order it writes DIR/<route>.json (whole) or
+DIR/<route>_<chunksN|each>.json (every test's outcome and one-line reason,
+torch/device facts, stand-ins used); then DIR/compare.md (the comparison;
+compare_<order>.md for the others) and DIR/logs.tar.gz (pytest's output per route, the event logs,
 and <route>_outcomes.txt, the lists to commit; compare.py --lists rebuilds
 them from the JSON files; they are written to a temporary folder first).
 Five files at most: the GPU machine returns eight.
@@ -118,26 +126,31 @@ def _kill(proc):
 
 def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
               slow=None, max_restarts=MAX_RESTARTS, poll_s=0.5, kill_grace_s=KILL_GRACE_S,
-              exclude=(), work_dir=None):
+              exclude=(), work_dir=None, chunk=0):
     """Runs one route to completion across as many processes as crashes
-    need. Returns the route's result dict (also written to <route>.json)."""
+    need, and with `chunk` > 0 a fresh process every `chunk` tests in
+    collection order. Returns the route's result dict (also written to
+    <route>.json, or <route>_<order>.json for a chunked order)."""
     started = time.time()
     deadline = started + budget_s
     command = command or pytest_command(test_file)
     work = work_dir or os.path.join(out_dir, "work")
     os.makedirs(work, exist_ok=True)
     os.makedirs(out_dir, exist_ok=True)
-    log_path = os.path.join(work, f"{route}.log")
+    order_name = core.order_name(chunk)
+    stem = route if order_name == "whole" else f"{route}_{order_name}"
+    log_path = os.path.join(work, f"{stem}.log")
     open(log_path, "w").close()
     result = {"route": route, "test_file": test_file, "budget_s": budget_s,
               "soft_timeout_s": soft_s, "hard_timeout_s": hard_s, "command": command,
               "meta": {}, "order": None, "tests": {}, "restarts": 0, "fatal": None,
-              "collected": None, "context_restarts": [], "exclude": list(exclude)}
+              "collected": None, "context_restarts": [], "exclude": list(exclude),
+              "run_order": order_name, "chunk": chunk, "processes": 0}
     tests = result["tests"]
     only_path = None
     attempt = 0
     while True:
-        events_path = os.path.join(work, f"{route}.events.{attempt}.jsonl")
+        events_path = os.path.join(work, f"{stem}.events.{attempt}.jsonl")
         if os.path.exists(events_path):
             os.remove(events_path)
         env = route_env(route)
@@ -145,11 +158,11 @@ def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
                    CMA_CONF_TEST_FILE=test_file, CMA_CONF_DEADLINE=str(deadline),
                    CMA_CONF_SOFT_TIMEOUT=str(soft_s), CMA_CONF_HARD_TIMEOUT=str(hard_s),
                    CMA_CONF_SLOW=json.dumps(slow if slow is not None else SLOW_TESTS),
-                   CMA_CONF_EXCLUDE=json.dumps(list(exclude)))
+                   CMA_CONF_EXCLUDE=json.dumps(list(exclude)), CMA_CONF_CHUNK=str(chunk))
         if only_path:
             env["CMA_CONF_ONLY"] = only_path
         with open(log_path, "a") as log:
-            log.write(f"\n===== {route} attempt {attempt}: {' '.join(command)}\n")
+            log.write(f"\n===== {stem} attempt {attempt}: {' '.join(command)}\n")
             log.flush()
             log_offset = log.tell()
             proc = subprocess.Popen(command, cwd=os.path.dirname(test_file) or ".", env=env,
@@ -174,6 +187,8 @@ def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
             if killed:
                 _kill(proc)
         code = proc.returncode
+        result["processes"] += 1
+        context_restarts_before = len(result["context_restarts"])
         with open(log_path, errors="replace") as log:
             log.seek(log_offset)
             attempt_log = log.read()
@@ -225,24 +240,28 @@ def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
         elif not flight and not progress:
             # Nothing ran in this process: restarting would loop.
             why = f"not run: the process ended ({describe_exit(code)}) without running a test"
-        elif attempt >= max_restarts:
+        elif result["restarts"] >= max_restarts:
             why = f"not run: {max_restarts} restarts used"
         if why:
             for nodeid in remaining:
                 tests[nodeid] = {"outcome": "not_run", "reason": why, "dur": None}
             break
+        # A process that ran its chunk to the end is the plan, not a restart.
+        planned = chunk and not flight and not killed and \
+            len(result["context_restarts"]) == context_restarts_before
         attempt += 1
-        result["restarts"] = attempt
-        only_path = os.path.join(work, f"{route}.only.{attempt}.json")
+        if not planned:
+            result["restarts"] += 1
+        only_path = os.path.join(work, f"{stem}.only.{attempt}.json")
         with open(only_path, "w") as f:
             json.dump(remaining, f)
     order = result["order"] or []
     result["summary"] = core.summarize(order, tests)
     result["selected"] = len(order)
     result["wall_s"] = round(time.time() - started, 1)
-    with open(os.path.join(out_dir, f"{route}.json"), "w") as f:
+    with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
         json.dump(result, f, indent=1, sort_keys=True)
-    with open(os.path.join(work, f"{route}_outcomes.txt"), "w") as f:
+    with open(os.path.join(work, f"{stem}_outcomes.txt"), "w") as f:
         f.write(compare.outcome_list(result))
     return result
 
@@ -267,6 +286,11 @@ def main(argv=None):
     ap.add_argument("--soft-s", type=float, default=40.0, help="per-test limit (SIGALRM)")
     ap.add_argument("--hard-s", type=float, default=60.0,
                     help="per-test limit for a test stuck in C (process ended, run resumed)")
+    ap.add_argument("--orders", default="whole",
+                    help="comma-separated run orders: whole (the selection in one process, "
+                         "as PyTorch's CI runs the file), chunks (fresh processes of --chunk "
+                         "tests in collection order), each (every test in a fresh process)")
+    ap.add_argument("--chunk", type=int, default=20, help="tests per process for 'chunks'")
     ap.add_argument("--exclude", action="append", default=[], metavar="SUBSTRING",
                     help="do not run selected tests whose id contains SUBSTRING "
                          "(recorded as not_run); repeatable")
@@ -279,6 +303,12 @@ def main(argv=None):
         ap.error("a route is named twice")
     if args.hard_s <= args.soft_s:
         ap.error("--hard-s must exceed --soft-s")
+    chunks = {"whole": 0, "chunks": args.chunk, "each": 1}
+    orders = [o.strip() for o in args.orders.split(",") if o.strip()]
+    if not orders or any(o not in chunks for o in orders) or len(set(orders)) != len(orders):
+        ap.error(f"--orders takes whole, chunks and each, each at most once, not {args.orders}")
+    if args.chunk < 1:
+        ap.error("--chunk must be at least 1")
     test_file = os.path.abspath(args.test_file)
     if not os.path.isfile(test_file):
         ap.error(f"no test file at {test_file} (see bench/torch_conformance/README.md)")
@@ -287,26 +317,35 @@ def main(argv=None):
     work = tempfile.mkdtemp(prefix="cma_conformance_")
     print(f"[conformance] logs in {work}; results in {args.out}", flush=True)
     end = time.time() + args.total_s
-    results = []
-    for i, route in enumerate(routes):
-        share = (end - time.time()) / (len(routes) - i)
-        budget = max(min(args.route_s, share), 1.0)
-        print(f"[conformance] route {route}: budget {budget:.0f} s", flush=True)
-        r = run_route(route, test_file, args.out, budget, args.soft_s, args.hard_s,
-                      exclude=args.exclude, work_dir=work)
-        results.append(r)
-        s = r["summary"]
-        print(f"[conformance] {route}: {r['selected']} selected, "
-              + ", ".join(f"{k} {v}" for k, v in s.items() if v)
-              + f"; {r['restarts']} restarts, {r['wall_s']} s"
-              + (f"; FATAL: {r['fatal']}" if r["fatal"] else ""), flush=True)
-    report = compare.markdown(results)
-    with open(os.path.join(args.out, "compare.md"), "w") as f:
-        f.write(report)
+    slots = len(routes) * len(orders)
+    by_order, fatal = {}, False
+    for order in orders:
+        results = by_order[order] = []
+        for route in routes:
+            share = (end - time.time()) / slots
+            slots -= 1
+            budget = max(min(args.route_s, share), 1.0)
+            print(f"[conformance] {order}: route {route}: budget {budget:.0f} s", flush=True)
+            r = run_route(route, test_file, args.out, budget, args.soft_s, args.hard_s,
+                          exclude=args.exclude, work_dir=work, chunk=chunks[order])
+            results.append(r)
+            fatal = fatal or bool(r["fatal"])
+            s = r["summary"]
+            print(f"[conformance] {order}: {route}: {r['selected']} selected, "
+                  + ", ".join(f"{k} {v}" for k, v in s.items() if v)
+                  + f"; {r['processes']} processes, {r['restarts']} restarts, {r['wall_s']} s"
+                  + (f"; FATAL: {r['fatal']}" if r["fatal"] else ""), flush=True)
+        report = compare.markdown(results)
+        name = "compare.md" if order == "whole" else f"compare_{core.order_name(chunks[order])}.md"
+        with open(os.path.join(args.out, name), "w") as f:
+            f.write(report)
+        print(compare.brief(report), flush=True)
+    if len(orders) > 1:
+        with open(os.path.join(args.out, "orders.md"), "w") as f:
+            f.write(compare.orders_markdown(by_order))
     with tarfile.open(os.path.join(args.out, "logs.tar.gz"), "w:gz") as tar:
         tar.add(work, arcname="work")
-    print(compare.brief(report), flush=True)
-    return 2 if any(r["fatal"] for r in results) else 0
+    return 2 if fatal else 0
 
 
 if __name__ == "__main__":
