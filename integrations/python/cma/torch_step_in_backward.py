@@ -19,9 +19,12 @@ torch offers one (torch.cuda.green_contexts): update kernels that read the
 host over the link hold their SMs while they wait, and on all SMs they
 slowed backward's memory-bound kernels several times over (measured, see
 bench/results/h200_oversub_inbwd/); sms=0, or a torch without green
-contexts, uses an ordinary stream. The caller's `optimizer.step()` makes
-the current stream wait for the side stream (before and after the step
-itself) and updates only parameters whose gradient came some other way.
+contexts, uses an ordinary stream. When backward ends, the caller's streams
+wait for the side stream (autograd runs its end callbacks on them), so what
+the caller queues after backward sees the updated parameters; the caller's
+`optimizer.step()` waits again (before and after the step itself: a
+closure's backward runs inside it) and updates only parameters whose
+gradient came some other way.
 Only elementwise optimizers qualify (torch.optim's Adam, AdamW, SGD,
 Adagrad, RMSprop, Adamax, NAdam, RAdam): their update of one parameter
 reads that parameter's gradient and state alone, so the update is the same
@@ -65,6 +68,7 @@ from cma import torch_staged_step
 _ELEMENTWISE = torch_staged_step._ELEMENTWISE
 _DEFAULT_SMS = 8  # on an H200, 8 SMs kept the link full (16 and 32 were slower)
 _green = {}  # (device, sms) -> (green context, side stream), shared by optimizers
+_green_errors = {}  # (device, sms) -> why no green context was made
 _live = []  # weak references to attached states, for the guards
 
 
@@ -129,9 +133,17 @@ class _InBackward:
                 self.apply_pending()
 
     def on_backward_end(self):
+        # Runs on the caller's streams (autograd's post-processing): they wait
+        # for the updates, so what the caller queues between backward and
+        # step() (an EMA, a norm, a checkpoint) reads the updated parameters.
         with self.lock:
             self.end_queued = False
             self.apply_pending()
+            for device, side in self.side.items():
+                torch.cuda.current_stream(device).wait_stream(side)
+                for (d, _), (stream, _) in self.ready.items():
+                    if d == device:
+                        stream.wait_stream(side)
 
     def apply_pending(self):
         with self.lock:
@@ -209,16 +221,19 @@ class _InBackward:
             opt = self.opt()
             if not self.tail_placed and opt is not None and self.last_bucket:
                 self.tail_placed = True
-                self.tail_state_bytes = _tail_to_device(opt, self.last_bucket)
+                self.tail_state_bytes = _tail_to_device(opt, self.last_bucket, self._side)
 
 
-def _tail_to_device(opt, params):
+def _tail_to_device(opt, params, side_of):
     """After the first backward: the state of the bucket applied last (the
     parameters whose gradient is final last, such as a tied embedding) is
     updated after backward has ended, so over the link it adds its time to
     every step. It moves to the device where the device's part kept room
-    for it (and 256 MiB to spare) at its populated peak; returns the bytes
-    moved. An explicit host_resident() hint wins."""
+    for it at its populated peak, with 256 MiB to spare and, for a step the
+    staging will serve from the next one on, its two chunk buffers; returns
+    the bytes moved. An explicit host_resident() hint wins. The copies are
+    made on the side stream that updates them (`side_of(device)`), so they
+    belong to its pool as the host copies did."""
     from cma import _lib
     if getattr(opt, "_cma_host_resident", False):
         return 0
@@ -231,20 +246,29 @@ def _tail_to_device(opt, params):
     need = sum(t.numel() * t.element_size() for _, _, t in parts)
     if not need:
         return 0
+    spare = 256 << 20
+    staged = torch_staged_step._settings["enabled"] and \
+        not all(g.get("fused") for g in opt.param_groups)
+    if staged:
+        spare += 2 * (torch_staged_step._settings["chunk_mib"] << 20)
     for device in {t.device.index for _, _, t in parts}:
         st = _lib.stats(device)
         budget = st.get("managed_budget_bytes", 0)
-        if budget - st.get("reserved_bytes.all.peak", budget) < need + (256 << 20):
+        if budget - st.get("reserved_bytes.all.peak", budget) < need + spare:
             return 0
     moved = 0
     for p, k, t in parts:
-        new = torch.empty_like(t)
-        if _placed_on_host(new):
-            continue  # no room after all: the host copy stays
-        new.copy_(t)
-        t.record_stream(torch.cuda.current_stream(t.device))  # freed after the copy reads it
-        opt.state[p][k] = new
+        side = side_of(t.device.index)
+        side.wait_stream(torch.cuda.current_stream(t.device))
+        with torch.cuda.stream(side):
+            new = torch.empty_like(t)
+            if _placed_on_host(new):
+                continue  # no room after all: the host copy stays
+            new.copy_(t)
+        opt.state[p][k] = new  # the host copy is freed in the side stream's order
         moved += t.numel() * t.element_size()
+    for device in {t.device.index for _, _, t in parts}:
+        torch.cuda.current_stream(device).wait_stream(side_of(device))
     return moved
 
 
@@ -264,13 +288,18 @@ def _side_stream(device, sms):
         if hit is None:
             try:
                 from torch.cuda import green_contexts
-                ctx = green_contexts.GreenContext.create(sms, device)
+                # By keyword: torch 2.11 takes (num_sms, device_id), later
+                # releases keywords only.
+                ctx = green_contexts.GreenContext.create(num_sms=sms, device_id=device)
                 g = ctx.Stream()
                 s = torch.cuda.Stream(stream_id=g.stream_id, device_index=g.device_index,
                                       device_type=g.device_type)
                 hit = _green[(device, sms)] = (ctx, s)
-            except (ImportError, AttributeError, RuntimeError, TypeError):
-                hit = _green[(device, sms)] = (None, None)  # not offered: all SMs
+            except (ImportError, AttributeError, RuntimeError, TypeError) as e:
+                # Not offered (older torch, ROCm, no driver support): all SMs,
+                # and side_stream_sms() says None; the reason is kept.
+                _green_errors[(device, sms)] = f"{type(e).__name__}: {e}"
+                hit = _green[(device, sms)] = (None, None)
         if hit[1] is not None:
             return hit[1], sms
     return torch.cuda.Stream(device=device), None
@@ -361,7 +390,8 @@ def tail_state_bytes(opt):
 
 def side_stream_sms(opt):
     """{device: SMs its side stream may use, None for all} (empty before the
-    first backward or without the hint)."""
+    first backward or without the hint; why a green context could not be
+    made: torch_step_in_backward._green_errors)."""
     s = getattr(opt, "_cma_in_backward", None)
     return {} if s is None else dict(s.side_sms)
 
