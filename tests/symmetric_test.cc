@@ -271,6 +271,42 @@ TEST(SymmetricHeapTest, BadInputs) {
   EXPECT_EQ(b.LiveResources(), HostResourceCounts{});
 }
 
+TEST(SymmetricHeapTest, FabricHandlesAreProbedAndFallBackToPosixFdsOnlyWhenAsked) {
+  SymmetricOptions fabric;
+  fabric.handle_type = HandleType::kFabric;
+  SymmetricOptions fallback = fabric;
+  fallback.fabric_fallback = true;
+  SymmetricGroup g{2, {0, 1}, {0, 1}};
+  // A device that says no, and one that says yes but cannot export (the
+  // host backend's fabric_handles, like CUDA without an IMEX channel).
+  for (bool claims : {false, true}) {
+    HostBackend b({.device_count = 2, .fabric_handles = claims});
+    const char* why = claims ? "exporting a fabric handle failed" : "no fabric handle support";
+    auto refused = SymmetricHeap::Create(b, g, MakeSingleProcessExchange(), fabric);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_THAT(refused.status().message(), HasSubstr(why));
+    EXPECT_THAT(refused.status().message(), HasSubstr("device 0"));
+    EXPECT_EQ(b.LiveResources(), HostResourceCounts{}) << "the probe's memory was released";
+    auto h = SymmetricHeap::Create(b, g, MakeSingleProcessExchange(), fallback);
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ((*h)->handle_type(), HandleType::kPosixFd);
+    EXPECT_THAT((*h)->handle_fallback_reason(), HasSubstr(why));
+    auto a = (*h)->Allocate(1 << 20);
+    ASSERT_TRUE(a.ok()) << a.status();
+    static_cast<char*>((*a)->peers[1])[0] = 7;
+    EXPECT_TRUE((*h)->Free(*a).ok());
+    h->reset();
+    EXPECT_EQ(b.LiveResources(), HostResourceCounts{});
+  }
+  HostBackend b;
+  auto fd = SymmetricHeap::Create(b, g, MakeSingleProcessExchange());
+  ASSERT_TRUE(fd.ok());
+  EXPECT_EQ((*fd)->handle_type(), HandleType::kPosixFd);
+  EXPECT_EQ((*fd)->handle_fallback_reason(), "");
+  // Only VmmCreate, VmmExport and VmmRelease probe: a POSIX FD heap makes no call.
+  EXPECT_EQ(b.CallCount("VmmCreate"), 0);
+}
+
 TEST(SymmetricHeapTest, MulticastOnlyWhenAskedSupportedAndNotDisabled) {
   SymmetricOptions on;
   on.multicast = true;
@@ -428,6 +464,31 @@ TEST_P(SymmetricProcessTest, MakeSymmetricRoundsUpToTheLargest) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Processes, SymmetricProcessTest, ::testing::Values(2, 3, 4));
+
+TEST(SymmetricProcessTest, AMemberThatFellBackFromFabricSharesWithOneThatAskedForFds) {
+  // Rank 0 asks for fabric handles on a device that cannot export them and
+  // falls back; rank 1 asks for POSIX FDs: each announces what it sends.
+  const std::string path = SocketPath("fallback");
+  auto codes = RunProcesses(2, [&](int r) {
+    HostBackend b({.device_count = 1, .fabric_handles = r == 0});
+    auto x = MakeUnixSocketExchange(path, r, 2, kTimeout, Token());
+    if (!x.ok()) return false;
+    SymmetricOptions o;
+    if (r == 0) {
+      o.handle_type = HandleType::kFabric;
+      o.fabric_fallback = true;
+    }
+    auto heap = SymmetricHeap::Create(b, SymmetricGroup{2, {r}, {0}}, std::move(*x), o);
+    if (!heap.ok() || (*heap)->handle_type() != HandleType::kPosixFd) return false;
+    auto a = (*heap)->Allocate(1 << 20);
+    if (!a.ok()) return false;
+    static_cast<std::int32_t*>((*a)->peers[1 - r])[r] = 40 + r;
+    if (!(*heap)->EmptyCache().ok()) return false;  // a collective: both have written
+    if (static_cast<std::int32_t*>((*a)->peers[r])[1 - r] != 40 + (1 - r)) return false;
+    return (*heap)->Free(*a).ok();
+  });
+  EXPECT_THAT(codes, ::testing::Each(0));
+}
 
 TEST(SymmetricProcessErrors, MismatchedSizesWithoutMakeSymmetric) {
   const std::string path = SocketPath("mismatch");

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "allocator/symmetric/handle_choice.h"
 
 namespace cma {
 namespace {
@@ -81,16 +82,17 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap>> SymmetricHeap::Create(
     if (options.handle_type == HandleType::kPosixFd && !f->posix_fd_handles) {
       return absl::UnimplementedError("symmetric heap: the device cannot export POSIX FD handles");
     }
-    if (options.handle_type == HandleType::kFabric && !f->fabric_handles) {
-      return absl::UnimplementedError("symmetric heap: the device cannot export fabric handles");
-    }
     granularity = std::max(granularity, f->vmm_granularity);
   }
   if (options.signal_bytes == 0 || options.signal_bytes % 16 != 0) {
     return absl::InvalidArgumentError("symmetric heap: signal_bytes must be a positive multiple of 16");
   }
+  absl::StatusOr<HandleChoice> handles = ChooseHandleType(
+      backend, group.local_devices, options.handle_type, options.fabric_fallback, granularity);
+  if (!handles.ok()) return handles.status();
   return std::unique_ptr<SymmetricHeap>(new SymmetricHeap(
-      backend, std::move(group), std::move(exchange), options, granularity));
+      backend, std::move(group), std::move(exchange), options, granularity, handles->type,
+      std::move(handles->fallback_reason)));
 }
 
 SymmetricHeap::~SymmetricHeap() {
@@ -383,10 +385,12 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
   absl::Status local = HoldNonDumpable();
   Contribution mine;
   Put(mine.bytes, static_cast<std::uint32_t>(group_.local_ranks.size()));
+  // This process's handle type (a fabric heap may have fallen back to FDs).
+  Put(mine.bytes, static_cast<std::uint32_t>(handle_type_ == HandleType::kFabric ? 1 : 0));
   for (std::size_t i = 0; i < group_.local_ranks.size() && local.ok(); ++i) {
     const int r = group_.local_ranks[i];
     absl::StatusOr<PhysicalHandle> h = clock.Time("VmmCreate", [&] {
-      return backend_.VmmCreate(group_.local_devices[i], stride, options_.handle_type);
+      return backend_.VmmCreate(group_.local_devices[i], stride, handle_type_);
     });
     if (!h.ok()) {
       local = h.status();
@@ -397,7 +401,7 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
     e->own_bytes += stride;
     if (!multi_process) continue;
     absl::StatusOr<ShareableHandle> sh =
-        clock.Time("VmmExport", [&] { return backend_.VmmExport(handles[r], options_.handle_type); });
+        clock.Time("VmmExport", [&] { return backend_.VmmExport(handles[r], handle_type_); });
     if (!sh.ok()) {
       local = sh.status();
       break;
@@ -424,14 +428,16 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
       const Contribution& c = (*all)[p];
       std::size_t pos = 0;
       std::uint32_t n = 0;
-      if (!Get(c.bytes, pos, n)) {
+      std::uint32_t type = 0;
+      if (!Get(c.bytes, pos, n) || !Get(c.bytes, pos, type) || type > 1) {
         local = absl::DataLossError(absl::StrCat("symmetric heap: malformed handles from process ", p));
         break;
       }
+      const HandleType sent = type == 1 ? HandleType::kFabric : HandleType::kPosixFd;
       for (std::uint32_t k = 0; k < n && local.ok(); ++k) {
         std::int32_t r = -1;
         ShareableHandle sh;
-        sh.type = options_.handle_type;
+        sh.type = sent;
         sh.bytes = stride;
         if (!Get(c.bytes, pos, r) || pos + sizeof(sh.fabric) > c.bytes.size() || r < 0 ||
             r >= world || have[r]) {
@@ -440,7 +446,7 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
         }
         std::memcpy(sh.fabric, c.bytes.data() + pos, sizeof(sh.fabric));
         pos += sizeof(sh.fabric);
-        if (options_.handle_type == HandleType::kPosixFd) {
+        if (sent == HandleType::kPosixFd) {
           if (k >= c.fds.size()) {
             local = absl::DataLossError(absl::StrCat("symmetric heap: process ", p, " sent too few FDs"));
             break;

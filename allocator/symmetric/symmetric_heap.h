@@ -73,7 +73,17 @@ struct SymmetricGroup {
 };
 
 struct SymmetricOptions {
+  // How this process's memory travels to the others: POSIX FDs (processes
+  // of one host) or fabric handles (multi-node NVLink, CUDA only). A fabric
+  // heap probes each local device at Create with a real allocation, exported
+  // and released (the device attribute can say yes while creation or export
+  // fails, as CUDA does without an IMEX channel); a device that fails makes
+  // Create kUnimplemented naming it, unless fabric_fallback, which uses
+  // POSIX FDs instead (handle_type() and handle_fallback_reason() tell).
+  // Each process announces its choice with its handles, and imports each
+  // member's as that member sent it.
   HandleType handle_type = HandleType::kPosixFd;
+  bool fabric_fallback = false;
   std::size_t signal_bytes = 256;  // per member, after its buffer
   bool multicast = false;          // opt-in; see the contract above
   // Hardening: while this heap holds symmetric memory (live or cached), the
@@ -156,14 +166,23 @@ class SymmetricHeap {
   // Live allocations, then cached ones, each in collective-id order.
   std::vector<SymmetricSnapshot> Snapshot();
 
+  // The handle type this process exports (options.handle_type, or kPosixFd
+  // after a fabric fallback), and why it fell back (empty if it did not).
+  // Fixed at Create: any thread, any time.
+  HandleType handle_type() const { return handle_type_; }
+  const std::string& handle_fallback_reason() const { return handle_fallback_reason_; }
+
  private:
   SymmetricHeap(Backend& backend, SymmetricGroup group, std::unique_ptr<Exchange> exchange,
-                SymmetricOptions options, std::size_t granularity)
+                SymmetricOptions options, std::size_t granularity, HandleType handle_type,
+                std::string handle_fallback_reason)
       : backend_(backend),
         group_(std::move(group)),
         exchange_(std::move(exchange)),
         options_(options),
-        granularity_(granularity) {}
+        granularity_(granularity),
+        handle_type_(handle_type),
+        handle_fallback_reason_(std::move(handle_fallback_reason)) {}
 
   struct Entry {
     SymmetricAllocation a;
@@ -223,6 +242,8 @@ class SymmetricHeap {
   const std::unique_ptr<Exchange> exchange_;
   const SymmetricOptions options_;
   const std::size_t granularity_;  // this process's (the group's maximum is agreed on a miss)
+  const HandleType handle_type_;
+  const std::string handle_fallback_reason_;
 
   absl::Mutex mu_;
   std::uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

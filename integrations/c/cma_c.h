@@ -251,10 +251,14 @@ int cma_snapshot_visit(void (*on_segment)(void* ctx, const cma_segment_info* seg
  * every collective: in (0, 86400]; infinite, NaN, larger or non-positive
  * values are refused (NULL, cma_last_error says why), because every wait
  * must end in an error naming a dead member rather than a hang.
- * `options`: "signal_bytes:N,multicast:0|1,non_dumpable:0|1"; non_dumpable:1
- * makes the process non-dumpable while the heap holds memory, so that other
- * processes of this user cannot read the buffers through /proc/PID/mem
- * (SymmetricOptions::non_dumpable says more).
+ * `options`: "signal_bytes:N,multicast:0|1,non_dumpable:0|1,
+ * handles:fd|fabric|fabric_or_fd"; non_dumpable:1 makes the process
+ * non-dumpable while the heap holds memory, so that other processes of this
+ * user cannot read the buffers through /proc/PID/mem
+ * (SymmetricOptions::non_dumpable says more); handles:fabric exports fabric
+ * handles (multi-node NVLink), probed at create (NULL, cma_last_error naming
+ * the device, when one cannot), and fabric_or_fd falls back to POSIX FDs
+ * there (SymmetricOptions::handle_type).
  * Allocation, free and empty_cache are collective (same order everywhere).
  * Memory comes from the process-wide backend (cma_init / CMA_BACKEND).
  * A cma_symmetric_allocation* is an opaque handle, not an address: a number

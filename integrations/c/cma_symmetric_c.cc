@@ -63,10 +63,15 @@ absl::StatusOr<SymmetricOptions> ParseOptions(const char* text) {
       o.multicast = kv.second == "1";
     } else if (kv.first == "non_dumpable" && (kv.second == "0" || kv.second == "1")) {
       o.non_dumpable = kv.second == "1";
+    } else if (kv.first == "handles" &&
+               (kv.second == "fd" || kv.second == "fabric" || kv.second == "fabric_or_fd")) {
+      o.handle_type = kv.second == "fd" ? HandleType::kPosixFd : HandleType::kFabric;
+      o.fabric_fallback = kv.second == "fabric_or_fd";
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "cma_symmetric_create: bad option '", item,
-          "'; accepted: signal_bytes:N (up to 1M), multicast:0|1, non_dumpable:0|1"));
+          "'; accepted: signal_bytes:N (up to 1M), multicast:0|1, non_dumpable:0|1, "
+          "handles:fd|fabric|fabric_or_fd"));
     }
   }
   return o;

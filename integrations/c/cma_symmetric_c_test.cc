@@ -102,6 +102,21 @@ TEST_F(SymmetricCApiTest, BadArgumentsAreClearErrors) {
   EXPECT_EQ(cma_symmetric_create(1, ranks, devices, 1, 0, 1, nullptr, nullptr, 1, "colour:red"),
             nullptr);
   EXPECT_THAT(cma_last_error(), HasSubstr("bad option 'colour:red'"));
+  EXPECT_EQ(cma_symmetric_create(1, ranks, devices, 1, 0, 1, nullptr, nullptr, 1, "handles:nvlink"),
+            nullptr);
+  EXPECT_THAT(cma_last_error(), HasSubstr("handles:fd|fabric|fabric_or_fd"));
+  // The host backend exports no fabric handles: asked for, the create fails
+  // naming the device; with the fallback it makes a POSIX FD heap.
+  EXPECT_EQ(cma_symmetric_create(1, ranks, devices, 1, 0, 1, nullptr, nullptr, 1, "handles:fabric"),
+            nullptr);
+  EXPECT_THAT(cma_last_error(), HasSubstr("device 0"));
+  cma_symmetric_heap* fd = cma_symmetric_create(1, ranks, devices, 1, 0, 1, nullptr, nullptr, 1,
+                                                "handles:fabric_or_fd");
+  EXPECT_NE(fd, nullptr) << cma_last_error();
+  cma_symmetric_allocation* one = cma_symmetric_alloc(fd, 4096, 0);
+  EXPECT_NE(one, nullptr) << cma_last_error();
+  EXPECT_EQ(cma_symmetric_free(fd, one), 0) << cma_last_error();
+  cma_symmetric_destroy(fd);
   // An infinite timeout would turn a dead member into a hang: refused, named.
   cma_allgather_fn echo = [](void*, const void* send, size_t len, void* recv) {
     std::memcpy(recv, send, len);

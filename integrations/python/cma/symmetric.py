@@ -43,7 +43,10 @@ class Heap:
 
     `options` is the C ABI's string; "non_dumpable:1" keeps other processes
     of this user out of the buffers (/proc/PID/mem) while the heap holds
-    memory, at the cost of core dumps and debugger attach meanwhile."""
+    memory, at the cost of core dumps and debugger attach meanwhile;
+    "handles:fabric" exports fabric handles (multi-node NVLink), probed at
+    creation, and "handles:fabric_or_fd" falls back to POSIX FDs (one host)
+    where a device cannot."""
 
     def __init__(self, comm, device=0, timeout=60.0, options=""):
         self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
