@@ -330,8 +330,9 @@ def step_in_backward(optimizer, enabled=True, bucket_mib=64, sms=8):
     """Opt-in hint, one line after building the optimizer: each parameter
     is updated during backward, as soon as its gradient is final (every
     `bucket_mib` of parameters, on a side stream limited to `sms` SMs where
-    torch offers green contexts; 0: all), and its gradient freed;
-    optimizer.step() then only catches the current stream up. Beyond the
+    torch offers green contexts; 0: all), and its gradient freed; when
+    backward ends the caller's stream waits for those updates, and
+    optimizer.step() has only what came some other way to apply. Beyond the
     GPU's memory this overlaps the link-bound step with backward and frees
     the gradients' memory; results stay bit-identical. Gradients are None
     after backward, so clipping, accumulation over several backward passes,
