@@ -152,6 +152,53 @@ TEST(SymmetricCollectiveTest, DescriptorsInARoundThatCarriesNoneAreClosed) {
   EXPECT_EQ(OpenFds(), before);
 }
 
+// A peer that mirrors every round but announces its handles as `type`
+// (after the round's 14-byte tag and the member count): 1 is a fabric
+// handle, which the host backend cannot import; 2 is no type at all.
+class AnnouncingPeerExchange final : public Exchange {
+ public:
+  explicit AnnouncingPeerExchange(std::uint32_t type) : type_(type) {}
+  int process_count() const override { return 2; }
+  int process_index() const override { return 0; }
+  absl::StatusOr<std::vector<Contribution>> AllGather(const Contribution& mine) override {
+    constexpr std::size_t kTag = 14;             // magic, op, ok, sequence
+    constexpr std::uint8_t kHandlesRound = 3;    // SymmetricHeap::Op::kHandles
+    Contribution peer{mine.bytes, {}};
+    const bool handles =
+        peer.bytes.size() >= kTag + 12 && static_cast<std::uint8_t>(peer.bytes[4]) == kHandlesRound;
+    if (handles) {
+      const std::int32_t member = 1;
+      std::memcpy(&peer.bytes[kTag + 4], &type_, sizeof(type_));
+      std::memcpy(&peer.bytes[kTag + 8], &member, sizeof(member));
+    }
+    std::vector<Contribution> all(2);
+    all[0].bytes = mine.bytes;
+    for (int fd : mine.fds) all[0].fds.push_back(dup(fd));  // as a real exchange returns them
+    all[1] = std::move(peer);
+    return all;
+  }
+
+ private:
+  std::uint32_t type_;
+};
+
+TEST(SymmetricCollectiveTest, HandlesAreImportedAsTheirSenderAnnouncesThem) {
+  const int before = OpenFds();
+  for (auto [type, why] : {std::pair<std::uint32_t, const char*>{1, "imports POSIX FDs only"},
+                           {2, "malformed handles from process 1"}}) {
+    HostBackend host({.device_count = 1});
+    {
+      auto heap = SymmetricHeap::Create(host, SymmetricGroup{2, {0}, {0}},
+                                        std::make_unique<AnnouncingPeerExchange>(type));
+      ASSERT_TRUE(heap.ok()) << heap.status();
+      absl::Status s = (*heap)->Allocate(4096).status();
+      EXPECT_THAT(s.message(), ::testing::HasSubstr(why)) << type;
+    }
+    EXPECT_EQ(host.LiveResources(), HostResourceCounts{}) << type;
+  }
+  EXPECT_EQ(OpenFds(), before);
+}
+
 // Member 1's exchange breaks on its side (too many descriptors to send):
 // it shuts its socket, so process 0 learns at once instead of waiting out
 // its timeout, and member 1's later rounds fail at once, naming the first
