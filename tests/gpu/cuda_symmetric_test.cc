@@ -1,6 +1,7 @@
 // Symmetric mode on real GPUs (needs two): peer writes by kernels through
 // symmetric pointers are visible, with two devices in one process and with
-// two processes of one device each. Skips with the reason on fewer GPUs.
+// two processes of one device each (skipped with the reason on fewer GPUs);
+// and, on one GPU, fabric handles or their fallback.
 #include <cuda_runtime_api.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -99,6 +100,41 @@ TEST(CudaSymmetricTest, TwoDevicesInOneProcess) {
   ASSERT_TRUE((*heap)->Free(*again).ok());
   (void)(*backend)->DestroyStream(s0);
   (void)(*backend)->DestroyStream(s1);
+}
+
+// One GPU is enough: fabric handles are probed at create. Where the probe
+// fails (no IMEX channel, or no fabric support), the heap without fallback
+// is refused naming device 0 and the one with fallback uses POSIX FDs;
+// where it passes, both export fabric handles. Either way the memory works.
+TEST(CudaSymmetricTest, FabricHandlesOrTheirFallbackOnThisMachine) {
+  if (GpuCount() < 1) GTEST_SKIP() << "needs a GPU";
+  auto backend = MakeCudaBackend();
+  ASSERT_TRUE(backend.ok());
+  SymmetricGroup g{1, {0}, {0}};
+  SymmetricOptions fabric;
+  fabric.handle_type = HandleType::kFabric;
+  SymmetricOptions fallback = fabric;
+  fallback.fabric_fallback = true;
+  auto heap = SymmetricHeap::Create(**backend, g, MakeSingleProcessExchange(), fallback);
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  const bool fell_back = (*heap)->handle_type() == HandleType::kPosixFd;
+  printf("fabric handles on this machine: %s%s\n", fell_back ? "no, POSIX FDs: " : "yes",
+         (*heap)->handle_fallback_reason().c_str());
+  EXPECT_EQ(fell_back, !(*heap)->handle_fallback_reason().empty());
+  auto strict = SymmetricHeap::Create(**backend, g, MakeSingleProcessExchange(), fabric);
+  EXPECT_EQ(strict.ok(), !fell_back) << strict.status();
+  if (!strict.ok()) {
+    EXPECT_EQ(strict.status().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_NE(std::string(strict.status().message()).find("device 0"), std::string::npos);
+  }
+  auto a = (*heap)->Allocate(kBytes);
+  ASSERT_TRUE(a.ok()) << a.status();
+  Stream s = *(*backend)->CreateStream(0);
+  ASSERT_TRUE(LaunchFill((*a)->peers[0], kBytes, 33, s).ok());
+  ASSERT_TRUE((*backend)->SynchronizeStream(s).ok());
+  EXPECT_EQ(Mismatches(**backend, (*a)->peers[0], 33, 0), 0u);
+  (void)(*backend)->DestroyStream(s);
+  ASSERT_TRUE((*heap)->Free(*a).ok());
 }
 
 TEST(CudaSymmetricTest, TwoProcessesOneDeviceEach) {
