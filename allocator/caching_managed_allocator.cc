@@ -64,6 +64,11 @@ absl::StatusOr<std::unique_ptr<CachingManagedAllocator>> CachingManagedAllocator
     host_share = host->free_bytes / static_cast<std::size_t>(*count);
   }
   std::unique_ptr<CachingManagedAllocator> a(new CachingManagedAllocator(backend, std::move(config)));
+  // The host pool may hold at most the host's memory: managed memory is not
+  // refused when the host runs out, the process is killed on first touch.
+  absl::StatusOr<MemInfo> host_mem = backend.GetHostMemInfo();
+  a->host_ = std::make_unique<HostPool>(&backend, *count,
+                                        host_mem.ok() ? host_mem->total_bytes : 0);
   for (int d = 0; d < *count; ++d) {
     absl::StatusOr<MemInfo> mem = backend.GetMemInfo(d);
     if (!mem.ok()) return mem.status();
@@ -111,6 +116,12 @@ absl::Status CachingManagedAllocator::CheckHints(const AllocationHints& hints) c
 absl::StatusOr<void*> CachingManagedAllocator::Allocate(std::size_t bytes, int device,
                                                         Stream stream,
                                                         const AllocationHints* hints) {
+  if (device == kHostDevice) {
+    if (hints != nullptr) {
+      return absl::InvalidArgumentError("cma: hints are for device allocations, not host ones");
+    }
+    return host_->Allocate(bytes);
+  }
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();
   if (ABSL_PREDICT_FALSE(hints != nullptr)) {
@@ -126,16 +137,25 @@ absl::Status CachingManagedAllocator::Move(void* ptr, Location target, Stream st
 
 absl::Status CachingManagedAllocator::MoveBatch(absl::Span<void* const> ptrs, Location target,
                                                 Stream stream, bool contents_dead) {
-  // Group by owning device; every pointer must be ours before anything moves.
-  std::vector<std::vector<void*>> groups(devices_.size());
+  // Group by owning device (the host pool's last); every pointer must be
+  // ours before anything moves.
+  std::vector<std::vector<void*>> groups(devices_.size() + 1);
   for (void* p : ptrs) {
     absl::StatusOr<int> d = DeviceOf(p);
     if (!d.ok()) {
       return absl::InvalidArgumentError(
           absl::StrFormat("cma: move of %p, which is not an allocation of this allocator", p));
     }
-    groups[*d].push_back(p);
+    groups[*d == kHostDevice ? devices_.size() : static_cast<std::size_t>(*d)].push_back(p);
   }
+  if (!groups.back().empty()) {
+    absl::Status s = host_->Move(groups.back(), target, stream, contents_dead);
+    if (absl::IsNotFound(s)) {
+      return absl::InvalidArgumentError("cma: an allocation was freed while it was being moved");
+    }
+    if (!s.ok()) return s;
+  }
+  groups.pop_back();
   for (std::size_t d = 0; d < groups.size(); ++d) {
     if (groups[d].empty()) continue;
     absl::Status s = devices_[d]->Move(groups[d], target, stream, contents_dead);
@@ -200,6 +220,7 @@ absl::Status CachingManagedAllocator::Free(void* ptr) {
     absl::Status s = d->Free(ptr);
     if (!absl::IsNotFound(s)) return s;
   }
+  if (absl::Status s = host_->Free(ptr); !absl::IsNotFound(s)) return s;
   return absl::InvalidArgumentError(absl::StrFormat(
       "cma: free of %p, which this allocator did not allocate (foreign pointer)", ptr));
 }
@@ -209,6 +230,11 @@ absl::Status CachingManagedAllocator::RecordStream(void* ptr, Stream stream) {
     absl::Status s = d->RecordStream(ptr, stream);
     if (!absl::IsNotFound(s)) return s;
   }
+  // The stream's device is not known here: the allocation's last device is
+  // the guess, and a free that cannot record there waits for the stream.
+  if (absl::Status s = host_->RecordStream(ptr, stream, /*device=*/-1); !absl::IsNotFound(s)) {
+    return s;
+  }
   return absl::InvalidArgumentError(absl::StrFormat(
       "cma: record_stream on %p, which is not an allocation of this allocator", ptr));
 }
@@ -217,6 +243,7 @@ absl::StatusOr<int> CachingManagedAllocator::DeviceOf(void* ptr) {
   for (auto& d : devices_) {
     if (d->Lookup(ptr).ok()) return d->device();
   }
+  if (host_->RequestedSize(ptr).ok()) return kHostDevice;
   return absl::InvalidArgumentError(
       absl::StrFormat("cma: %p is not an allocation of this allocator", ptr));
 }
@@ -225,6 +252,7 @@ absl::StatusOr<std::size_t> CachingManagedAllocator::RequestedSize(void* ptr) {
   for (auto& d : devices_) {
     if (auto l = d->Lookup(ptr); l.ok()) return l->first;
   }
+  if (auto n = host_->RequestedSize(ptr); n.ok()) return *n;
   return absl::InvalidArgumentError(
       absl::StrFormat("cma: %p is not an allocation of this allocator", ptr));
 }
@@ -247,7 +275,7 @@ absl::Status CachingManagedAllocator::EmptyCache() {
   for (auto& d : devices_) {
     if (absl::Status s = d->EmptyCache(); !s.ok()) return s;
   }
-  return absl::OkStatus();
+  return host_->EmptyCache();
 }
 
 absl::Status CachingManagedAllocator::CreateOrIncrefPool(int device, MemPoolId id) {
@@ -364,6 +392,9 @@ absl::StatusOr<bool> CachingManagedAllocator::PlacedOnHost(void* ptr) {
     absl::StatusOr<bool> on_host = d->PlacedOnHost(ptr);
     if (!absl::IsNotFound(on_host.status())) return on_host;
   }
+  if (absl::StatusOr<Location> where = host_->LocationOf(ptr); where.ok()) {
+    return where->is_host();
+  }
   return absl::InvalidArgumentError(
       absl::StrFormat("cma: %p is not an allocation of this allocator", ptr));
 }
@@ -405,7 +436,7 @@ absl::Status CachingManagedAllocator::CheckInvariants() {
       return absl::InternalError(absl::StrCat("device ", d->device(), ": ", s.message()));
     }
   }
-  return absl::OkStatus();
+  return host_->CheckInvariants();
 }
 
 }  // namespace cma

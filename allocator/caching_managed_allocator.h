@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "allocator/device_allocator.h"
+#include "allocator/host_pool.h"
 #include "allocator/mempool.h"
 #include "allocator/snapshot.h"
 #include "allocator/stats.h"
@@ -47,10 +48,16 @@ class CachingManagedAllocator {
   static absl::StatusOr<std::unique_ptr<CachingManagedAllocator>> Create(Backend& backend,
                                                                          absl::string_view config);
 
+  // The device number of CPU-side memory (the host pool, allocator/host_pool.h).
+  static constexpr int kHostDevice = -1;
+
   // Memory for use in stream order on `stream`: work queued later on
   // `stream` may use it at once; the host, or another stream, only after
   // synchronising with `stream` (placement may still be in flight, as with
   // cudaMallocAsync). `hints` is advice for this allocation only.
+  // device kHostDevice: CPU-side memory from the host pool, usable by the
+  // CPU at once (`stream` is ignored; `hints` must be null). Free, Move,
+  // RecordStream, RequestedSize and EmptyCache serve it as any allocation.
   absl::StatusOr<void*> Allocate(std::size_t bytes, int device, Stream stream = kDefaultStream,
                                  const AllocationHints* hints = nullptr);
   absl::Status Free(void* ptr);
@@ -201,6 +208,7 @@ class CachingManagedAllocator {
 
   absl::StatusOr<DeviceStats> GetStats(int device);
   DeviceStats GetStats();  // summed over devices
+  HostPoolStats GetHostStats() { return host_->GetStats(); }
   // The last failure num_placement_errors counted on `device` (a hint the
   // backend refused, a Sleep's copies that fell back to migrating, ...):
   // its message, "" if none.
@@ -249,6 +257,7 @@ class CachingManagedAllocator {
   Backend& backend_;
   const AllocatorConfig config_;
   std::vector<std::unique_ptr<DeviceAllocator>> devices_;
+  std::unique_ptr<HostPool> host_;
 };
 
 }  // namespace cma

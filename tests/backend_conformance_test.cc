@@ -75,7 +75,7 @@ TEST_P(ConformanceTest, BadInputLeavesStateUnchanged) {
   const std::size_t total = backend_->GetDeviceFacts(0)->total_bytes;
   EXPECT_EQ(alloc_->Allocate(0, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(alloc_->Allocate(total + 1, 0).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(alloc_->Allocate(64, -1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(alloc_->Allocate(64, -2).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(alloc_->Allocate(64, 4096).status().code(), absl::StatusCode::kInvalidArgument);
   int local = 0;
   EXPECT_THAT(alloc_->Free(&local).message(), HasSubstr("foreign pointer"));

@@ -19,6 +19,7 @@ inline std::string Fingerprint(CachingManagedAllocator& a) {
   for (int d = 0; d < a.device_count(); ++d) {
     for (auto& [k, v] : a.GetStats(d)->Flatten()) absl::StrAppend(&out, d, ":", k, "=", v, ";");
   }
+  for (auto& [k, v] : a.GetHostStats().Flatten()) absl::StrAppend(&out, "host:", k, "=", v, ";");
   for (const SegmentSnapshot& s : a.Snapshot()) {
     absl::StrAppend(&out, "|seg ", s.device, " ", s.address, " ", s.total_size);
     for (const BlockSnapshot& b : s.blocks) {

@@ -363,7 +363,7 @@ int cma_device_of(void* ptr) {
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return -1;
   absl::StatusOr<int> d = a->DeviceOf(ptr);
-  return d.ok() ? *d : Fail(d.status());
+  return d.ok() ? *d : Fail(d.status());  // kHostDevice is -1
 }
 
 size_t cma_allocation_size(void* ptr) {
@@ -417,6 +417,14 @@ char* cma_stats_json(int device) {
   }
   nlohmann::json j = StatsJson(*s);
   cma::capi::AddSymmetricStats(device, j);
+  return CopyString(j.dump());
+}
+
+char* cma_host_stats_json(void) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return nullptr;
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, v] : a->GetHostStats().Flatten()) j[k] = v;
   return CopyString(j.dump());
 }
 

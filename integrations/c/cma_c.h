@@ -37,6 +37,11 @@ const char* cma_last_error(void);
  * argument, 5 not found, 8 out of memory (resource exhausted), ... */
 int cma_last_error_code(void);
 
+/* device -1: CPU-side memory from the host pool (managed memory populated
+ * on the host, usable by the CPU at once; `stream` is ignored). cma_move
+ * takes it to a GPU and back without a copy; cma_free, cma_record_stream and
+ * cma_allocation_size serve it as any allocation; statistics in
+ * cma_host_stats_json. */
 void* cma_malloc(size_t size, int device, void* stream);
 int cma_free(void* ptr);
 int cma_record_stream(void* ptr, void* stream);
@@ -157,7 +162,8 @@ int cma_reset_peak_stats(int device);
  * torch.cuda.reset_accumulated_memory_stats does; current and peak values
  * stay. device -1: all. */
 int cma_reset_accumulated_stats(int device);
-/* The allocation's owning device, or -1 (with cma_last_error) if none. */
+/* The allocation's owning device; -1 for a host-pool allocation (device -1),
+ * and -1 with cma_last_error for a pointer cma did not allocate. */
 int cma_device_of(void* ptr);
 /* The bytes requested for the allocation that starts at `ptr`; 0 (and
  * cma_last_error) when `ptr` does not start one. */
@@ -174,12 +180,16 @@ int cma_set_host_routing(int device, int on);
  * ends on `device`; the one recorded since the last call plans which of
  * the next one's allocations live on the host. 0; -1 for a bad device. */
 int cma_mark_iteration(int device);
-/* 1 if the allocation at `ptr` lives on the host (oversubscription), 0 if
- * on its device, -1 (cma_last_error) if cma did not make it. */
+/* 1 if the allocation at `ptr` lives on the host (oversubscription, or a
+ * host-pool allocation not moved to a device), 0 if on its device, -1
+ * (cma_last_error) if cma did not make it. */
 int cma_placed_on_host(void* ptr);
 
 /* Statistics with PyTorch's keys, {"key": value, ...}; device -1 sums all. */
 char* cma_stats_json(int device);
+/* The host pool's statistics: {"allocated_bytes.current", "reserved_bytes.peak",
+ * "moves", "moved_bytes_to_device", "device_resident_bytes.current", ...}. */
+char* cma_host_stats_json(void);
 /* The last failure that num_placement_errors counted on `device` (a hint
  * the driver refused, a sleep's copies into the staging that fell back to
  * migrating, ...): its message, "" if none; NULL for a bad device. Free

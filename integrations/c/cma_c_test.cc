@@ -122,6 +122,35 @@ TEST_F(CApiTest, InitTwiceWithOtherArgumentsFails) {
   EXPECT_EQ(cma_init("", "host"), 0);
 }
 
+TEST_F(CApiTest, HostPoolAllocationsMoveToADeviceAndBack) {
+  auto* p = static_cast<unsigned char*>(cma_malloc(3 << 20, -1, nullptr));
+  ASSERT_NE(p, nullptr) << cma_last_error();
+  std::memset(p, 0x3c, 3 << 20);
+  EXPECT_EQ(cma_allocation_size(p), std::size_t{3} << 20);
+  EXPECT_EQ(cma_device_of(p), -1);
+  EXPECT_EQ(cma_placed_on_host(p), 1);
+  ASSERT_EQ(cma_move(p, 0, nullptr, 0), 0) << cma_last_error();
+  EXPECT_EQ(cma_placed_on_host(p), 0);
+  ASSERT_EQ(cma_move(p, -1, nullptr, 0), 0) << cma_last_error();
+  ASSERT_EQ(cma_synchronize(nullptr), 0);
+  EXPECT_EQ(p[(3 << 20) - 1], 0x3c);
+  auto host = Json(cma_host_stats_json());
+  EXPECT_EQ(host["allocated_bytes.current"], 4 << 20);
+  EXPECT_EQ(host["requested_bytes.current"], 3 << 20);
+  EXPECT_EQ(host["moves"], 2);
+  EXPECT_EQ(host["moved_bytes_to_device"], 4 << 20);
+  // Host memory is not any device's.
+  EXPECT_EQ(Json(cma_stats_json(-1))["allocation.all.current"], 0);
+  ASSERT_EQ(cma_free(p), 0);
+  EXPECT_EQ(cma_free(p), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("double free of host allocation"));
+  EXPECT_EQ(cma_malloc(0, -1, nullptr), nullptr);
+  EXPECT_THAT(cma_last_error(), HasSubstr("0 bytes"));
+  EXPECT_EQ(cma_malloc(64, -2, nullptr), nullptr);
+  EXPECT_THAT(cma_last_error(), HasSubstr("invalid device -2"));
+  EXPECT_EQ(Json(cma_host_stats_json())["allocation.current"], 0);
+}
+
 TEST_F(CApiTest, MoveAdviseAndSnapshot) {
   void* p = cma_malloc(4 << 20, 0, nullptr);
   ASSERT_NE(p, nullptr);

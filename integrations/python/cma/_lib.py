@@ -79,6 +79,7 @@ def lib():
                 "cma_placed_on_host": (i, [vp]),
                 "cma_mark_iteration": (i, [i]),
                 "cma_stats_json": (vp, [i]),
+                "cma_host_stats_json": (vp, []),
                 "cma_last_placement_error": (vp, [i]),
                 "cma_snapshot_json": (vp, []),
                 "cma_string_free": (None, [vp]),
@@ -164,7 +165,9 @@ def mem_info(device=0):
 
 
 def malloc(size, device=0, stream=0):
-    p = lib().cma_malloc(size, device, stream or None)
+    """device "cpu" (or -1): CPU-side memory from the host pool, which
+    move() takes to a GPU and back without a copy."""
+    p = lib().cma_malloc(size, _location(device), stream or None)
     if not p:
         raise _error()
     return p
@@ -233,13 +236,19 @@ def placed_on_host(ptr):
 
 
 def device_of(ptr):
-    """The owning device of an allocation, or None if libcma did not make it."""
+    """The owning device of an allocation; None for a host-pool allocation
+    and for a pointer libcma did not make."""
     d = lib().cma_device_of(ptr)
     return None if d < 0 else d
 
 
 def stats(device=-1):
     return _json(lib().cma_stats_json(device))
+
+
+def host_stats():
+    """The host pool's statistics (cma_c.h's cma_host_stats_json)."""
+    return _json(lib().cma_host_stats_json())
 
 
 def snapshot():
