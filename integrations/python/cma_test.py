@@ -28,6 +28,28 @@ def test_malloc_free_and_stats():
     assert cma.backend_name() == "host"
 
 
+def test_cpu_memory_comes_from_the_host_pool_and_moves_without_a_copy():
+    n = 3 << 20
+    p = cma.malloc(n, "cpu")
+    view = cma.host_view(p, n)
+    view[:] = 7
+    assert cma.device_of(p) is None  # no device owns it
+    assert cma.placed_on_host(p) is True
+    assert cma.stats()["allocation.all.current"] == 0
+    cma.move(p, 0)
+    assert cma.placed_on_host(p) is False
+    cma.move(p, "cpu")
+    cma.synchronize()
+    assert int(view.sum()) == 7 * n
+    h = cma.host_stats()
+    assert h["requested_bytes.current"] == n
+    assert h["moves"] == 2 and h["moved_bytes_to_device"] == 4 << 20
+    cma.free(p)
+    assert cma.host_stats()["allocation.current"] == 0
+    with pytest.raises(cma.CmaError, match="double free of host allocation"):
+        cma.free(p)
+
+
 def test_oversubscription_calls_are_public():
     # docs/oversubscription.md names them as cma.placed_on_host and
     # cma.set_host_routing.

@@ -40,7 +40,7 @@ for must in ("cma/__init__.py", "cma/_lib.py", "cma/torch.py", "cma/torch_alloca
              "cma/torch_allocator.h", "cma/torch_foreign_pool.cc",
              "cma/torch_foreign_pool_stats.cc",
              "cma/torch_foreign_pool.h", "cma/torch_capture_watch.cc",
-             "cma/torch_capture_watch.h", "cma/cupy.py",
+             "cma/torch_capture_watch.h", "cma/torch_cpu_allocator.cc", "cma/cupy.py",
              "cma/numba.py", "cma/symmetric.py", "cma/libcma.so", "cma/include/cma_c.h"):
     assert must in names, must
 absl = [n for n in names if n.startswith("cma/libabsl_")]

@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "allocator/caching_managed_allocator.h"
 #include "backends/cuda/cuda_backend.h"
@@ -175,6 +176,47 @@ TEST_F(CudaGpuTest, PrefetchAndAdviseAreVisibleInRangeAttributes) {
   ASSERT_TRUE(backend_->SynchronizeStream(s1_).ok());
   EXPECT_TRUE(backend_->GetRangeAttributes(p, kBytes)->last_prefetch_location.is_host());
   ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(CudaGpuTest, HostPoolMemoryMovesToTheGpuAndBackAndItsFreeWaitsForTheKernel) {
+  constexpr std::size_t kBytes = 64 << 20;
+  constexpr int kHost = CachingManagedAllocator::kHostDevice;
+  auto* p = static_cast<unsigned char*>(*alloc_->Allocate(kBytes, kHost));
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, p), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeManaged);
+  std::memset(p, 0, kBytes);  // the host populates it
+  ASSERT_TRUE(alloc_->Move(p, Location::Device(0), s1_).ok());
+  ASSERT_TRUE(LaunchFill(p, kBytes, 11, s1_).ok());
+  ASSERT_TRUE(alloc_->Move(p, Location::Host(), s1_).ok());
+  ASSERT_TRUE(backend_->SynchronizeStream(s1_).ok());
+  EXPECT_TRUE(backend_->GetRangeAttributes(p, kBytes)->last_prefetch_location.is_host());
+  std::vector<unsigned char> host_copy(p, p + kBytes);  // the CPU reads the GPU's bytes
+  ASSERT_TRUE(alloc_->Move(p, Location::Device(0), s1_).ok());
+  ASSERT_TRUE(LaunchCheck(p, kBytes, 11, mismatches_, s1_).ok());
+  EXPECT_EQ(Mismatches(s1_), 0u);
+  EXPECT_TRUE(std::memcmp(host_copy.data(), p, kBytes) == 0);
+  // Freed while a kernel still writes it on the device: not handed out again
+  // until the kernel is done, and its pages come home.
+  ASSERT_TRUE(alloc_->Move(p, Location::Device(0), s1_).ok());
+  ASSERT_TRUE(LaunchSpin(kLongSpin, s1_).ok());
+  ASSERT_TRUE(LaunchFill(p, kBytes, 12, s1_).ok());
+  ASSERT_TRUE(alloc_->Free(p).ok());
+  auto* q = static_cast<unsigned char*>(*alloc_->Allocate(kBytes, kHost));
+  EXPECT_NE(q, p) << "handed the CPU memory that a queued kernel still writes";
+  std::memset(q, 1, kBytes);
+  ASSERT_TRUE(backend_->SynchronizeStream(s1_).ok());
+  HostPoolStats st = alloc_->GetHostStats();
+  EXPECT_EQ(st.returned_bytes, static_cast<std::int64_t>(kBytes));
+  EXPECT_EQ(st.device_resident_bytes.current, 0);
+  ASSERT_TRUE(alloc_->Free(q).ok());
+  auto* again = static_cast<unsigned char*>(*alloc_->Allocate(kBytes, kHost));
+  EXPECT_TRUE(again == p || again == q);
+  std::memset(again, 2, kBytes);  // host pages: no fault storm, no error
+  EXPECT_EQ(again[kBytes - 1], 2);
+  ASSERT_TRUE(alloc_->Free(again).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(alloc_->GetHostStats().reserved_bytes.current, 0);
 }
 
 // A non-blocking side stream with the events a capture forks it from, and

@@ -259,6 +259,12 @@ void install(const std::string& library) {
 
 bool installed() { return g_allocator != nullptr; }
 
+// torch_cpu_allocator.cc
+void cpu_on(const std::string& library);
+void cpu_off();
+bool cpu_is_on();
+long long cpu_allocations();
+
 }  // namespace cma_torch
 
 #ifdef TORCH_EXTENSION_NAME  // built by torch.utils.cpp_extension (cma/torch_allocator.py)
@@ -268,6 +274,10 @@ bool installed() { return g_allocator != nullptr; }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &cma_torch::install, "Makes cma PyTorch's CUDA allocator.");
   m.def("installed", &cma_torch::installed);
+  m.def("cpu_on", &cma_torch::cpu_on, "Makes cma PyTorch's CPU allocator (managed memory).");
+  m.def("cpu_off", &cma_torch::cpu_off, "Gives PyTorch its previous CPU allocator back.");
+  m.def("cpu_is_on", &cma_torch::cpu_is_on);
+  m.def("cpu_allocations", &cma_torch::cpu_allocations);
 }
 #endif
 

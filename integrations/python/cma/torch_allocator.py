@@ -36,7 +36,8 @@ def build():
                          os.path.join(_HERE, "torch_allocator_history.cc"),
                          os.path.join(_HERE, "torch_foreign_pool.cc"),
                          os.path.join(_HERE, "torch_foreign_pool_stats.cc"),
-                         os.path.join(_HERE, "torch_capture_watch.cc")],
+                         os.path.join(_HERE, "torch_capture_watch.cc"),
+                         os.path.join(_HERE, "torch_cpu_allocator.cc")],
                 extra_include_paths=[_header_dir()],
                 extra_cflags=["-O2"], with_cuda=True, verbose=False)
         except Exception as e:  # noqa: BLE001 - re-raised with what is missing

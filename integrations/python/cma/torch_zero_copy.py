@@ -117,8 +117,10 @@ def _target(func, args, kwargs):
     return torch.device(device), dtype, bool(non_blocking), fmt
 
 
-def _zero_copy(func, args, kwargs):
-    """The alias, or None to let PyTorch copy."""
+def _zero_copy(func, args, kwargs, wait_for_device=False):
+    """The alias, or None to let PyTorch copy. `wait_for_device`: a move to
+    a CUDA device also waits for its stream unless non_blocking (RFC-0023's
+    rule, which the global switch follows; this mode orders it only)."""
     if not args or type(args[0]) not in (torch.Tensor, torch.nn.Parameter):
         return None
     t = args[0]
@@ -158,6 +160,8 @@ def _zero_copy(func, args, kwargs):
             stream.synchronize()
         raw = torch.from_numpy(_lib.host_view(ptr, nbytes, owner=root))
     else:
+        if wait_for_device and not non_blocking:
+            stream.synchronize()
         raw = torch.as_tensor(_CudaBuffer(ptr, nbytes, root), device=device)
     return raw.view(t.dtype).as_strided(t.size(), t.stride(), 0)
 

@@ -229,6 +229,15 @@ def test_zero_copy_mode():
     assert all(r["fallbacks_copy"].values()), r
 
 
+def test_managed_cpu_switch():
+    r = run_script("managed_cpu_route.py", timeout=500)
+    RESULTS["managed_cpu"] = r
+    flat = {k: v for k, v in r.items() if k not in ("fallbacks_copy", "host_stats", "left_behind")}
+    assert all(v is True for v in flat.values()), r
+    assert all(r["fallbacks_copy"].values()), r
+    assert r["left_behind"] == 0, r
+
+
 def test_cupy_route():
     cupy = pytest.importorskip("cupy")
     import cma.cupy as cmac

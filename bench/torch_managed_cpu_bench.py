@@ -1,0 +1,304 @@
+"""RFC-0023's case studies, side by side with what users do today (issue 31).
+Every variant runs in a fresh process (python3 this.py _one CASE VARIANT ...)
+so that its host memory is its own; the parent prints one JSON document.
+
+  roundtrip   CPU preprocessing and GPU compute sharing one tensor (--mib):
+              per round, t.add_(1) on the CPU, then on the GPU a multiply,
+              then back. pageable: t.to("cuda") / g.cpu() as written;
+              pinned: preallocated pinned and device buffers, copy_
+              non_blocking (the fastest copies); cma: the same code as
+              pageable under cma.torch.managed_cpu() (moves).
+  checkpoint  a state dict larger than a quarter of the GPU (--gib, default
+              GPU/4 + 1 GiB) loaded onto the GPU, from the page cache (each
+              file read once before): torch.load(map_location="cuda"),
+              torch.load(mmap=True, map_location="cuda"), safetensors
+              load_file(device="cuda"), and cma: torch.load under the switch
+              with map_location=cma.torch.map_location("cuda").
+  loader      a DataLoader with worker processes producing image batches and
+              a GPU model consuming them: pin_memory=True + .to(non_blocking)
+              against cma.torch.ManagedBatches() + the switch.
+
+Host memory: the drop of the host's MemAvailable from before the variant to
+its steady state (the process's own memory, pinned and managed included),
+and the process's peak resident set (VmHWM).
+
+  python3 torch_managed_cpu_bench.py [roundtrip|checkpoint|loader|all] [--out FILE]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def mem_available():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def vm_hwm():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _cma_on():
+    import cma.torch as cmat
+    cmat.use_as_default()
+    cmat.managed_cpu()
+    return cmat
+
+
+# ---------------------------------------------------------------- roundtrip
+
+def roundtrip(variant, mib, rounds):
+    import torch
+    avail0 = mem_available()
+    if variant == "cma":
+        cmat = _cma_on()
+    torch.cuda.init()
+    n = mib * (1 << 20) // 4
+    if variant == "pinned":
+        t = torch.zeros(n).pin_memory()
+        g = torch.empty(n, device="cuda")
+
+        def one(cpu_step=True):
+            nonlocal t
+            if cpu_step:
+                t.add_(1)
+            g.copy_(t, non_blocking=True)
+            g.mul_(2)
+            t.copy_(g, non_blocking=True)
+            torch.cuda.current_stream().synchronize()
+    else:
+        t = torch.zeros(n)
+
+        def one(cpu_step=True):
+            nonlocal t
+            if cpu_step:
+                t.add_(1)
+            g = t.to("cuda")
+            g.mul_(2)
+            t = g.cpu()
+    for _ in range(3):
+        one()
+    timings = {}
+    for label, cpu_step in (("with_cpu_step", True), ("transfers_only", False)):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(rounds):
+            one(cpu_step)
+        torch.cuda.synchronize()
+        timings[label + "_ms"] = (time.perf_counter() - start) / rounds * 1e3
+    start = time.perf_counter()
+    for _ in range(rounds):
+        t.add_(1)
+    timings["cpu_step_alone_ms"] = (time.perf_counter() - start) / rounds * 1e3
+    out = dict(timings, host_bytes=avail0 - mem_available(), vm_hwm=vm_hwm(),
+               checksum=float(t[:1024].double().sum()))
+    if variant == "cma":
+        out["move_counts"] = cmat.move_counts()
+    return out
+
+
+# ---------------------------------------------------------------- checkpoint
+
+def _state_dict(gib):
+    import torch
+    sizes, total, i = [], 0, 0
+    while total < gib * (1 << 30):
+        n = (64 << 20) if i % 3 else (256 << 20)  # bytes: a mix, like a model's
+        sizes.append(n)
+        total += n
+        i += 1
+    return {f"layer{j}.weight": torch.full((n // 2,), float(j % 7), dtype=torch.bfloat16)
+            for j, n in enumerate(sizes)}
+
+
+def write_checkpoint(path, fmt, gib):
+    import torch
+    sd = _state_dict(gib)
+    if fmt == "torch":
+        torch.save(sd, path)
+    else:
+        from safetensors.torch import save_file
+        save_file(sd, path)
+    del sd
+    with open(path, "rb") as f:  # into the page cache for every variant alike
+        while f.read(1 << 26):
+            pass
+
+
+def checkpoint(variant, path):
+    import torch
+    avail0 = mem_available()
+    if variant == "cma":
+        cmat = _cma_on()
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    if variant == "torch_load_cuda":
+        sd = torch.load(path, map_location="cuda")
+    elif variant == "torch_load_mmap_cuda":
+        sd = torch.load(path, map_location="cuda", mmap=True)
+    elif variant == "safetensors_cuda":
+        from safetensors.torch import load_file
+        sd = load_file(path, device="cuda")
+    elif variant == "cma":
+        sd = torch.load(path, map_location=cmat.map_location("cuda"))
+    else:
+        raise ValueError(variant)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    out = {"seconds": seconds, "bytes": sum(v.numel() * v.element_size() for v in sd.values()),
+           "on_cuda": all(v.is_cuda for v in sd.values()),
+           "values_ok": all(float(v[:4].float().sum()) == 4.0 * (j % 7)
+                            for j, v in enumerate(sd.values())),
+           "host_bytes_after": avail0 - mem_available(), "vm_hwm": vm_hwm()}
+    if variant == "cma":
+        out["move_counts"] = cmat.move_counts()
+    return out
+
+
+# ---------------------------------------------------------------- loader
+
+class Images:
+    """Image-sized float samples made on the worker's CPU (a decode and
+    augmentation stand-in: a scaled copy of a base image)."""
+
+    def __init__(self, n, side):
+        self.n, self.side = n, side
+        self.base = None
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import torch
+        if self.base is None:
+            self.base = torch.rand(3, self.side, self.side)
+        return self.base * (1.0 + (i % 13) / 13.0), i % 1000
+
+
+def loader(variant, batches, batch_size, workers, side):
+    import torch
+    avail0 = mem_available()
+    if variant == "cma":
+        cmat = _cma_on()
+        collate = cmat.ManagedBatches()
+    else:
+        collate = None
+    torch.cuda.init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 7, stride=2, padding=3), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                torch.nn.Linear(64, 1000)).cuda()
+    data = torch.utils.data.DataLoader(Images(batches * batch_size + 8 * batch_size, side),
+                                       batch_size=batch_size, num_workers=workers,
+                                       pin_memory=True, collate_fn=collate, prefetch_factor=4,
+                                       persistent_workers=False)
+    seen, start, peak_used = 0, None, 0
+    checksum = 0.0
+    for step, (x, y) in enumerate(data):
+        x = x.to("cuda", non_blocking=True)
+        y = y.to("cuda", non_blocking=True)
+        with torch.no_grad():
+            checksum += float(model(x).sum()) if step % 16 == 0 else 0.0
+        if step == 8:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+        elif step > 8:
+            seen += x.shape[0]
+            peak_used = max(peak_used, avail0 - mem_available()) if step % 8 == 0 else peak_used
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    out = {"samples_per_s": seen / seconds, "samples": seen, "host_bytes": peak_used,
+           "vm_hwm": vm_hwm(), "checksum": checksum}
+    if variant == "cma":
+        out["move_counts"] = cmat.move_counts()
+        out["host_pool_reserved_peak"] = __import__("cma").host_stats()["reserved_bytes.peak"]
+    else:
+        out["pinned_reserved_peak"] = torch.cuda.host_memory_stats().get(
+            "reserved_bytes.peak", None) if hasattr(torch.cuda, "host_memory_stats") else None
+    return out
+
+
+# ---------------------------------------------------------------- driver
+
+def run_one(args):
+    case, variant = args[0], args[1]
+    rest = json.loads(args[2])
+    fn = {"roundtrip": roundtrip, "checkpoint": checkpoint, "loader": loader}[case]
+    print(json.dumps(fn(variant, **rest)))
+
+
+def child(case, variant, **kwargs):
+    env = dict(os.environ)
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "_one", case, variant,
+                        json.dumps(kwargs)], capture_output=True, text=True, env=env,
+                       timeout=900)
+    if r.returncode != 0:
+        return {"error": r.stderr[-3000:]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "_one":
+        return run_one(sys.argv[2:])
+    p = argparse.ArgumentParser()
+    p.add_argument("case", nargs="?", default="all")
+    p.add_argument("--out")
+    p.add_argument("--mib", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--gib", type=float, default=None)
+    p.add_argument("--dir", default="/tmp")
+    p.add_argument("--batches", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--side", type=int, default=224)
+    a = p.parse_args()
+    result = {}
+    cases = ["roundtrip", "checkpoint", "loader"] if a.case == "all" else [a.case]
+    if "roundtrip" in cases:
+        result["roundtrip"] = {"mib": a.mib, "rounds": a.rounds}
+        for v in ("pageable", "pinned", "cma"):
+            result["roundtrip"][v] = child("roundtrip", v, mib=a.mib, rounds=a.rounds)
+    if "checkpoint" in cases:
+        gib = a.gib
+        if gib is None:
+            import torch
+            gib = torch.cuda.get_device_properties(0).total_memory / (1 << 30) / 4 + 1
+        result["checkpoint"] = {"gib": gib}
+        for fmt, variants in (("torch", ("torch_load_cuda", "torch_load_mmap_cuda", "cma")),
+                              ("safetensors", ("safetensors_cuda",))):
+            path = os.path.join(a.dir, f"cma_ckpt.{fmt}")
+            start = time.perf_counter()
+            write_checkpoint(path, fmt, gib)
+            result["checkpoint"][f"write_{fmt}_s"] = time.perf_counter() - start
+            for v in variants:
+                result["checkpoint"][v] = child("checkpoint", v, path=path)
+            os.remove(path)
+    if "loader" in cases:
+        result["loader"] = {"batches": a.batches, "batch_size": a.batch_size,
+                            "workers": a.workers, "side": a.side}
+        for v in ("pinned", "cma"):
+            result["loader"][v] = child("loader", v, batches=a.batches, batch_size=a.batch_size,
+                                        workers=a.workers, side=a.side)
+    text = json.dumps(result, indent=1)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+// cma as PyTorch's CPU allocator (PyTorch RFC-0023's "big switch"): while
+// on, every CPU tensor PyTorch allocates (torch.empty, torch.load's storages,
+// a DataLoader's collated batch in the main process) is managed memory from
+// cma's host pool (cma_malloc with location -1), so that cma.torch can move
+// it to a GPU without a copy. Compiled into the same extension as the CUDA
+// allocator (torch_allocator.py) and installed by cma.torch.managed_cpu().
+//
+// Contract:
+//  * Thread safety: allocate and free may be called from any thread; on and
+//    off are called by Python under the GIL.
+//  * Ownership: a tensor allocated while on is freed by cma whenever it dies,
+//    also after the switch is turned off; a tensor allocated while off keeps
+//    PyTorch's own deleter.
+//  * A forked child (a DataLoader worker) must not call the CUDA runtime
+//    that its parent initialised: there, allocations come from PyTorch's
+//    previous CPU allocator and frees of the parent's tensors do nothing
+//    (the child's copy of the pages goes with the child).
+//  * Errors: out of memory raises torch.OutOfMemoryError naming cma's host
+//    pool; any other failure raises RuntimeError with cma's reason. A free
+//    that fails (never expected) is reported on stderr, not thrown: c10
+//    deleters must not throw.
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+#include <dlfcn.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <cstdio>
+#include <string>
+
+namespace cma_torch {
+namespace {
+
+constexpr int kResourceExhausted = 8;  // absl::StatusCode, as cma_last_error_code()
+
+struct CpuApi {
+  void* (*malloc)(size_t, int, void*) = nullptr;
+  int (*free)(void*) = nullptr;
+  const char* (*last_error)() = nullptr;
+  int (*last_error_code)() = nullptr;
+};
+CpuApi cpu_api;
+c10::Allocator* g_previous = nullptr;
+std::atomic<bool> g_forked{false};
+std::atomic<long long> g_allocations{0};
+
+void MarkForked() { g_forked.store(true, std::memory_order_relaxed); }
+
+void DeleteManaged(void* p) {
+  if (p == nullptr || g_forked.load(std::memory_order_relaxed)) return;
+  if (cpu_api.free(p) != 0) {
+    std::fprintf(stderr, "caching_managed_allocator: freeing CPU tensor memory %p failed: %s\n", p,
+                 cpu_api.last_error());
+  }
+}
+
+class CmaCpuAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    if (g_forked.load(std::memory_order_relaxed)) return g_previous->allocate(n);
+    const c10::Device cpu(c10::DeviceType::CPU);
+    if (n == 0) return {nullptr, nullptr, &DeleteManaged, cpu};
+    void* p = cpu_api.malloc(n, -1, nullptr);
+    if (p == nullptr) {
+      const std::string why = cpu_api.last_error();
+      TORCH_CHECK_WITH(OutOfMemoryError, cpu_api.last_error_code() != kResourceExhausted,
+                       "caching_managed_allocator: CPU tensor of ", std::to_string(n),
+                       " bytes: ", why);
+      TORCH_CHECK(false, "caching_managed_allocator: CPU tensor of ", std::to_string(n),
+                  " bytes: ", why);
+    }
+    g_allocations.fetch_add(1, std::memory_order_relaxed);
+    return {p, p, &DeleteManaged, cpu};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &DeleteManaged; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+CmaCpuAllocator g_cpu_allocator;
+
+template <typename Fn>
+void ResolveCpu(void* handle, const char* name, Fn& fn) {
+  fn = reinterpret_cast<Fn>(dlsym(handle, name));
+  TORCH_CHECK(fn != nullptr, "caching_managed_allocator: libcma.so lacks ", std::string(name),
+              " (an older library than this cma package?)");
+}
+
+}  // namespace
+
+// Makes cma PyTorch's CPU allocator. `library` is the libcma.so that cma._lib
+// loaded. Idempotent.
+void cpu_on(const std::string& library) {
+  if (cpu_api.malloc == nullptr) {
+    void* h = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    TORCH_CHECK(h != nullptr, "caching_managed_allocator: cannot open ", library, ": ",
+                std::string(dlerror()));
+    CpuApi api;
+    ResolveCpu(h, "cma_malloc", api.malloc);
+    ResolveCpu(h, "cma_free", api.free);
+    ResolveCpu(h, "cma_last_error", api.last_error);
+    ResolveCpu(h, "cma_last_error_code", api.last_error_code);
+    cpu_api = api;
+    pthread_atfork(nullptr, nullptr, &MarkForked);
+  }
+  c10::Allocator* current = c10::GetCPUAllocator();
+  if (current == &g_cpu_allocator) return;
+  TORCH_CHECK(!g_forked.load(), "caching_managed_allocator: managed CPU tensors cannot be turned "
+                                "on in a forked child (its CUDA runtime is unusable)");
+  g_previous = current;
+  c10::SetCPUAllocator(&g_cpu_allocator, /*priority=*/0);
+  TORCH_CHECK(c10::GetCPUAllocator() == &g_cpu_allocator,
+              "caching_managed_allocator: PyTorch kept its CPU allocator (another allocator was "
+              "registered with a higher priority)");
+}
+
+// Gives PyTorch its previous CPU allocator back. Tensors allocated while on
+// stay cma's until they die.
+void cpu_off() {
+  if (c10::GetCPUAllocator() != &g_cpu_allocator || g_previous == nullptr) return;
+  c10::SetCPUAllocator(g_previous, /*priority=*/0);
+}
+
+bool cpu_is_on() { return c10::GetCPUAllocator() == &g_cpu_allocator; }
+
+long long cpu_allocations() { return g_allocations.load(); }
+
+}  // namespace cma_torch

@@ -1,0 +1,211 @@
+"""PyTorch RFC-0023's unified memory mode for the whole process: CPU tensors
+in managed memory, and tensor.to() that changes only the device made a move.
+
+    cma.torch.use_as_default()       # cma serves CUDA tensors (before CUDA starts)
+    cma.torch.managed_cpu()          # the switch: CPU tensors are managed memory
+    x = torch.randn(1 << 26)         # on the host, in cma's host pool
+    y = x.to("cuda")                 # the same memory, migrated: no copy
+    z = y.cpu()                      # and back
+    cma.torch.managed_cpu(False)     # PyTorch's CPU allocator again
+
+While the switch is on:
+  * Every CPU tensor PyTorch allocates comes from cma's host pool (statistics:
+    cma.host_stats()). A tensor allocated while on stays cma's until it dies.
+    A DataLoader worker (a forked child) allocates from PyTorch's own CPU
+    allocator: its parent's CUDA runtime is unusable there. Tensors made
+    over foreign memory (torch.from_numpy, torch.frombuffer, shared memory
+    from workers, mmap'ed checkpoints) are not managed.
+  * Tensor.to(), .cuda() and .cpu() that change only the device of a tensor
+    owning a whole cma allocation (torch_zero_copy.py says exactly which)
+    return an alias over the same memory, whose pages cma moves to the
+    target in the order of its current CUDA stream. Following the RFC, the
+    call waits for the move unless non_blocking=True (as PyTorch's copy
+    waits for its stream). copy=True, a dtype or memory-format change, a
+    view, and a tensor that requires grad while autograd records are
+    copied as before. Inside torch.compile'd code .to() is traced as
+    PyTorch's copy.
+  * Aliasing: the source and the result share memory, so an in-place write
+    through one is seen through the other (a copy would not be), and their
+    version counters are separate (autograd does not see a write through
+    the other alias: the reason tensors that require grad are copied).
+    Using the source where it was after the move is correct and
+    migrates the pages back on demand.
+  * pin_memory() of a managed tensor copies it into pinned memory, as for
+    any pageable tensor; with the switch, pinned memory is not needed to
+    reach the GPU. Pickling, torch.save and share_memory_() work as for any
+    CPU tensor (share_memory_() copies into shared memory, which is then no
+    longer managed).
+
+Per tensor, with or without the switch: managed(t) returns a managed CPU
+copy of t, empty_managed(...) a new managed CPU tensor.
+"""
+import functools
+
+import torch
+
+from cma import _lib
+from cma import torch_zero_copy as _zc
+
+_TO, _CPU, _CUDA = _zc._TO, _zc._CPU, _zc._CUDA
+
+
+class _Counts:
+    """What the switch's .to()/.cpu()/.cuda() did since it was turned on."""
+
+    def __init__(self):
+        self.moved = 0        # calls answered with an alias
+        self.moved_bytes = 0
+        self.copied = 0       # calls handed to PyTorch's copy
+
+    def as_dict(self):
+        return {"moved": self.moved, "moved_bytes": self.moved_bytes, "copied": self.copied}
+
+
+_counts = _Counts()
+_on = False
+
+
+def _move_or_copy(orig):
+    @functools.wraps(orig)
+    def method(self, *args, **kwargs):
+        if not torch.compiler.is_compiling():
+            out = _zc._zero_copy(orig, (self,) + args, kwargs, wait_for_device=True)
+            if out is not None:
+                _counts.moved += 1
+                _counts.moved_bytes += out.untyped_storage().nbytes()
+                return out
+            _counts.copied += 1
+        return orig(self, *args, **kwargs)
+    return method
+
+
+def managed_cpu(enabled=True):
+    """Turns the switch on (the default) or off; returns whether it was on.
+    Turning it on compiles cma's PyTorch extension on first use, as
+    use_as_default() does."""
+    global _on, _counts
+    from cma import torch_allocator
+    was = _on
+    if enabled and not _on:
+        _lib.lib()
+        torch_allocator.build().cpu_on(_lib.library_path())
+        torch.Tensor.to = _move_or_copy(_TO)
+        torch.Tensor.cpu = _move_or_copy(_CPU)
+        torch.Tensor.cuda = _move_or_copy(_CUDA)
+        _counts = _Counts()
+        _on = True
+    elif not enabled and _on:
+        torch_allocator.build().cpu_off()
+        torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda = _TO, _CPU, _CUDA
+        _on = False
+    return was
+
+
+def is_managed_cpu():
+    return _on
+
+
+def move_counts():
+    """{"moved", "moved_bytes", "copied"}: the switch's .to()/.cpu()/.cuda()
+    calls answered by a move (no byte copied) and handed to PyTorch's copy."""
+    return _counts.as_dict()
+
+
+class _Allocation:
+    """Frees a host-pool allocation when the last tensor over it dies."""
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __del__(self):
+        if _lib is not None and self.ptr:
+            _lib.free(self.ptr)
+
+
+def empty_managed(*size, dtype=None):
+    """A new CPU tensor in cma's host pool (contents undefined), with or
+    without the switch; .to() under the switch or zero_copy() moves it."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    dtype = dtype or torch.get_default_dtype()
+    numel = 1
+    for s in size:
+        numel *= s
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.empty(size, dtype=dtype)
+    ptr = _lib.malloc(nbytes, "cpu")
+    raw = torch.from_numpy(_lib.host_view(ptr, nbytes, owner=_Allocation(ptr)))
+    return raw.view(dtype).view(size)
+
+
+def managed(tensor):
+    """A managed CPU copy of `tensor` (any device), contiguous."""
+    out = empty_managed(tensor.shape, dtype=tensor.dtype)
+    out.copy_(tensor)
+    return out
+
+
+def _move_storage(storage, device):
+    """A storage on `device` over the same managed memory as `storage` (a
+    CPU storage that owns a whole cma allocation), or None."""
+    if storage.nbytes() == 0:
+        return None
+    t = torch.empty(0, dtype=torch.uint8).set_(storage)
+    moved = _zc._zero_copy(_TO, (t, device), {"non_blocking": True})
+    return None if moved is None else moved.untyped_storage()
+
+
+def map_location(device="cuda"):
+    """torch.load(f, map_location=cma.torch.map_location("cuda")): every
+    storage is read into managed memory and moved to `device` in the order
+    of its current stream, so that the move of one overlaps the reading of
+    the next; nothing is copied by a copy engine. A storage that is not
+    cma's already (the switch off, or mmap=True) is first copied into the
+    host pool on the CPU. The result is ready once the device's current
+    stream is (torch.cuda.synchronize() or any kernel queued after it)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+
+    def restore(storage, location):
+        moved = _move_storage(storage, device)
+        if moved is None and storage.nbytes() > 0:
+            staged = empty_managed(storage.nbytes(), dtype=torch.uint8)
+            staged.copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
+            moved = _move_storage(staged.untyped_storage(), device)
+        return moved if moved is not None else storage.to(device)
+    return restore
+
+
+class ManagedBatches:
+    """A DataLoader collate_fn whose batches land in managed memory in the
+    main process: DataLoader(..., collate_fn=ManagedBatches(), pin_memory=True)
+    then calls the batch's pin_memory(), which copies it from the workers'
+    shared memory into cma's host pool (instead of into pinned memory), and
+    .to("cuda") under the switch moves it without a copy."""
+
+    def __init__(self, collate_fn=None):
+        self.collate_fn = collate_fn or torch.utils.data.default_collate
+
+    def __call__(self, samples):
+        return _ManagedBatch(self.collate_fn(samples))
+
+
+class _ManagedBatch:
+    def __init__(self, data):
+        self.data = data
+
+    def pin_memory(self, device=None):
+        return _map_tensors(self.data, managed)
+
+
+def _map_tensors(data, fn):
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, (list, tuple)):
+        return type(data)(_map_tensors(d, fn) for d in data)
+    if isinstance(data, dict):
+        return {k: _map_tensors(v, fn) for k, v in data.items()}
+    return data
