@@ -210,6 +210,7 @@ absl::Status CachingManagedAllocator::SetHints(void* ptr, const AllocationHints&
     absl::Status s = d->SetHints(ptr, hints);
     if (!absl::IsNotFound(s)) return s;
   }
+  if (absl::Status s = host_->SetHints(ptr, hints); !absl::IsNotFound(s)) return s;
   return absl::InvalidArgumentError(
       absl::StrFormat("cma: hints for %p, which is not an allocation of this allocator", ptr));
 }

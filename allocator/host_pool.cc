@@ -32,6 +32,9 @@ std::map<std::string, std::int64_t> HostPoolStats::Flatten() const {
   m["moves"] = moves;
   m["moved_bytes_to_device"] = moved_bytes_to_device;
   m["moved_bytes_to_host"] = moved_bytes_to_host;
+  m["mapped_moves"] = mapped_moves;
+  m["mapped_bytes"] = mapped_bytes;
+  m["advise_calls"] = advise_calls;
   m["returned_bytes"] = returned_bytes;
   m["num_alloc_retries"] = num_alloc_retries;
   m["num_ooms"] = num_ooms;
@@ -207,6 +210,10 @@ absl::Status HostPool::Free(void* ptr) {
     }
     SetResidence(b, Location::Host());
   }
+  if (b->hints) {
+    Advise(b, WithdrawHintAdvice(*b->hints));
+    b->hints.reset();
+  }
   b->allocated = false;
   stats_.allocation.Sub(1);
   stats_.allocated_bytes.Sub(static_cast<std::int64_t>(b->size));
@@ -271,8 +278,27 @@ absl::Status HostPool::Move(absl::Span<void* const> ptrs, Location target, Strea
   if (!target.is_host()) {
     if (absl::Status s = backend_->ValidateStream(target.device, stream); !s.ok()) return s;
   }
-  if (absl::Status s = Place(ranges, target, stream, contents_dead); !s.ok()) return s;
+  // Allocations that prefer the host are mapped for the device, not moved.
+  std::vector<Range> migrate;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (target.is_host() || !PrefersHost(*blocks[i])) migrate.push_back(ranges[i]);
+  }
+  if (!migrate.empty()) {
+    if (absl::Status s = Place(migrate, target, stream, contents_dead); !s.ok()) return s;
+  }
   for (Block* b : blocks) {
+    if (!target.is_host() && PrefersHost(*b)) {
+      std::vector<int>& by = b->hints->accessed_by;
+      if (std::find(by.begin(), by.end(), target.device) == by.end()) {
+        Advise(b, {{Advice::kSetAccessedBy, target}});
+        by.push_back(target.device);  // withdrawn with the rest at the free
+      }
+      AddUse(b, stream, target.device);
+      b->last_device = target.device;
+      ++stats_.mapped_moves;
+      stats_.mapped_bytes += static_cast<std::int64_t>(b->size);
+      continue;
+    }
     const int device = target.is_host() ? b->last_device : target.device;
     AddUse(b, stream, device);
     b->last_stream = stream;
@@ -282,6 +308,37 @@ absl::Status HostPool::Move(absl::Span<void* const> ptrs, Location target, Strea
     (target.is_host() ? stats_.moved_bytes_to_host : stats_.moved_bytes_to_device) +=
         static_cast<std::int64_t>(b->size);
   }
+  return absl::OkStatus();
+}
+
+void HostPool::Advise(Block* b, const AdviceList& advice) {
+  for (const auto& [a, location] : advice) {
+    if (backend_->Advise(reinterpret_cast<void*>(b->addr), b->size, a, location).ok()) {
+      ++stats_.advise_calls;
+    } else {
+      ++stats_.num_placement_errors;  // advice is a hint: the memory stays valid
+    }
+  }
+}
+
+absl::Status HostPool::SetHints(void* ptr, const AllocationHints& hints) {
+  for (int d : hints.accessed_by) {
+    if (d < 0 || d >= device_count_) {
+      return absl::InvalidArgumentError(absl::StrFormat("cma: accessed_by names device %d", d));
+    }
+  }
+  MutexLock l(&mu_);
+  Block* b = Find(ptr);
+  if (b == nullptr || !b->allocated) return NotMine();
+  if (b->chunk_class >= 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cma: advice for host allocation %p of %d bytes: allocations of 1 MiB or less share "
+        "pages with others, which the advice would cover too",
+        ptr, b->requested));
+  }
+  if (b->hints) Advise(b, WithdrawHintAdvice(*b->hints));
+  Advise(b, HintAdvice(hints));
+  b->hints = std::make_unique<AllocationHints>(hints);
   return absl::OkStatus();
 }
 

@@ -15,6 +15,13 @@
 // discarded, so that the next CPU user writes host pages instead of faulting
 // them back one by one.
 //
+// Placement: a Move to a device migrates the pages there, unless the
+// allocation's hints (SetHints) prefer the host: then the pages stay on the
+// host and the device maps them (accessed-by), reading and writing them over
+// the link. That wins when the GPU touches the bytes about once (a batch, a
+// CPU/GPU round trip: measured in bench/results/h200_managed_cpu), since
+// migrating back to the host must repopulate its pages.
+//
 // Thread safety: every method may be called concurrently (one lock).
 // Ownership: the backend outlives the pool; the destructor releases every
 // segment, also those still handed out. Errors: size 0, or a size beyond the
@@ -43,6 +50,7 @@
 #include "allocator/stats.h"
 #include "backends/backend.h"
 #include "policy/host_size_class.h"
+#include "policy/placement_policy.h"
 
 namespace cma {
 
@@ -58,6 +66,11 @@ struct HostPoolStats {
   std::int64_t moves = 0;
   std::int64_t moved_bytes_to_device = 0;
   std::int64_t moved_bytes_to_host = 0;
+  // Moves to a device of allocations whose hints prefer the host: mapped
+  // there, nothing migrated.
+  std::int64_t mapped_moves = 0;
+  std::int64_t mapped_bytes = 0;
+  std::int64_t advise_calls = 0;
   // Pages a free sent back to the host (contents discarded).
   std::int64_t returned_bytes = 0;
   std::int64_t num_alloc_retries = 0;
@@ -90,6 +103,10 @@ class HostPool {
   // a live allocation of this pool.
   absl::Status Move(absl::Span<void* const> ptrs, Location target, Stream stream,
                     bool contents_dead) ABSL_LOCKS_EXCLUDED(mu_);
+  // Replaces the allocation's advice (withdrawn when it is freed). Refused
+  // (kFailedPrecondition) for a chunk of a shared slab (1 MiB or less):
+  // advice covers whole pages, its neighbours' too.
+  absl::Status SetHints(void* ptr, const AllocationHints& hints) ABSL_LOCKS_EXCLUDED(mu_);
   // The bytes requested for the live allocation at `ptr`.
   absl::StatusOr<std::size_t> RequestedSize(void* ptr) ABSL_LOCKS_EXCLUDED(mu_);
   // Where the live allocation at `ptr` was last moved (the host if never).
@@ -116,6 +133,7 @@ class HostPool {
     Stream last_stream = kDefaultStream;  // the last move's
     int last_device = 0;                  // the last device it moved to
     absl::InlinedVector<std::pair<Stream, int>, 2> uses;  // GPU streams, devices
+    std::unique_ptr<AllocationHints> hints;  // advice in force, withdrawn at the free
   };
   struct ByAddr {
     bool operator()(const Block* a, const Block* b) const { return a->addr < b->addr; }
@@ -134,6 +152,9 @@ class HostPool {
     std::vector<Event> events;
   };
 
+  static bool PrefersHost(const Block& b) {
+    return b.hints && b.hints->preferred_location && b.hints->preferred_location->is_host();
+  }
   Block* Find(void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Block* TakeCached(std::size_t rounded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> Carve(std::size_t rounded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -145,6 +166,7 @@ class HostPool {
   void ProcessPending(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetResidence(Block* b, Location where) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Advise(Block* b, const AdviceList& advice) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Prefetches `ranges` to `target`; with `contents_dead`, the whole 2 MiB
   // pages inside them without their contents. A partial page is always
   // moved with its data: it may hold a neighbour's chunk.

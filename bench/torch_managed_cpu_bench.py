@@ -7,7 +7,9 @@ so that its host memory is its own; the parent prints one JSON document.
               then back. pageable: t.to("cuda") / g.cpu() as written;
               pinned: preallocated pinned and device buffers, copy_
               non_blocking (the fastest copies); cma: the same code as
-              pageable under cma.torch.managed_cpu() (moves).
+              pageable under cma.torch.managed_cpu() (moves); cma_map: the
+              same with cma.torch.prefer_host(t) once (the GPU maps the
+              pages instead of migrating them).
   checkpoint  a state dict larger than a quarter of the GPU (--gib, default
               GPU/4 + 1 GiB) loaded onto the GPU, from the page cache (each
               file read once before): torch.load(map_location="cuda"),
@@ -16,7 +18,9 @@ so that its host memory is its own; the parent prints one JSON document.
               with map_location=cma.torch.map_location("cuda").
   loader      a DataLoader with worker processes producing image batches and
               a GPU model consuming them: pin_memory=True + .to(non_blocking)
-              against cma.torch.ManagedBatches() + the switch.
+              against the switch with cma.torch.ManagedBatches(map=False)
+              (cma: batches migrate) and ManagedBatches() (cma_map: the GPU
+              reads them where they are).
 
 Host memory: the drop of the host's MemAvailable from before the variant to
 its steady state (the process's own memory, pinned and managed included),
@@ -62,7 +66,7 @@ def _cma_on():
 def roundtrip(variant, mib, rounds):
     import torch
     avail0 = mem_available()
-    if variant == "cma":
+    if variant.startswith("cma"):
         cmat = _cma_on()
     torch.cuda.init()
     n = mib * (1 << 20) // 4
@@ -80,6 +84,8 @@ def roundtrip(variant, mib, rounds):
             torch.cuda.current_stream().synchronize()
     else:
         t = torch.zeros(n)
+        if variant == "cma_map":
+            cmat.prefer_host(t)  # the GPU maps the pages instead of migrating them
 
         def one(cpu_step=True):
             nonlocal t
@@ -104,7 +110,7 @@ def roundtrip(variant, mib, rounds):
     timings["cpu_step_alone_ms"] = (time.perf_counter() - start) / rounds * 1e3
     out = dict(timings, host_bytes=avail0 - mem_available(), vm_hwm=vm_hwm(),
                checksum=float(t[:1024].double().sum()))
-    if variant == "cma":
+    if variant.startswith("cma"):
         out["move_counts"] = cmat.move_counts()
     return out
 
@@ -192,9 +198,9 @@ class Images:
 def loader(variant, batches, batch_size, workers, side):
     import torch
     avail0 = mem_available()
-    if variant == "cma":
+    if variant.startswith("cma"):
         cmat = _cma_on()
-        collate = cmat.ManagedBatches()
+        collate = cmat.ManagedBatches(map=variant == "cma_map")
     else:
         collate = None
     torch.cuda.init()
@@ -223,7 +229,7 @@ def loader(variant, batches, batch_size, workers, side):
     seconds = time.perf_counter() - start
     out = {"samples_per_s": seen / seconds, "samples": seen, "host_bytes": peak_used,
            "vm_hwm": vm_hwm(), "checksum": checksum}
-    if variant == "cma":
+    if variant.startswith("cma"):
         out["move_counts"] = cmat.move_counts()
         out["host_pool_reserved_peak"] = __import__("cma").host_stats()["reserved_bytes.peak"]
     else:
@@ -270,7 +276,7 @@ def main():
     cases = ["roundtrip", "checkpoint", "loader"] if a.case == "all" else [a.case]
     if "roundtrip" in cases:
         result["roundtrip"] = {"mib": a.mib, "rounds": a.rounds}
-        for v in ("pageable", "pinned", "cma"):
+        for v in ("pageable", "pinned", "cma", "cma_map"):
             result["roundtrip"][v] = child("roundtrip", v, mib=a.mib, rounds=a.rounds)
     if "checkpoint" in cases:
         gib = a.gib
@@ -290,7 +296,7 @@ def main():
     if "loader" in cases:
         result["loader"] = {"batches": a.batches, "batch_size": a.batch_size,
                             "workers": a.workers, "side": a.side}
-        for v in ("pinned", "cma"):
+        for v in ("pinned", "cma", "cma_map"):
             result["loader"][v] = child("loader", v, batches=a.batches, batch_size=a.batch_size,
                                         workers=a.workers, side=a.side)
     text = json.dumps(result, indent=1)

@@ -3,6 +3,7 @@
 // and back without a copy, frees that wait for the GPU, and bad input.
 #include <atomic>
 #include <cstring>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -166,6 +167,62 @@ TEST_F(HostPoolTest, RecordStreamMakesAFreeWaitEvenWithoutAMove) {
   EXPECT_EQ(r, p);
   ASSERT_TRUE(alloc_->Free(r).ok());
   ASSERT_TRUE(backend_->DestroyStream(s).ok());
+}
+
+TEST_F(HostPoolTest, AnAllocationThatPrefersTheHostIsMappedForTheDeviceNotMigrated) {
+  Make({.device_count = 2, .manual_completion = true});
+  Stream s = *backend_->CreateStream(1);
+  void* p = HostAlloc(4 * kMiB);
+  AllocationHints hints;
+  hints.preferred_location = Location::Host();
+  ASSERT_TRUE(alloc_->SetHints(p, hints).ok());
+  backend_->ClearRecords();
+  ASSERT_TRUE(alloc_->Move(p, Location::Device(1), s).ok());
+  auto r = backend_->Records();
+  ASSERT_EQ(r.size(), 1u);  // advice only: nothing migrates
+  EXPECT_EQ(r[0].op, PlacementRecord::Op::kAdvise);
+  EXPECT_EQ(r[0].advice, Advice::kSetAccessedBy);
+  EXPECT_EQ(r[0].location, Location::Device(1));
+  EXPECT_EQ(DeviceUsed(1), 0u);
+  EXPECT_TRUE(*alloc_->PlacedOnHost(p));
+  HostPoolStats st = HostStats();
+  EXPECT_EQ(st.mapped_moves, 1);
+  EXPECT_EQ(st.mapped_bytes, 4 * kMiB);
+  EXPECT_EQ(st.moves, 0);
+  ASSERT_TRUE(alloc_->Move(p, Location::Device(1), s).ok());  // mapped once is enough
+  EXPECT_EQ(backend_->Records().size(), 1u);
+  // The device's kernel still reads it when it is freed: the free waits, and
+  // withdraws the advice so that the next user starts without it.
+  ASSERT_TRUE(backend_->EnqueueWork(s).ok());
+  backend_->ClearRecords();
+  ASSERT_TRUE(alloc_->Free(p).ok());
+  EXPECT_EQ(HostStats().pending_frees, 1);
+  std::set<Advice> withdrawn;
+  for (const PlacementRecord& rec : backend_->Records()) {
+    EXPECT_EQ(rec.op, PlacementRecord::Op::kAdvise);  // nothing to send home
+    withdrawn.insert(rec.advice);
+  }
+  EXPECT_EQ(withdrawn, (std::set<Advice>{Advice::kUnsetPreferredLocation,
+                                         Advice::kUnsetAccessedBy}));
+  ASSERT_TRUE(backend_->CompleteWork(s).ok());
+  void* q = HostAlloc(4 * kMiB);
+  EXPECT_EQ(q, p);
+  ASSERT_TRUE(alloc_->Free(q).ok());
+  ASSERT_TRUE(backend_->DestroyStream(s).ok());
+}
+
+TEST_F(HostPoolTest, AdviceForAChunkOfASharedSlabIsRefused) {
+  void* p = HostAlloc(4096);
+  AllocationHints hints;
+  hints.preferred_location = Location::Host();
+  const std::string before = Fingerprint(*alloc_);
+  absl::Status s = alloc_->SetHints(p, hints);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("share pages"));
+  hints.accessed_by = {7};
+  EXPECT_TRUE(absl::IsInvalidArgument(alloc_->SetHints(p, hints)));
+  EXPECT_EQ(Fingerprint(*alloc_), before);
+  ASSERT_TRUE(alloc_->Free(p).ok());
 }
 
 TEST_F(HostPoolTest, EmptyCacheReleasesIdleSlabsAndSegmentsOnly) {

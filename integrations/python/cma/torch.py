@@ -64,9 +64,10 @@ def _index(device=None):
 
 def _owned_storage(tensor):
     ptr = tensor.untyped_storage().data_ptr()
-    if _lib.device_of(ptr) is None:
+    if _lib.allocation_size(ptr) is None:
         raise ValueError("cma.torch: the tensor does not own a cma allocation (allocate it "
-                         "under cma.torch.use_as_default())")
+                         "under cma.torch.use_as_default(), or on the CPU under "
+                         "cma.torch.managed_cpu())")
     return ptr, tensor.untyped_storage().nbytes()
 
 
@@ -419,7 +420,7 @@ def __getattr__(name):
     if name == "symmetric":
         from cma import torch_symmetric
         return torch_symmetric
-    if name in ("ManagedBatches", "move_counts", "is_managed_cpu"):
+    if name in ("ManagedBatches", "move_counts", "is_managed_cpu", "prefer_host"):
         from cma import torch_managed
         return getattr(torch_managed, name)
     raise AttributeError(name)
