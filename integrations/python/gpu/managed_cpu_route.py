@@ -59,6 +59,18 @@ out["non_blocking_move"] = x.to("cuda", non_blocking=True).data_ptr() == x.data_
 torch.cuda.synchronize()
 out["host_stats_moves"] = cma.host_stats()["moves"] >= 3
 
+# prefer_host: the GPU maps the pages instead of migrating them.
+m = cmat.prefer_host(torch.full((1 << 22,), 3.0))
+mapped_before = cma.host_stats()["mapped_moves"]
+mg, copies = copies_during(lambda: m.to("cuda"))
+mg.add_(1)                                 # the GPU writes host pages over the link
+torch.cuda.synchronize()
+out["prefer_host_maps"] = (mg.data_ptr() == m.data_ptr() and copies == 0
+                           and cma.host_stats()["mapped_moves"] == mapped_before + 1
+                           and cma.placed_on_host(m.data_ptr()) is True
+                           and m[5].item() == 4.0 and m.cpu().data_ptr() == m.data_ptr())
+del m, mg
+
 # What copies, exactly as PyTorch copies it.
 copied = {
     "copy_true": x.to("cuda", copy=True),
