@@ -14,8 +14,11 @@ so that its host memory is its own; the parent prints one JSON document.
               GPU/4 + 1 GiB) loaded onto the GPU, from the page cache (each
               file read once before): torch.load(map_location="cuda"),
               torch.load(mmap=True, map_location="cuda"), safetensors
-              load_file(device="cuda"), and cma: torch.load under the switch
-              with map_location=cma.torch.map_location("cuda").
+              load_file(device="cuda"), and cma: torch.load(mmap=True) under
+              the switch with map_location=cma.torch.map_location("cuda")
+              (each storage copied from the page cache into the host pool by
+              the CPU and moved while the next is copied; cma_read: the same
+              without mmap, torch.load reading into the host pool).
   loader      a DataLoader with worker processes producing image batches and
               a GPU model consuming them: pin_memory=True + .to(non_blocking)
               against the switch with cma.torch.ManagedBatches(map=False)
@@ -146,7 +149,7 @@ def write_checkpoint(path, fmt, gib):
 def checkpoint(variant, path):
     import torch
     avail0 = mem_available()
-    if variant == "cma":
+    if variant.startswith("cma"):
         cmat = _cma_on()
     torch.cuda.init()
     torch.empty(1, device="cuda")
@@ -160,6 +163,8 @@ def checkpoint(variant, path):
         from safetensors.torch import load_file
         sd = load_file(path, device="cuda")
     elif variant == "cma":
+        sd = torch.load(path, map_location=cmat.map_location("cuda"), mmap=True)
+    elif variant == "cma_read":
         sd = torch.load(path, map_location=cmat.map_location("cuda"))
     else:
         raise ValueError(variant)
@@ -167,11 +172,12 @@ def checkpoint(variant, path):
     seconds = time.perf_counter() - start
     out = {"seconds": seconds, "bytes": sum(v.numel() * v.element_size() for v in sd.values()),
            "on_cuda": all(v.is_cuda for v in sd.values()),
-           "values_ok": all(float(v[:4].float().sum()) == 4.0 * (j % 7)
-                            for j, v in enumerate(sd.values())),
+           "values_ok": all(float(v[:4].float().sum()) == 4.0 * (int(k[5:].split(".")[0]) % 7)
+                            for k, v in sd.items()),
            "host_bytes_after": avail0 - mem_available(), "vm_hwm": vm_hwm()}
-    if variant == "cma":
-        out["move_counts"] = cmat.move_counts()
+    if variant.startswith("cma"):
+        out["host_pool"] = {k: v for k, v in __import__("cma").host_stats().items()
+                            if k in ("moves", "moved_bytes_to_device", "reserved_bytes.peak")}
     return out
 
 
@@ -284,7 +290,7 @@ def main():
             import torch
             gib = torch.cuda.get_device_properties(0).total_memory / (1 << 30) / 4 + 1
         result["checkpoint"] = {"gib": gib}
-        for fmt, variants in (("torch", ("torch_load_cuda", "torch_load_mmap_cuda", "cma")),
+        for fmt, variants in (("torch", ("torch_load_cuda", "torch_load_mmap_cuda", "cma", "cma_read")),
                               ("safetensors", ("safetensors_cuda",))):
             path = os.path.join(a.dir, f"cma_ckpt.{fmt}")
             start = time.perf_counter()
