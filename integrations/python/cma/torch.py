@@ -27,6 +27,9 @@ import os
 import torch
 
 from cma import _lib
+# RFC-0023's switch and its helpers (torch_managed.py).
+from cma.torch_managed import (ManagedBatches, empty_managed, is_managed_cpu,  # noqa: F401
+                               managed, managed_cpu, map_location, move_counts, prefer_host)
 
 
 def use_as_default(config=None):
@@ -179,29 +182,6 @@ def wake(device=None, stream=None, release_staging=False):
 def release_staging(device=None):
     """Gives back the pinned host memory sleep() keeps between cycles; returns the bytes."""
     return _lib.release_sleep_staging(_index(device))
-
-
-def managed_cpu(enabled=True):
-    """RFC-0023's switch: CPU tensors in managed memory and device-only .to()
-    as a move, for the whole process (torch_managed.py). Returns whether it
-    was on."""
-    from cma import torch_managed; return torch_managed.managed_cpu(enabled)  # noqa: E702
-
-
-def empty_managed(*size, dtype=None):
-    """A new CPU tensor in cma's host pool (torch_managed.py)."""
-    from cma import torch_managed; return torch_managed.empty_managed(*size, dtype=dtype)  # noqa: E702
-
-
-def managed(tensor):
-    """A managed CPU copy of `tensor` (torch_managed.py)."""
-    from cma import torch_managed; return torch_managed.managed(tensor)  # noqa: E702
-
-
-def map_location(device="cuda"):
-    """torch.load(f, map_location=cma.torch.map_location("cuda")): storages
-    read into managed memory and moved, overlapped (torch_managed.py)."""
-    from cma import torch_managed; return torch_managed.map_location(device)  # noqa: E702
 
 
 def zero_copy():
@@ -420,7 +400,4 @@ def __getattr__(name):
     if name == "symmetric":
         from cma import torch_symmetric
         return torch_symmetric
-    if name in ("ManagedBatches", "move_counts", "is_managed_cpu", "prefer_host"):
-        from cma import torch_managed
-        return getattr(torch_managed, name)
     raise AttributeError(name)
