@@ -390,10 +390,12 @@ void HostPool::ProcessPending(bool wait) {
 void HostPool::ReleaseIdle() {
   for (auto it = free_segments_.begin(); it != free_segments_.end();) {
     Block* b = *it;
-    it = free_segments_.erase(it);
     if (!backend_->FreeManaged(reinterpret_cast<void*>(b->addr)).ok()) {
-      ++stats_.num_placement_errors;  // kept out of the cache: never reused
+      ++stats_.num_placement_errors;  // still ours: cached, released another time
+      ++it;
+      continue;
     }
+    it = free_segments_.erase(it);
     stats_.segment.Sub(1);
     stats_.reserved_bytes.Sub(static_cast<std::int64_t>(b->size));
     blocks_.erase(b->addr);
@@ -404,12 +406,15 @@ void HostPool::ReleaseIdle() {
     const std::uintptr_t base = cur->first;
     const int cls = cur->second.chunk_class;
     const std::size_t chunk = kHostMinChunk << cls;
+    if (!backend_->FreeManaged(reinterpret_cast<void*>(base)).ok()) {
+      ++stats_.num_placement_errors;  // still ours: its chunks stay cached
+      continue;
+    }
     for (std::uintptr_t a = base; a + chunk <= base + kHostSlabSize; a += chunk) {
       auto b = blocks_.find(a);
       free_chunks_[cls].erase(b->second.get());
       blocks_.erase(b);
     }
-    if (!backend_->FreeManaged(reinterpret_cast<void*>(base)).ok()) ++stats_.num_placement_errors;
     stats_.segment.Sub(1);
     stats_.reserved_bytes.Sub(static_cast<std::int64_t>(kHostSlabSize));
     slabs_.erase(cur);

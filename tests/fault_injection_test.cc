@@ -61,6 +61,23 @@ void CachingScenario(Env& env, CachingManagedAllocator& a, std::vector<std::stri
   if (Ok(big.status(), errors)) Ok(a.Free(*big), errors);
   absl::StatusOr<void*> bigger = a.Allocate(std::size_t{70} << 20, 0, *s2);
   if (Ok(bigger.status(), errors)) Ok(a.Free(*bigger), errors);
+  // The host pool: CPU-side allocations moved to a device, used by a
+  // stream, mapped by advice, freed while on the device, released.
+  std::vector<void*> host;
+  for (std::size_t n : {std::size_t{900}, std::size_t{3} << 20, std::size_t{5} << 20}) {
+    absl::StatusOr<void*> p = a.Allocate(n, CachingManagedAllocator::kHostDevice);
+    if (Ok(p.status(), errors)) host.push_back(*p);
+  }
+  if (host.size() == 3) {
+    Ok(a.Move(host[1], Location::Device(0), *s1), errors);
+    Ok(a.RecordStream(host[0], *s2), errors);
+    AllocationHints prefer_host;
+    prefer_host.preferred_location = Location::Host();
+    if (Ok(a.SetHints(host[2], prefer_host), errors)) {
+      Ok(a.Move(host[2], Location::Device(0), *s2), errors);
+    }
+  }
+  for (void* p : host) Ok(a.Free(p), errors);
   Ok(a.EmptyCache(), errors);
   (void)env.host.DestroyStream(*s1);
   (void)env.host.DestroyStream(*s2);
