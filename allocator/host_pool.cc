@@ -210,10 +210,7 @@ absl::Status HostPool::Free(void* ptr) {
     }
     SetResidence(b, Location::Host());
   }
-  if (b->hints) {
-    Advise(b, WithdrawHintAdvice(*b->hints));
-    b->hints.reset();
-  }
+  b->hints.reset();  // the advice in force stays until someone wants other
   b->allocated = false;
   stats_.allocation.Sub(1);
   stats_.allocated_bytes.Sub(static_cast<std::int64_t>(b->size));
@@ -278,20 +275,25 @@ absl::Status HostPool::Move(absl::Span<void* const> ptrs, Location target, Strea
   if (!target.is_host()) {
     if (absl::Status s = backend_->ValidateStream(target.device, stream); !s.ok()) return s;
   }
-  // Allocations that prefer the host are mapped for the device, not moved.
+  // Allocations that prefer the host are mapped for the device, not moved;
+  // the others drop advice a former owner left.
   std::vector<Range> migrate;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    if (target.is_host() || !PrefersHost(*blocks[i])) migrate.push_back(ranges[i]);
+    if (target.is_host() || !PrefersHost(*blocks[i])) {
+      ApplyHints(blocks[i], blocks[i]->hints.get());
+      migrate.push_back(ranges[i]);
+    }
   }
   if (!migrate.empty()) {
     if (absl::Status s = Place(migrate, target, stream, contents_dead); !s.ok()) return s;
   }
   for (Block* b : blocks) {
     if (!target.is_host() && PrefersHost(*b)) {
-      std::vector<int>& by = b->hints->accessed_by;
+      ApplyHints(b, b->hints.get());
+      std::vector<int>& by = b->applied->accessed_by;
       if (std::find(by.begin(), by.end(), target.device) == by.end()) {
         Advise(b, {{Advice::kSetAccessedBy, target}});
-        by.push_back(target.device);  // withdrawn with the rest at the free
+        by.push_back(target.device);
       }
       AddUse(b, stream, target.device);
       b->last_device = target.device;
@@ -336,10 +338,30 @@ absl::Status HostPool::SetHints(void* ptr, const AllocationHints& hints) {
         "pages with others, which the advice would cover too",
         ptr, b->requested));
   }
-  if (b->hints) Advise(b, WithdrawHintAdvice(*b->hints));
-  Advise(b, HintAdvice(hints));
   b->hints = std::make_unique<AllocationHints>(hints);
+  ApplyHints(b, b->hints.get());
   return absl::OkStatus();
+}
+
+void HostPool::ApplyHints(Block* b, const AllocationHints* want) {
+  const AllocationHints none;
+  const AllocationHints& w = want != nullptr ? *want : none;
+  if (b->applied != nullptr) {
+    const AllocationHints& in_force = *b->applied;
+    bool covered = in_force.read_mostly == w.read_mostly &&
+                   in_force.preferred_location == w.preferred_location;
+    for (int d : w.accessed_by) {
+      covered = covered && std::find(in_force.accessed_by.begin(), in_force.accessed_by.end(),
+                                     d) != in_force.accessed_by.end();
+    }
+    // Extra accessed-by devices only keep mappings: harmless, kept.
+    if (covered) return;
+    Advise(b, WithdrawHintAdvice(in_force));
+    b->applied.reset();
+  }
+  if (want == nullptr) return;
+  Advise(b, HintAdvice(w));
+  b->applied = std::make_unique<AllocationHints>(w);
 }
 
 absl::Status HostPool::Place(absl::Span<const Range> ranges, Location target, Stream stream,

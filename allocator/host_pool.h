@@ -103,7 +103,7 @@ class HostPool {
   // a live allocation of this pool.
   absl::Status Move(absl::Span<void* const> ptrs, Location target, Stream stream,
                     bool contents_dead) ABSL_LOCKS_EXCLUDED(mu_);
-  // Replaces the allocation's advice (withdrawn when it is freed). Refused
+  // Replaces the allocation's advice. Refused
   // (kFailedPrecondition) for a chunk of a shared slab (1 MiB or less):
   // advice covers whole pages, its neighbours' too.
   absl::Status SetHints(void* ptr, const AllocationHints& hints) ABSL_LOCKS_EXCLUDED(mu_);
@@ -133,7 +133,12 @@ class HostPool {
     Stream last_stream = kDefaultStream;  // the last move's
     int last_device = 0;                  // the last device it moved to
     absl::InlinedVector<std::pair<Stream, int>, 2> uses;  // GPU streams, devices
-    std::unique_ptr<AllocationHints> hints;  // advice in force, withdrawn at the free
+    std::unique_ptr<AllocationHints> hints;  // the owner's advice (SetHints)
+    // The advice in force on the memory: the owner's, plus the devices a
+    // mapped move added. It outlives the owner: a later owner asking for the
+    // same (a DataLoader's next batch) costs no driver call, and one that
+    // asks for other advice, or moves the block without any, replaces it.
+    std::unique_ptr<AllocationHints> applied;
   };
   struct ByAddr {
     bool operator()(const Block* a, const Block* b) const { return a->addr < b->addr; }
@@ -167,6 +172,9 @@ class HostPool {
   void ReleaseIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetResidence(Block* b, Location where) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Advise(Block* b, const AdviceList& advice) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes the advice in force `want` (none: nullptr), with no driver call
+  // when what is in force already covers it.
+  void ApplyHints(Block* b, const AllocationHints* want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Prefetches `ranges` to `target`; with `contents_dead`, the whole 2 MiB
   // pages inside them without their contents. A partial page is always
   // moved with its data: it may hold a neighbour's chunk.

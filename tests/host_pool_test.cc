@@ -191,23 +191,44 @@ TEST_F(HostPoolTest, AnAllocationThatPrefersTheHostIsMappedForTheDeviceNotMigrat
   EXPECT_EQ(st.moves, 0);
   ASSERT_TRUE(alloc_->Move(p, Location::Device(1), s).ok());  // mapped once is enough
   EXPECT_EQ(backend_->Records().size(), 1u);
-  // The device's kernel still reads it when it is freed: the free waits, and
-  // withdraws the advice so that the next user starts without it.
+  // The device's kernel still reads it when it is freed: the free waits;
+  // the advice stays on the memory for the next owner.
   ASSERT_TRUE(backend_->EnqueueWork(s).ok());
   backend_->ClearRecords();
   ASSERT_TRUE(alloc_->Free(p).ok());
   EXPECT_EQ(HostStats().pending_frees, 1);
+  EXPECT_TRUE(backend_->Records().empty());
+  ASSERT_TRUE(backend_->CompleteWork(s).ok());
+  // The next owner asking for the same (a DataLoader's next batch) and
+  // mapping it again: no driver call at all.
+  void* q = HostAlloc(4 * kMiB);
+  EXPECT_EQ(q, p);
+  backend_->ClearRecords();
+  ASSERT_TRUE(alloc_->SetHints(q, hints).ok());
+  ASSERT_TRUE(alloc_->Move(q, Location::Device(1), s).ok());
+  EXPECT_TRUE(backend_->Records().empty());
+  EXPECT_EQ(HostStats().mapped_moves, 3);
+  ASSERT_TRUE(alloc_->Free(q).ok());
+  ASSERT_TRUE(backend_->CompleteWork(s).ok());
+  // An owner without advice that moves it: the old advice goes, the pages
+  // migrate.
+  void* third = HostAlloc(4 * kMiB);
+  EXPECT_EQ(third, p);
+  backend_->ClearRecords();
+  ASSERT_TRUE(alloc_->Move(third, Location::Device(1), s).ok());
   std::set<Advice> withdrawn;
+  bool migrated = false;
   for (const PlacementRecord& rec : backend_->Records()) {
-    EXPECT_EQ(rec.op, PlacementRecord::Op::kAdvise);  // nothing to send home
-    withdrawn.insert(rec.advice);
+    if (rec.op == PlacementRecord::Op::kAdvise) withdrawn.insert(rec.advice);
+    migrated |= rec.op == PlacementRecord::Op::kPrefetch;
   }
   EXPECT_EQ(withdrawn, (std::set<Advice>{Advice::kUnsetPreferredLocation,
                                          Advice::kUnsetAccessedBy}));
+  EXPECT_TRUE(migrated);
+  EXPECT_EQ(DeviceUsed(1), 4 * kMiB);
+  ASSERT_TRUE(alloc_->Move(third, Location::Host(), s).ok());
+  ASSERT_TRUE(alloc_->Free(third).ok());
   ASSERT_TRUE(backend_->CompleteWork(s).ok());
-  void* q = HostAlloc(4 * kMiB);
-  EXPECT_EQ(q, p);
-  ASSERT_TRUE(alloc_->Free(q).ok());
   ASSERT_TRUE(backend_->DestroyStream(s).ok());
 }
 
