@@ -66,9 +66,16 @@ absl::StatusOr<std::unique_ptr<CachingManagedAllocator>> CachingManagedAllocator
   std::unique_ptr<CachingManagedAllocator> a(new CachingManagedAllocator(backend, std::move(config)));
   // The host pool may hold at most the host's memory: managed memory is not
   // refused when the host runs out, the process is killed on first touch.
+  // Where the host's memory cannot be read, the backend alone bounds it.
   absl::StatusOr<MemInfo> host_mem = backend.GetHostMemInfo();
-  a->host_ = std::make_unique<HostPool>(&backend, *count,
-                                        host_mem.ok() ? host_mem->total_bytes : 0);
+  CachingManagedAllocator* raw = a.get();
+  a->host_ = std::make_unique<HostPool>(
+      &backend, *count, host_mem.ok() ? host_mem->total_bytes : SIZE_MAX / 2, [raw] {
+        for (auto& d : raw->devices_) {
+          if (d->AllocatingToPool()) return true;
+        }
+        return false;
+      });
   for (int d = 0; d < *count; ++d) {
     absl::StatusOr<MemInfo> mem = backend.GetMemInfo(d);
     if (!mem.ok()) return mem.status();
@@ -148,17 +155,20 @@ absl::Status CachingManagedAllocator::MoveBatch(absl::Span<void* const> ptrs, Lo
     }
     groups[*d == kHostDevice ? devices_.size() : static_cast<std::size_t>(*d)].push_back(p);
   }
-  if (!groups.back().empty()) {
-    absl::Status s = host_->Move(groups.back(), target, stream, contents_dead);
+  // The host group moves last: a device group's refusal (a stream of
+  // another device, ...) then leaves it where it was.
+  std::vector<void*> host_group = std::move(groups.back());
+  groups.pop_back();
+  for (std::size_t d = 0; d < groups.size(); ++d) {
+    if (groups[d].empty()) continue;
+    absl::Status s = devices_[d]->Move(groups[d], target, stream, contents_dead);
     if (absl::IsNotFound(s)) {
       return absl::InvalidArgumentError("cma: an allocation was freed while it was being moved");
     }
     if (!s.ok()) return s;
   }
-  groups.pop_back();
-  for (std::size_t d = 0; d < groups.size(); ++d) {
-    if (groups[d].empty()) continue;
-    absl::Status s = devices_[d]->Move(groups[d], target, stream, contents_dead);
+  if (!host_group.empty()) {
+    absl::Status s = host_->Move(host_group, target, stream, contents_dead);
     if (absl::IsNotFound(s)) {
       return absl::InvalidArgumentError("cma: an allocation was freed while it was being moved");
     }
@@ -353,7 +363,7 @@ absl::Status CachingManagedAllocator::ForgetStream(Stream stream) {
   for (auto& d : devices_) {
     if (absl::Status s = d->ForgetStream(stream); !s.ok()) return s;
   }
-  return absl::OkStatus();
+  return host_->ForgetStream(stream);
 }
 
 absl::StatusOr<DeviceStats> CachingManagedAllocator::GetStats(int device) {

@@ -209,6 +209,7 @@ class CachingManagedAllocator {
   absl::StatusOr<DeviceStats> GetStats(int device);
   DeviceStats GetStats();  // summed over devices
   HostPoolStats GetHostStats() { return host_->GetStats(); }
+  void ResetHostPeakStats() { host_->ResetPeakStats(); }
   // The last failure num_placement_errors counted on `device` (a hint the
   // backend refused, a Sleep's copies that fell back to migrating, ...):
   // its message, "" if none.

@@ -20,6 +20,13 @@ void PutStat(std::map<std::string, std::int64_t>& m, const std::string& name, co
 
 }  // namespace
 
+static absl::Status QuietRefusal(const char* what) {
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "cma: %s of a host allocation while a private pool is being allocated to (a CUDA graph "
+      "capture may be under way); end the pool context first",
+      what));
+}
+
 std::map<std::string, std::int64_t> HostPoolStats::Flatten() const {
   std::map<std::string, std::int64_t> m;
   PutStat(m, "allocation", allocation);
@@ -44,8 +51,9 @@ std::map<std::string, std::int64_t> HostPoolStats::Flatten() const {
   return m;
 }
 
-HostPool::HostPool(Backend* backend, int device_count, std::size_t budget)
-    : backend_(backend), device_count_(device_count), budget_(budget) {
+HostPool::HostPool(Backend* backend, int device_count, std::size_t budget,
+                   std::function<bool()> quiet)
+    : backend_(backend), device_count_(device_count), budget_(budget), quiet_(std::move(quiet)) {
   stats_.budget_bytes = static_cast<std::int64_t>(budget);
 }
 
@@ -77,7 +85,7 @@ absl::StatusOr<void*> HostPool::Allocate(std::size_t bytes) {
   if (!pending_.empty()) ProcessPending(/*wait=*/false);
   if (Block* b = TakeCached(rounded)) return HandOut(b, bytes);
   absl::StatusOr<Block*> carved = Carve(rounded);
-  if (!carved.ok() && absl::IsResourceExhausted(carved.status())) {
+  if (!carved.ok() && absl::IsResourceExhausted(carved.status()) && !Quiet()) {
     // Wait for the GPU's work on pending frees, give the cache back, retry.
     ++stats_.num_alloc_retries;
     ProcessPending(/*wait=*/true);
@@ -188,56 +196,6 @@ void HostPool::SetResidence(Block* b, Location where) {
   if (!was_on_device && !where.is_host()) stats_.device_resident_bytes.Add(n);
 }
 
-absl::Status HostPool::Free(void* ptr) {
-  MutexLock l(&mu_);
-  Block* b = Find(ptr);
-  if (b == nullptr) return NotMine();
-  if (!b->allocated) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "cma: double free of host allocation %p (%s)", ptr,
-        b->pending ? "its free is waiting for a GPU's work" : "already free"));
-  }
-  if (!b->location.is_host()) {
-    // The next CPU user would fault every page back: send them now, in the
-    // order of the last move, without their dead contents.
-    const Range r{ptr, b->size};
-    if (absl::Status s = Place({&r, 1}, Location::Host(), b->last_stream, /*contents_dead=*/true);
-        s.ok()) {
-      stats_.returned_bytes += static_cast<std::int64_t>(b->size);
-      AddUse(b, b->last_stream, b->last_device);
-    } else {
-      ++stats_.num_placement_errors;
-    }
-    SetResidence(b, Location::Host());
-  }
-  b->hints.reset();  // the advice in force stays until someone wants other
-  b->allocated = false;
-  stats_.allocation.Sub(1);
-  stats_.allocated_bytes.Sub(static_cast<std::int64_t>(b->size));
-  stats_.requested_bytes.Sub(static_cast<std::int64_t>(b->requested));
-  b->requested = 0;
-  std::vector<Event> events;
-  for (const auto& [stream, device] : b->uses) {
-    absl::StatusOr<Event> ev = backend_->CreateEvent(device);
-    if (ev.ok() && backend_->RecordEvent(*ev, stream).ok()) {
-      events.push_back(*ev);
-      continue;
-    }
-    if (ev.ok()) (void)backend_->DestroyEvent(*ev);
-    // No event on that stream (a device other than the one guessed): wait.
-    ++stats_.num_sync_streams;
-    (void)backend_->SynchronizeStream(stream);
-  }
-  if (events.empty()) {
-    MakeFree(b);
-  } else {
-    b->pending = true;
-    pending_.push_back(Pending{b, std::move(events)});
-    stats_.pending_frees = static_cast<std::int64_t>(pending_.size());
-  }
-  return absl::OkStatus();
-}
-
 void HostPool::AddUse(Block* b, Stream stream, int device) {
   for (const auto& u : b->uses) {
     if (u.first == stream) return;
@@ -264,6 +222,7 @@ absl::Status HostPool::Move(absl::Span<void* const> ptrs, Location target, Strea
         "cma: move to device %d (%d devices)", target.device, device_count_));
   }
   MutexLock l(&mu_);
+  if (Quiet()) return QuietRefusal("move");
   std::vector<Block*> blocks;
   std::vector<Range> ranges;
   for (void* p : ptrs) {
@@ -332,6 +291,7 @@ absl::Status HostPool::SetHints(void* ptr, const AllocationHints& hints) {
   MutexLock l(&mu_);
   Block* b = Find(ptr);
   if (b == nullptr || !b->allocated) return NotMine();
+  if (Quiet()) return QuietRefusal("advice");
   if (b->chunk_class >= 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "cma: advice for host allocation %p of %d bytes: allocations of 1 MiB or less share "
@@ -387,26 +347,6 @@ absl::StatusOr<Location> HostPool::LocationOf(void* ptr) {
   Block* b = Find(ptr);
   if (b == nullptr || !b->allocated) return NotMine();
   return b->location;
-}
-
-void HostPool::ProcessPending(bool wait) {
-  auto done = [&](Pending& p) {
-    for (auto it = p.events.begin(); it != p.events.end();) {
-      const bool fired = wait ? backend_->SynchronizeEvent(*it).ok()
-                              : backend_->QueryEvent(*it).value_or(false);
-      if (!fired) return false;
-      (void)backend_->DestroyEvent(*it);
-      it = p.events.erase(it);
-    }
-    return true;
-  };
-  auto keep = std::remove_if(pending_.begin(), pending_.end(), [&](Pending& p) {
-    if (!done(p)) return false;
-    MakeFree(p.block);
-    return true;
-  });
-  pending_.erase(keep, pending_.end());
-  stats_.pending_frees = static_cast<std::int64_t>(pending_.size());
 }
 
 void HostPool::ReleaseIdle() {

@@ -34,7 +34,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -87,12 +89,21 @@ class HostPool {
  public:
   // `backend` must outlive the pool. `device_count` bounds Move's targets;
   // `budget` caps the bytes of slabs and segments held (the host's memory).
-  HostPool(Backend* backend, int device_count, std::size_t budget);
+  // `quiet` (may be empty) says whether a private pool context is open on
+  // some device (a CUDA graph capture may be under way): the pool then
+  // makes no stream, event or placement call. A free that needs one waits
+  // until the context ends; Move and SetHints are refused meanwhile. It is
+  // called under the pool's lock and must not call the pool.
+  HostPool(Backend* backend, int device_count, std::size_t budget,
+           std::function<bool()> quiet = {});
   ~HostPool();
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;
 
   absl::StatusOr<void*> Allocate(std::size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // kUnavailable, the block still allocated, when its reuse cannot be
+  // ordered after a stream that used it (no event, and the stream cannot be
+  // waited for).
   absl::Status Free(void* ptr) ABSL_LOCKS_EXCLUDED(mu_);
   // `stream` (of `device`; -1: the device it last moved to, else 0) uses the
   // allocation: a free waits for its work.
@@ -111,6 +122,9 @@ class HostPool {
   absl::StatusOr<std::size_t> RequestedSize(void* ptr) ABSL_LOCKS_EXCLUDED(mu_);
   // Where the live allocation at `ptr` was last moved (the host if never).
   absl::StatusOr<Location> LocationOf(void* ptr) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits for `stream`'s work; the pool never uses the stream again (call
+  // before destroying it).
+  absl::Status ForgetStream(Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
   // Releases every idle segment and every slab none of whose chunks is in
   // use. Frees still waiting for a GPU keep theirs.
   absl::Status EmptyCache() ABSL_LOCKS_EXCLUDED(mu_);
@@ -152,9 +166,14 @@ class HostPool {
     int chunk_class = 0;
     int in_use = 0;  // chunks allocated or pending
   };
+  // A freed block not yet reusable: until `events` fire and `stream` (if
+  // set) is idle; `deferred`: its free came during a pool context, and the
+  // ordering work (OrderReuse) is still to be done.
   struct Pending {
     Block* block;
     std::vector<Event> events;
+    std::optional<Stream> stream;
+    bool deferred = false;
   };
 
   static bool PrefersHost(const Block& b) {
@@ -166,8 +185,16 @@ class HostPool {
   void* HandOut(Block* b, std::size_t requested) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MakeFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddUse(Block* b, Stream stream, int device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Quiet() const { return quiet_ && quiet_(); }
+  // Orders the reuse of `b` after every GPU use, sending its pages home
+  // first (ordered after every use) if a move left them on a device. On
+  // success, `p` says when it is reusable; on failure nothing that changes
+  // `b` was queued.
+  absl::Status OrderReuse(Block* b, Pending* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The owner lets go of `b` (statistics, advice of the owner).
+  void Release(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes pending frees whose events have fired (all of them, waiting,
-  // when `wait`).
+  // when `wait`), doing deferred ones' ordering first. Nothing while quiet.
   void ProcessPending(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetResidence(Block* b, Location where) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -184,6 +211,7 @@ class HostPool {
   Backend* const backend_;
   const int device_count_;
   const std::size_t budget_;
+  const std::function<bool()> quiet_;
   absl::Mutex mu_;
   // Every block carved, free or not, by address.
   absl::flat_hash_map<std::uintptr_t, std::unique_ptr<Block>> blocks_ ABSL_GUARDED_BY(mu_);

@@ -338,6 +338,7 @@ int cma_reset_peak_stats(int device) {
   for (int d = 0; d < a->device_count(); ++d) {
     if (device < 0 || d == device) s.Update(a->ResetPeakStats(d));
   }
+  if (device < 0) a->ResetHostPeakStats();
   if (device >= a->device_count()) {
     s = absl::InvalidArgumentError(absl::StrCat("cma: no device ", device));
   }

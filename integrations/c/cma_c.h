@@ -154,7 +154,8 @@ typedef void (*cma_pool_ptr_fn)(void* ctx, void* ptr, size_t size);
  * reference, context open, NULL checkpoint) returns -1 and changes nothing. */
 int cma_pool_checkpoint_restore(const cma_pool_checkpoint* cp, cma_pool_ptr_fn on_freed,
                                 cma_pool_ptr_fn on_created, void* ctx);
-/* Peaks back to current values, for one device or all (-1). */
+/* Peaks back to current values, for one device or all (-1: the host pool's
+ * too). */
 int cma_reset_peak_stats(int device);
 /* Resets the accumulated counters (each stat's allocated/freed and
  * num_alloc_retries, num_ooms, num_sync_all_streams, num_device_alloc,
