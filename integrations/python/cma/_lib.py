@@ -146,6 +146,13 @@ def init(config="", backend="best"):
 
 
 def shutdown():
+    """Releases every allocation and the allocator. Refused while
+    cma.torch.managed_cpu() is on: PyTorch's CPU tensors live in it."""
+    import sys
+    managed = sys.modules.get("cma.torch_managed")
+    if managed is not None and managed.is_managed_cpu():
+        raise CmaError("cma.shutdown(): CPU tensors live in cma while cma.torch.managed_cpu() is "
+                       "on; turn it off (and let those tensors go) first")
     lib().cma_shutdown()
 
 

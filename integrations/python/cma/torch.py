@@ -110,8 +110,9 @@ def move(tensor, device, stream=None, non_blocking=False):
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     cuda_dev = device if device.type == "cuda" else tensor.device
-    if cuda_dev.type != "cuda":
-        cuda_dev = torch.device("cuda", _lib.device_of(ptr))
+    if cuda_dev.type != "cuda":  # the host to the host: any device's stream orders it
+        owner = _lib.device_of(ptr)
+        cuda_dev = torch.device("cuda", torch.cuda.current_device() if owner is None else owner)
     if stream is None:
         stream = torch.cuda.current_stream(cuda_dev)
     _lib.move(ptr, "cpu" if device.type == "cpu" else device.index, stream.cuda_stream)

@@ -233,6 +233,7 @@ void install(const std::string& library) {
   Resolve(h, "cma_malloc", api.malloc);
   Resolve(h, "cma_free", api.free);
   Resolve(h, "cma_record_stream", api.record_stream);
+  Resolve(h, "cma_allocation_size", api.allocation_size);
   Resolve(h, "cma_empty_cache", api.empty_cache);
   Resolve(h, "cma_last_error", api.last_error);
   Resolve(h, "cma_last_error_code", api.last_error_code);

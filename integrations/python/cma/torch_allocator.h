@@ -74,6 +74,7 @@ struct Api {
   void* (*malloc)(size_t, int, void*);
   int (*free)(void*);
   int (*record_stream)(void*, void*);
+  size_t (*allocation_size)(void*);
   int (*empty_cache)();
   const char* (*last_error)();
   int (*last_error_code)();
@@ -261,8 +262,11 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
       if (!foreign_.RecordStream(ptr.get(), stream)) Fail("recordStream (a MemPool's block)");
       return;
     }
-    // Foreign memory (another allocator's DataPtr) is not cma's to track.
-    if (ptr.get() == nullptr || ptr.get_deleter() != &Delete) return;
+    if (ptr.get() == nullptr) return;
+    // Another deleter: foreign memory, not cma's to track; or an alias that
+    // cma.torch's zero-copy .to() made of a whole cma allocation (a CPU
+    // tensor moved to the GPU), whose streams cma must know before reuse.
+    if (ptr.get_deleter() != &Delete && api.allocation_size(ptr.get()) == 0) return;
     if (api.record_stream(ptr.get(), stream.stream()) != 0) Fail("recordStream");
   }
 

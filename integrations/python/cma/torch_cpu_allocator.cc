@@ -13,8 +13,12 @@
 //    PyTorch's own deleter.
 //  * A forked child (a DataLoader worker) must not call the CUDA runtime
 //    that its parent initialised: there, allocations come from PyTorch's
-//    previous CPU allocator and frees of the parent's tensors do nothing
-//    (the child's copy of the pages goes with the child).
+//    previous CPU allocator and frees of the parent's tensors do nothing.
+//    CUDA does not copy managed memory into the child at all: a child that
+//    reads a tensor its parent made under the switch is killed (SIGSEGV); a
+//    fork while such tensors live says so on stderr, once. raw_deallocate
+//    in the child of memory raw_allocate'd there leaks (c10 frees it through
+//    raw_deleter(), which cannot tell the previous allocator's from ours).
 //  * Errors: out of memory raises torch.OutOfMemoryError naming cma's host
 //    pool; any other failure raises RuntimeError with cma's reason. A free
 //    that fails (never expected) is reported on stderr, not thrown: c10
@@ -24,6 +28,7 @@
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -42,13 +47,31 @@ struct CpuApi {
 };
 CpuApi cpu_api;
 c10::Allocator* g_previous = nullptr;
+bool g_on = false;  // as PyTorch's CPU allocator; changed under the GIL
 std::atomic<bool> g_forked{false};
 std::atomic<long long> g_allocations{0};
+std::atomic<long long> g_live{0};
 
 void MarkForked() { g_forked.store(true, std::memory_order_relaxed); }
 
+// Runs in the parent before a fork: CUDA does not copy managed memory into
+// the child, which is killed if it touches any. Said once per process, since
+// the child's own crash report (a DataLoader worker's) cannot say why.
+void WarnBeforeFork() {
+  static std::atomic<bool> said{false};
+  if (!g_on || g_live.load(std::memory_order_relaxed) == 0 || said.exchange(true)) return;
+  static const char kMessage[] =
+      "caching_managed_allocator: forking while CPU tensors live in managed memory "
+      "(cma.torch.managed_cpu()): the child cannot read them (CUDA does not copy managed memory "
+      "into children) and is killed if it does; a DataLoader whose Dataset holds such tensors "
+      "needs multiprocessing_context=\"spawn\" or \"forkserver\" (said once)\n";
+  ssize_t ignored = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
+  (void)ignored;
+}
+
 void DeleteManaged(void* p) {
   if (p == nullptr || g_forked.load(std::memory_order_relaxed)) return;
+  g_live.fetch_sub(1, std::memory_order_relaxed);
   if (cpu_api.free(p) != 0) {
     std::fprintf(stderr, "caching_managed_allocator: freeing CPU tensor memory %p failed: %s\n", p,
                  cpu_api.last_error());
@@ -71,6 +94,7 @@ class CmaCpuAllocator final : public c10::Allocator {
                   " bytes: ", why);
     }
     g_allocations.fetch_add(1, std::memory_order_relaxed);
+    g_live.fetch_add(1, std::memory_order_relaxed);
     return {p, p, &DeleteManaged, cpu};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &DeleteManaged; }
@@ -103,7 +127,7 @@ void cpu_on(const std::string& library) {
     ResolveCpu(h, "cma_last_error", api.last_error);
     ResolveCpu(h, "cma_last_error_code", api.last_error_code);
     cpu_api = api;
-    pthread_atfork(nullptr, nullptr, &MarkForked);
+    pthread_atfork(&WarnBeforeFork, nullptr, &MarkForked);
   }
   c10::Allocator* current = c10::GetCPUAllocator();
   if (current == &g_cpu_allocator) return;
@@ -114,6 +138,7 @@ void cpu_on(const std::string& library) {
   TORCH_CHECK(c10::GetCPUAllocator() == &g_cpu_allocator,
               "caching_managed_allocator: PyTorch kept its CPU allocator (another allocator was "
               "registered with a higher priority)");
+  g_on = true;
 }
 
 // Gives PyTorch its previous CPU allocator back. Tensors allocated while on
@@ -121,6 +146,7 @@ void cpu_on(const std::string& library) {
 void cpu_off() {
   if (c10::GetCPUAllocator() != &g_cpu_allocator || g_previous == nullptr) return;
   c10::SetCPUAllocator(g_previous, /*priority=*/0);
+  g_on = false;
 }
 
 bool cpu_is_on() { return c10::GetCPUAllocator() == &g_cpu_allocator; }

@@ -15,6 +15,13 @@ While the switch is on:
     allocator: its parent's CUDA runtime is unusable there. Tensors made
     over foreign memory (torch.from_numpy, torch.frombuffer, shared memory
     from workers, mmap'ed checkpoints) are not managed.
+  * A forked child (a DataLoader worker with the default start method)
+    cannot read managed memory: CUDA does not copy it into children. A
+    Dataset that holds tensors made under the switch needs
+    multiprocessing_context="spawn" or "forkserver"; tensors the workers
+    make themselves are fine (PyTorch's allocator serves there). A child
+    that touches such memory is stopped by the kernel (SIGSEGV) after a
+    message saying why.
   * Tensor.to(), .cuda() and .cpu() that change only the device of a tensor
     owning a whole cma allocation (torch_zero_copy.py says exactly which)
     return an alias over the same memory, whose pages cma moves to the
@@ -63,19 +70,23 @@ class _Counts:
 
 _counts = _Counts()
 _on = False
+_replaced = {}
 
 
-def _move_or_copy(orig):
-    @functools.wraps(orig)
+def _move_or_copy(base, current):
+    """`current` (the attribute now: PyTorch's method or another library's
+    wrapper of it), made a move where `base` (PyTorch's) can be aliased."""
+    @functools.wraps(current)
     def method(self, *args, **kwargs):
         if not torch.compiler.is_compiling():
-            out = _zc._zero_copy(orig, (self,) + args, kwargs, wait_for_device=True)
+            out = _zc._zero_copy(base, (self,) + args, kwargs, wait_for_device=True)
             if out is not None:
                 _counts.moved += 1
                 _counts.moved_bytes += out.untyped_storage().nbytes()
                 return out
             _counts.copied += 1
-        return orig(self, *args, **kwargs)
+        return current(self, *args, **kwargs)
+    method._cma_wraps = base
     return method
 
 
@@ -83,20 +94,21 @@ def managed_cpu(enabled=True):
     """Turns the switch on (the default) or off; returns whether it was on.
     Turning it on compiles cma's PyTorch extension on first use, as
     use_as_default() does."""
-    global _on, _counts
+    global _on, _counts, _replaced
     from cma import torch_allocator
     was = _on
     if enabled and not _on:
         _lib.lib()
         torch_allocator.build().cpu_on(_lib.library_path())
-        torch.Tensor.to = _move_or_copy(_TO)
-        torch.Tensor.cpu = _move_or_copy(_CPU)
-        torch.Tensor.cuda = _move_or_copy(_CUDA)
+        _replaced = {name: getattr(torch.Tensor, name) for name in ("to", "cpu", "cuda")}
+        for name, base in (("to", _TO), ("cpu", _CPU), ("cuda", _CUDA)):
+            setattr(torch.Tensor, name, _move_or_copy(base, _replaced[name]))
         _counts = _Counts()
         _on = True
     elif not enabled and _on:
         torch_allocator.build().cpu_off()
-        torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda = _TO, _CPU, _CUDA
+        for name, method in _replaced.items():  # what was there, another patch included
+            setattr(torch.Tensor, name, method)
         _on = False
     return was
 

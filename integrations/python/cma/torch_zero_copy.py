@@ -124,6 +124,13 @@ def _zero_copy(func, args, kwargs, wait_for_device=False):
     if not args or type(args[0]) not in (torch.Tensor, torch.nn.Parameter):
         return None
     t = args[0]
+    # Only plain strided tensors alias; and never while tracing (torch.jit)
+    # or capturing a CUDA graph, where PyTorch's copy is what is recorded.
+    if t.layout != torch.strided or t.is_mkldnn or torch.jit.is_tracing():
+        return None
+    if torch.cuda.is_available() and torch.cuda.is_initialized() and \
+            torch.cuda.is_current_stream_capturing():
+        return None
     target = _target(func, args, kwargs)
     if target is None:
         return None
@@ -176,6 +183,8 @@ class ZeroCopyMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        # Under cma.torch.managed_cpu() the methods are its wrappers.
+        func = getattr(func, "_cma_wraps", func)
         if func is _TO or func is _CPU or func is _CUDA:
             out = _zero_copy(func, args, kwargs)
             if out is not None:

@@ -82,6 +82,29 @@ copied = {
 out["fallbacks_copy"] = {k: v.data_ptr() != x.data_ptr() for k, v in copied.items()}
 out["fallback_values"] = bool(torch.equal(copied["view"].cpu(), x[8:]))
 
+# Layouts and modes the alias does not serve: copied, never raised.
+csr = torch.eye(64).to_sparse_csr()
+out["sparse_csr_copies"] = csr.to("cuda").layout == torch.sparse_csr
+traced = torch.jit.trace(lambda t: t.to("cuda") * 2, (torch.ones(1 << 20),))
+out["jit_trace_works"] = traced(torch.ones(1 << 20)).sum().item() == 2.0 * (1 << 20)
+with cmat.zero_copy() as mode:  # the mode sees the switch's methods as PyTorch's
+    x.to("cuda")
+out["zero_copy_mode_counts_under_switch"] = mode.aliased == 1
+try:
+    cma.shutdown()
+    out["shutdown_refused_while_on"] = False
+except cma.CmaError:
+    out["shutdown_refused_while_on"] = True
+side = torch.cuda.Stream()
+rs = torch.ones(1 << 22)
+rsg = rs.to("cuda")
+with torch.cuda.stream(side):
+    rsg.mul_(3)
+rsg.record_stream(side)          # reaches cma for an alias of a CPU tensor (raises if refused)
+out["record_stream_on_alias_accepted"] = True
+del rs, rsg
+torch.cuda.synchronize()
+
 # Autograd: a tensor that requires grad while autograd records is copied
 # (an alias would carry no grad_fn); a module's .to() (no_grad) moves.
 w = torch.randn(1 << 16, requires_grad=True)
@@ -167,7 +190,7 @@ plain = torch.ones(1 << 20)
 out["switch_off"] = (was is True and cma._lib.allocation_size(plain.data_ptr()) is None
                      and x.to("cuda").data_ptr() != x.data_ptr())
 del x, y, z, copied, w, wc, model, reference, a, ac, loaded, shared, pinned, plain, eager
-del compiled, triple
+del compiled, triple, traced, csr
 torch._dynamo.reset()
 gc.collect()
 torch.cuda.synchronize()
