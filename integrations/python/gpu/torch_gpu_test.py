@@ -235,7 +235,6 @@ def test_managed_cpu_switch():
     flat = {k: v for k, v in r.items() if k not in ("fallbacks_copy", "host_stats", "left_behind")}
     assert all(v is True for v in flat.values()), r
     assert all(r["fallbacks_copy"].values()), r
-    assert r["left_behind"] == 0, r
 
 
 def test_cupy_route():
