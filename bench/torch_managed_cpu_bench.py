@@ -41,20 +41,21 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def mem_available():
-    with open("/proc/meminfo") as f:
+def _kib_field(path, key):
+    """A "Key:   N kB" line of a /proc file, in bytes."""
+    with open(path) as f:
         for line in f:
-            if line.startswith("MemAvailable:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def mem_available():
+    return _kib_field("/proc/meminfo", "MemAvailable")
 
 
 def vm_hwm():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return _kib_field("/proc/self/status", "VmHWM")
 
 
 def _cma_on():
