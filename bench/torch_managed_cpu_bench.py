@@ -278,6 +278,8 @@ def main():
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--side", type=int, default=224)
+    p.add_argument("--loader-rounds", type=int, default=1)
+    p.add_argument("--loader-variants", default="pinned,cma,cma_map")
     a = p.parse_args()
     result = {}
     cases = ["roundtrip", "checkpoint", "loader"] if a.case == "all" else [a.case]
@@ -302,10 +304,20 @@ def main():
             os.remove(path)
     if "loader" in cases:
         result["loader"] = {"batches": a.batches, "batch_size": a.batch_size,
-                            "workers": a.workers, "side": a.side}
-        for v in ("pinned", "cma", "cma_map"):
-            result["loader"][v] = child("loader", v, batches=a.batches, batch_size=a.batch_size,
-                                        workers=a.workers, side=a.side)
+                            "workers": a.workers, "side": a.side, "rounds": a.loader_rounds}
+        variants = [v for v in a.loader_variants.split(",")]
+        runs = {v: [] for v in variants}
+        for _ in range(a.loader_rounds):  # interleaved, so that drift hits every variant
+            for v in variants:
+                runs[v].append(child("loader", v, batches=a.batches, batch_size=a.batch_size,
+                                     workers=a.workers, side=a.side))
+        for v in variants:
+            result["loader"][v] = runs[v][0] if a.loader_rounds == 1 else {
+                "rounds": runs[v],
+                "median_samples_per_s": sorted(r.get("samples_per_s", 0) for r in runs[v])[
+                    a.loader_rounds // 2],
+                "median_host_bytes": sorted(r.get("host_bytes", 0) for r in runs[v])[
+                    a.loader_rounds // 2]}
     text = json.dumps(result, indent=1)
     if a.out:
         with open(a.out, "w") as f:
