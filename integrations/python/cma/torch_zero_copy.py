@@ -161,7 +161,10 @@ def _zero_copy(func, args, kwargs, wait_for_device=False):
     root = _root_of(storage, ptr)
     cuda_dev = device if device.type == "cuda" else t.device
     stream = torch.cuda.current_stream(cuda_dev)
-    _lib.move(ptr, "cpu" if device.type == "cpu" else device.index, stream.cuda_stream)
+    try:
+        _lib.move(ptr, "cpu" if device.type == "cpu" else device.index, stream.cuda_stream)
+    except _lib.CmaError:  # refused (a pool context open, no prefetch here): PyTorch copies
+        return None
     if device.type == "cpu":
         if not non_blocking:
             stream.synchronize()
