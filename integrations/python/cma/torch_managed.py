@@ -228,6 +228,12 @@ class _ManagedBatch:
         self.data = data
         self.map_pages = map_pages
 
+    def _unpinned(self, *args):
+        raise TypeError("cma.torch.ManagedBatches: the DataLoader needs pin_memory=True (its "
+                        "pin-memory step is what copies each batch into cma's host pool)")
+
+    __iter__ = __getitem__ = __len__ = _unpinned
+
     def pin_memory(self, device=None):
         if self.map_pages:
             return _map_tensors(self.data, lambda t: prefer_host(managed(t)))
