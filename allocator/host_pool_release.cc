@@ -40,7 +40,11 @@ absl::Status HostPool::Free(void* ptr) {
 }
 
 void HostPool::Release(Block* b) {
-  if (!b->location.is_host()) SetResidence(b, Location::Host());  // on its way home
+  // Still where it is until OrderReuse sends it home (later, for a free
+  // deferred by a pool context), but no longer a live block on a device.
+  if (!b->location.is_host()) {
+    stats_.device_resident_bytes.Sub(static_cast<std::int64_t>(b->size));
+  }
   b->hints.reset();  // the advice in force stays until someone wants other
   b->allocated = false;
   stats_.allocation.Sub(1);
@@ -92,6 +96,7 @@ absl::Status HostPool::OrderReuse(Block* b, Pending* p) {
   } else {
     ++stats_.num_placement_errors;  // the pages stay; the CPU faults them back
   }
+  SetResidence(b, Location::Host());
   if (last && backend_->RecordEvent(*last, b->last_stream).ok()) {
     p->events.push_back(*last);
   } else {

@@ -211,6 +211,38 @@ TEST_F(HostPoolQuietTest, NoUncapturableCallWhileAPoolContextIsOpen) {
   ASSERT_TRUE(backend_->CompleteWork(s2_).ok());
 }
 
+// A free deferred by a pool context still sends the block's pages home
+// once the context ends, ordered as any free, before the block is reused.
+TEST_F(HostPoolQuietTest, AFreeDeferredByAPoolContextSendsThePagesHomeAfterIt) {
+  void* p = Alloc(4 * kMiB, kHost);
+  ASSERT_TRUE(alloc_->Move(p, Location::Device(0), s2_).ok());
+  ASSERT_TRUE(backend_->EnqueueWork(s2_).ok());  // a kernel on the device still uses it
+  EXPECT_EQ(alloc_->GetHostStats().device_resident_bytes.current, 4 * kMiB);
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, {1, 0}, Only(s1_)).ok());
+  const std::int64_t before = UncapturableCalls();
+  ASSERT_TRUE(alloc_->Free(p).ok());
+  EXPECT_EQ(UncapturableCalls(), before);
+  EXPECT_EQ(alloc_->GetHostStats().device_resident_bytes.current, 0);
+  EXPECT_EQ(alloc_->GetHostStats().pending_frees, 1);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, {1, 0}).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, {1, 0}).ok());
+  backend_->ClearRecords();
+  void* q = Alloc(4 * kMiB, kHost);  // the next allocation does the deferred work
+  EXPECT_NE(q, p);
+  bool went_home = false;
+  for (const PlacementRecord& r : backend_->Records()) {
+    went_home |= r.op == PlacementRecord::Op::kDiscardAndPrefetch && r.stream == s2_;
+  }
+  EXPECT_TRUE(went_home);
+  EXPECT_EQ(backend_->PageLocation(p), kPageOnHost);
+  ASSERT_TRUE(backend_->CompleteWork(s2_).ok());
+  ASSERT_TRUE(alloc_->Free(q).ok());
+  void* r = Alloc(4 * kMiB, kHost);
+  EXPECT_TRUE(r == p || r == q);
+  ASSERT_TRUE(alloc_->Free(r).ok());
+  ExpectInvariants();
+}
+
 // ForgetStream ("waits for its work; cma never uses it again", called
 // before a stream is destroyed) reaches the host pool: a host allocation
 // moved on the stream goes home on the default stream when freed.
