@@ -104,10 +104,20 @@ HostPool::Block* HostPool::TakeCached(std::size_t rounded) {
   const int cls = HostChunkClass(rounded);
   if (cls >= 0) {
     auto& list = free_chunks_[cls];
-    if (list.empty()) return nullptr;
-    Block* b = *list.begin();
-    list.erase(list.begin());
-    ++slabs_[b->slab].in_use;
+    if (!list.empty()) {
+      Block* b = *list.begin();
+      list.erase(list.begin());
+      ++slabs_[b->slab].in_use;
+      return b;
+    }
+    // The slab being carved for this class, one chunk at a time: a slab of
+    // 512-byte chunks would otherwise cost 4096 blocks' bookkeeping at once.
+    const std::uintptr_t base = carving_[cls];
+    if (base == 0) return nullptr;
+    Slab& slab = slabs_[base];
+    Block* b = NewChunk(base, cls, slab.carved++);
+    if ((slab.carved + 1) * rounded > kHostSlabSize) carving_[cls] = 0;  // carved whole
+    ++slab.in_use;
     return b;
   }
   Block probe;
@@ -148,23 +158,23 @@ absl::StatusOr<HostPool::Block*> HostPool::Carve(std::size_t rounded) {
     blocks_.emplace(base, std::move(b));
     return raw;
   }
-  // A slab: the first chunk serves the request, the rest are cached.
-  slabs_[base] = Slab{cls, 1};
-  Block* first = nullptr;
-  for (std::uintptr_t a = base; a + rounded <= base + kHostSlabSize; a += rounded) {
-    auto b = std::make_unique<Block>();
-    b->addr = a;
-    b->size = rounded;
-    b->chunk_class = cls;
-    b->slab = base;
-    if (first == nullptr) {
-      first = b.get();
-    } else {
-      free_chunks_[cls].insert(b.get());
-    }
-    blocks_.emplace(a, std::move(b));
-  }
-  return first;
+  // A slab: its first chunk serves the request; the rest are carved when
+  // needed (TakeCached).
+  slabs_[base] = Slab{cls, 1, 1};
+  carving_[cls] = 2 * rounded <= kHostSlabSize ? base : 0;
+  return NewChunk(base, cls, 0);
+}
+
+HostPool::Block* HostPool::NewChunk(std::uintptr_t slab, int cls, std::size_t index) {
+  const std::size_t size = kHostMinChunk << cls;
+  auto b = std::make_unique<Block>();
+  b->addr = slab + index * size;
+  b->size = size;
+  b->chunk_class = cls;
+  b->slab = slab;
+  Block* raw = b.get();
+  blocks_.emplace(raw->addr, std::move(b));
+  return raw;
 }
 
 void* HostPool::HandOut(Block* b, std::size_t requested) {
@@ -372,11 +382,12 @@ void HostPool::ReleaseIdle() {
       ++stats_.num_placement_errors;  // still ours: its chunks stay cached
       continue;
     }
-    for (std::uintptr_t a = base; a + chunk <= base + kHostSlabSize; a += chunk) {
-      auto b = blocks_.find(a);
+    for (std::size_t i = 0; i < cur->second.carved; ++i) {
+      auto b = blocks_.find(base + i * chunk);
       free_chunks_[cls].erase(b->second.get());
       blocks_.erase(b);
     }
+    if (carving_[cls] == base) carving_[cls] = 0;
     stats_.segment.Sub(1);
     stats_.reserved_bytes.Sub(static_cast<std::int64_t>(kHostSlabSize));
     slabs_.erase(cur);

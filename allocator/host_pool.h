@@ -164,7 +164,8 @@ class HostPool {
   };
   struct Slab {
     int chunk_class = 0;
-    int in_use = 0;  // chunks allocated or pending
+    int in_use = 0;           // chunks allocated or pending
+    std::size_t carved = 0;   // chunks made so far, from the slab's start
   };
   // A freed block not yet reusable: until `events` fire and `stream` (if
   // set) is idle; `deferred`: its free came during a pool context, and the
@@ -182,6 +183,8 @@ class HostPool {
   Block* Find(void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Block* TakeCached(std::size_t rounded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> Carve(std::size_t rounded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Block* NewChunk(std::uintptr_t slab, int cls, std::size_t index)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void* HandOut(Block* b, std::size_t requested) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MakeFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddUse(Block* b, Stream stream, int device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -219,6 +222,8 @@ class HostPool {
   // Free chunks per class, lowest address first (fills slabs in order, so
   // that whole slabs empty out and can be released).
   std::array<absl::btree_set<Block*, ByAddr>, kHostChunkClasses> free_chunks_ ABSL_GUARDED_BY(mu_);
+  // Per class, the slab whose chunks are still being carved (0: none).
+  std::array<std::uintptr_t, kHostChunkClasses> carving_ ABSL_GUARDED_BY(mu_) = {};
   absl::btree_set<Block*, BySize> free_segments_ ABSL_GUARDED_BY(mu_);
   std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);
   HostPoolStats stats_ ABSL_GUARDED_BY(mu_);
