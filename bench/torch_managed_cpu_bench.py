@@ -20,10 +20,15 @@ so that its host memory is its own; the parent prints one JSON document.
               the CPU and moved while the next is copied; cma_read: the same
               without mmap, torch.load reading into the host pool).
   loader      a DataLoader with worker processes producing image batches and
-              a GPU model consuming them: pin_memory=True + .to(non_blocking)
-              against the switch with cma.torch.ManagedBatches(map=False)
-              (cma: batches migrate) and ManagedBatches() (cma_map: the GPU
-              reads them where they are).
+              a GPU model reading each batch: pin_memory=True +
+              .to(non_blocking) (pinned) against the switch with
+              cma.torch.ManagedBatches(map=False) (cma: batches migrate) and
+              ManagedBatches() (cma_map: the GPU reads them where they are).
+              A suffix _tN sets the threads copying a batch in the pin-memory
+              thread (ManagedBatches' copy_threads; pinned_tN: the pinned
+              pipeline with its copy split the same way). Each result has a
+              profile: per batch, the main thread's wait and .to(), the GPU's
+              time, the pin-memory thread's, and the workers'.
 
 Host memory: the drop of the host's MemAvailable from before the variant to
 its steady state (the process's own memory, pinned and managed included),
@@ -184,6 +189,15 @@ def checkpoint(variant, path):
 
 # ---------------------------------------------------------------- loader
 
+_WORK = None  # shared with the workers: seconds in __getitem__, in collate, batches
+
+
+def _add_work(slot, seconds):
+    if _WORK is not None:
+        with _WORK.get_lock():
+            _WORK[slot] += seconds
+
+
 class Images:
     """Image-sized float samples made on the worker's CPU (a decode and
     augmentation stand-in: a scaled copy of a base image)."""
@@ -197,19 +211,76 @@ class Images:
 
     def __getitem__(self, i):
         import torch
+        t0 = time.perf_counter()
         if self.base is None:
             self.base = torch.rand(3, self.side, self.side)
-        return self.base * (1.0 + (i % 13) / 13.0), i % 1000
+        out = self.base * (1.0 + (i % 13) / 13.0), i % 1000
+        _add_work(0, time.perf_counter() - t0)
+        return out
+
+
+class _TimedCollate:
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, samples):
+        t0 = time.perf_counter()
+        out = self.inner(samples)
+        _add_work(1, time.perf_counter() - t0)
+        _add_work(2, 1.0)
+        return out
+
+
+class _PinnedBatch:
+    """The pinned pipeline with the copy into pinned memory split over
+    threads, as ManagedBatches splits its copy (variant pinned_tN)."""
+
+    def __init__(self, data, threads):
+        self.data, self.threads = data, threads
+
+    def pin_memory(self, device=None):
+        import torch
+        from cma import torch_managed
+
+        def pin(t):
+            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            torch_managed._parallel_copy(out, t, self.threads)
+            return out
+        return torch_managed._map_tensors(self.data, pin)
+
+
+def _threads_of(variant):
+    """pinned_t4 -> ("pinned", 4); cma_map -> ("cma_map", None)."""
+    base, _, t = variant.rpartition("_t")
+    return (base, int(t)) if base and t.isdigit() else (variant, None)
 
 
 def loader(variant, batches, batch_size, workers, side):
+    global _WORK
+    import multiprocessing
     import torch
+    import torch.utils.data._utils.pin_memory as pin_module
     avail0 = mem_available()
-    if variant.startswith("cma"):
+    kind, threads = _threads_of(variant)
+    if kind.startswith("cma"):
         cmat = _cma_on()
-        collate = cmat.ManagedBatches(map=variant == "cma_map")
+        extra = {} if threads is None else {"copy_threads": threads}
+        collate = cmat.ManagedBatches(map=kind == "cma_map", **extra)
+    elif threads is not None:
+        collate = lambda s, n=threads: _PinnedBatch(  # noqa: E731
+            torch.utils.data.default_collate(s), n)
     else:
-        collate = None
+        collate = torch.utils.data.default_collate
+    _WORK = multiprocessing.Array("d", 3)
+    pin_seconds = []
+    real_pin = pin_module.pin_memory
+
+    def timed_pin(data, device=None):
+        t0 = time.perf_counter()
+        out = real_pin(data, device)
+        pin_seconds.append(time.perf_counter() - t0)
+        return out
+    pin_module.pin_memory = timed_pin
     torch.cuda.init()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 7, stride=2, padding=3), torch.nn.ReLU(),
@@ -217,31 +288,64 @@ def loader(variant, batches, batch_size, workers, side):
                                 torch.nn.Linear(64, 1000)).cuda()
     data = torch.utils.data.DataLoader(Images(batches * batch_size + 8 * batch_size, side),
                                        batch_size=batch_size, num_workers=workers,
-                                       pin_memory=True, collate_fn=collate, prefetch_factor=4,
-                                       persistent_workers=False)
+                                       pin_memory=True, collate_fn=_TimedCollate(collate),
+                                       prefetch_factor=4, persistent_workers=False)
     seen, start, peak_used = 0, None, 0
     checksum = 0.0
-    for step, (x, y) in enumerate(data):
+    waits, to_s, gpu = [], [], []
+    it = iter(data)
+    step = 0
+    while True:
+        t0 = time.perf_counter()
+        try:
+            x, y = next(it)
+        except StopIteration:
+            break
+        t1 = time.perf_counter()
+        ev0 = torch.cuda.Event(enable_timing=True)
+        ev1 = torch.cuda.Event(enable_timing=True)
+        ev0.record()
         x = x.to("cuda", non_blocking=True)
         y = y.to("cuda", non_blocking=True)
+        t2 = time.perf_counter()
         with torch.no_grad():
-            checksum += float(model(x).sum()) if step % 16 == 0 else 0.0
+            out = model(x).sum()  # every batch is read by the GPU
+        ev1.record()
+        if step % 16 == 0:
+            checksum += float(out)
         if step == 8:
             torch.cuda.synchronize()
             start = time.perf_counter()
+            pin_seconds.clear()
+            with _WORK.get_lock():
+                _WORK[:] = [0.0, 0.0, 0.0]
         elif step > 8:
             seen += x.shape[0]
+            waits.append(t1 - t0)
+            to_s.append(t2 - t1)
+            gpu.append((ev0, ev1))
             peak_used = max(peak_used, avail0 - mem_available()) if step % 8 == 0 else peak_used
+        step += 1
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    pin_module.pin_memory = real_pin
+
+    def ms(values):
+        return round(1e3 * sorted(values)[len(values) // 2], 3) if values else None
+    made = max(_WORK[2], 1.0)
     out = {"samples_per_s": seen / seconds, "samples": seen, "host_bytes": peak_used,
-           "vm_hwm": vm_hwm(), "checksum": checksum}
-    if variant.startswith("cma"):
+           "vm_hwm": vm_hwm(), "checksum": checksum,
+           # where a batch's time goes (medians per batch, ms; worker figures are means)
+           "profile_ms": {
+               "period": round(1e3 * seconds / max(len(waits), 1), 3),
+               "main_wait": ms(waits), "main_to": ms(to_s),
+               "gpu_to_and_model": ms([a.elapsed_time(b) / 1e3 for a, b in gpu]),
+               "pin_thread": ms(pin_seconds),
+               "worker_samples": round(1e3 * _WORK[0] / made, 3),
+               "worker_collate": round(1e3 * _WORK[1] / made, 3)}}
+    if kind.startswith("cma"):
         out["move_counts"] = cmat.move_counts()
         out["host_pool_reserved_peak"] = __import__("cma").host_stats()["reserved_bytes.peak"]
-    else:
-        out["pinned_reserved_peak"] = torch.cuda.host_memory_stats().get(
-            "reserved_bytes.peak", None) if hasattr(torch.cuda, "host_memory_stats") else None
     return out
 
 

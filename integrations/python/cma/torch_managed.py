@@ -46,7 +46,9 @@ While the switch is on:
 Per tensor, with or without the switch: managed(t) returns a managed CPU
 copy of t, empty_managed(...) a new managed CPU tensor.
 """
+import concurrent.futures
 import functools
+import threading
 
 import torch
 
@@ -152,11 +154,37 @@ def empty_managed(*size, dtype=None):
     return raw.view(dtype).view(size)
 
 
-def managed(tensor):
-    """A managed CPU copy of `tensor` (any device), contiguous."""
+def managed(tensor, copy_threads=1):
+    """A managed CPU copy of `tensor` (any device), contiguous. A CPU source
+    of 16 MiB or more is copied by `copy_threads` threads in slices (PyTorch
+    releases the GIL while it copies; DataLoader's pin-memory thread runs
+    PyTorch single-threaded)."""
     out = empty_managed(tensor.shape, dtype=tensor.dtype)
-    out.copy_(tensor)
+    _parallel_copy(out, tensor, copy_threads)
     return out
+
+
+_PARALLEL_COPY_MIN = 16 << 20
+_copy_pool = None
+_copy_pool_lock = threading.Lock()
+
+
+def _parallel_copy(out, src, threads):
+    global _copy_pool
+    if (threads <= 1 or src.device.type != "cpu" or not src.is_contiguous()
+            or src.untyped_storage().nbytes() < _PARALLEL_COPY_MIN):
+        out.copy_(src)
+        return
+    with _copy_pool_lock:
+        if _copy_pool is None or _copy_pool._max_workers < threads:
+            _copy_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=threads, thread_name_prefix="cma-copy")
+        pool = _copy_pool
+    o, s = out.view(-1), src.view(-1)
+    step = -(-o.numel() // threads)
+    jobs = [pool.submit(o[i:i + step].copy_, s[i:i + step]) for i in range(0, o.numel(), step)]
+    for j in jobs:
+        j.result()
 
 
 def _move_storage(storage, device):
@@ -213,20 +241,27 @@ class ManagedBatches:
     .to("cuda") under the switch moves it without a copy. `map` (default):
     the batch's pages stay on the host and the GPU reads them over the link
     (prefer_host), which measured faster than migrating them for a batch
-    read once; map=False migrates them."""
+    read once; map=False migrates them. `copy_threads` threads copy each
+    batch of 16 MiB or more (PyTorch's pin-memory thread copies with one,
+    which bounds a pipeline of large batches: on an H200 with 8 workers and
+    77 MB batches, 4 threads took the copy from 15.6 to 5.7 ms a batch)."""
 
-    def __init__(self, collate_fn=None, map=True):
+    def __init__(self, collate_fn=None, map=True, copy_threads=4):
+        if copy_threads < 1:
+            raise ValueError(f"cma.torch.ManagedBatches: copy_threads={copy_threads} (at least 1)")
         self.collate_fn = collate_fn or torch.utils.data.default_collate
         self.map = map
+        self.copy_threads = copy_threads
 
     def __call__(self, samples):
-        return _ManagedBatch(self.collate_fn(samples), self.map)
+        return _ManagedBatch(self.collate_fn(samples), self.map, self.copy_threads)
 
 
 class _ManagedBatch:
-    def __init__(self, data, map_pages):
+    def __init__(self, data, map_pages, copy_threads):
         self.data = data
         self.map_pages = map_pages
+        self.copy_threads = copy_threads
 
     def _unpinned(self, *args):
         raise TypeError("cma.torch.ManagedBatches: the DataLoader needs pin_memory=True (its "
@@ -235,9 +270,10 @@ class _ManagedBatch:
     __iter__ = __getitem__ = __len__ = _unpinned
 
     def pin_memory(self, device=None):
+        copy = lambda t: managed(t, self.copy_threads)  # noqa: E731
         if self.map_pages:
-            return _map_tensors(self.data, lambda t: prefer_host(managed(t)))
-        return _map_tensors(self.data, managed)
+            return _map_tensors(self.data, lambda t: prefer_host(copy(t)))
+        return _map_tensors(self.data, copy)
 
 
 def _map_tensors(data, fn):

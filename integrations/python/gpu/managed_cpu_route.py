@@ -168,6 +168,34 @@ if __name__ == "__main__":
     total = sum(b.to("cuda").sum().item() for b in loader)
     out["dataloader_workers"] = total == 256 * sum(i * i for i in range(64))
 
+    # ManagedBatches: 32 MiB batches copied by three threads into the host
+    # pool, moved (not copied) to the GPU, the same numbers.
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return 32
+
+        def __getitem__(self, i):
+            return torch.arange(1 << 20, dtype=torch.float32) + i
+
+    batches = torch.utils.data.DataLoader(
+        Rows(), batch_size=8, num_workers=2, pin_memory=True,
+        collate_fn=cma.torch.ManagedBatches(copy_threads=3))
+    moves_before = cma.torch.move_counts()["moved"]
+    good = True
+    for k, b in enumerate(batches):
+        good = good and cma._lib.allocation_size(b.data_ptr()) is not None
+        g = b.to("cuda")
+        want = torch.arange(1 << 20, dtype=torch.float32).cuda() + torch.arange(
+            8 * k, 8 * k + 8, dtype=torch.float32, device="cuda")[:, None]
+        good = good and g.data_ptr() == b.data_ptr() and bool(torch.equal(g, want))
+    out["managed_batches_threaded_copy"] = good and (
+        cma.torch.move_counts()["moved"] - moves_before >= 4)
+    try:
+        cma.torch.ManagedBatches(copy_threads=0)
+        out["managed_batches_bad_threads_refused"] = False
+    except ValueError as e:
+        out["managed_batches_bad_threads_refused"] = "copy_threads=0" in str(e)
+
 # Out of memory: refused by name, and the process goes on.
 try:
     torch.empty(1 << 62, dtype=torch.uint8)
