@@ -144,6 +144,11 @@ absl::Status CachingManagedAllocator::Move(void* ptr, Location target, Stream st
 
 absl::Status CachingManagedAllocator::MoveBatch(absl::Span<void* const> ptrs, Location target,
                                                 Stream stream, bool contents_dead) {
+  if (!target.is_host() &&
+      (target.device < 0 || target.device >= static_cast<int>(devices_.size()))) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cma: move to invalid device %d (%d devices)", target.device, devices_.size()));
+  }
   // Group by owning device (the host pool's last); every pointer must be
   // ours before anything moves.
   std::vector<std::vector<void*>> groups(devices_.size() + 1);

@@ -87,7 +87,8 @@ class DeviceAllocator {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Zero-copy move of allocated blocks to `target`, ordered on `stream`
   // (placement.cc). One batch call for all of `ptrs`. kNotFound if a pointer
-  // is not allocated here; nothing is moved then.
+  // is not allocated here; nothing is moved then. `target` is a valid
+  // location (the caller, CachingManagedAllocator::MoveBatch, checks it).
   absl::Status Move(absl::Span<void* const> ptrs, Location target, Stream stream,
                     bool contents_dead) ABSL_LOCKS_EXCLUDED(mu_);
   // Marks the allocation at `ptr` as disposable (its contents may be

@@ -227,10 +227,6 @@ absl::Status HostPool::RecordStream(void* ptr, Stream stream, int device) {
 
 absl::Status HostPool::Move(absl::Span<void* const> ptrs, Location target, Stream stream,
                             bool contents_dead) {
-  if (!target.is_host() && (target.device < 0 || target.device >= device_count_)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "cma: move to device %d (%d devices)", target.device, device_count_));
-  }
   MutexLock l(&mu_);
   if (Quiet()) return QuietRefusal("move");
   std::vector<Block*> blocks;

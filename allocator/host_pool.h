@@ -111,7 +111,8 @@ class HostPool {
   // Migrates the allocations' pages to `target` in `stream`'s order (a
   // device's stream; for the host, the stream the GPU last used them on).
   // All pointers are checked before anything moves: NotMine() if one is not
-  // a live allocation of this pool.
+  // a live allocation of this pool. `target` is a valid location (the
+  // caller, CachingManagedAllocator::MoveBatch, checks it).
   absl::Status Move(absl::Span<void* const> ptrs, Location target, Stream stream,
                     bool contents_dead) ABSL_LOCKS_EXCLUDED(mu_);
   // Replaces the allocation's advice. Refused

@@ -151,10 +151,6 @@ void DeviceAllocator::OnFreed(Block* b) {
 
 absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target, Stream stream,
                                    bool contents_dead) {
-  if (!target.is_host() && (target.device < 0 || target.device >= device_count_)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "cma: move to invalid device %d (%d devices)", target.device, device_count_));
-  }
   MutexLock l(&mu_);
   if (absl::Status s = RefuseWhileQuiet("move"); !s.ok()) return s;
   std::vector<Block*> blocks;

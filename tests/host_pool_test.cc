@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "tests/test_util.h"
 
@@ -266,6 +267,7 @@ TEST_F(HostPoolTest, EmptyCacheReleasesIdleSlabsAndSegmentsOnly) {
 TEST_F(HostPoolTest, BadInputIsRefusedByNameAndChangesNothing) {
   Make({.device_count = 1, .host_available = 64 * kMiB, .host_total = 64 * kMiB});
   void* p = HostAlloc(1000);
+  void* d = alloc_->Allocate(4096, 0).value();
   int local = 0;
   const std::string before = Fingerprint(*alloc_);
   auto zero = alloc_->Allocate(0, kHost);
@@ -283,7 +285,16 @@ TEST_F(HostPoolTest, BadInputIsRefusedByNameAndChangesNothing) {
   absl::Status bad_move = alloc_->Move(p, Location::Device(3), kDefaultStream);
   EXPECT_TRUE(absl::IsInvalidArgument(bad_move));
   EXPECT_THAT(bad_move.message(), HasSubstr("device 3"));
+  void* both[] = {d, p};
+  for (int device : {-2, 1}) {  // a device pool's pointer and a batch of both
+    absl::Status bad = alloc_->MoveBatch(both, Location::Device(device), kDefaultStream);
+    EXPECT_TRUE(absl::IsInvalidArgument(bad));
+    EXPECT_THAT(bad.message(), HasSubstr(absl::StrFormat("invalid device %d", device)));
+    bad = alloc_->Move(d, Location::Device(device), kDefaultStream);
+    EXPECT_TRUE(absl::IsInvalidArgument(bad));
+  }
   EXPECT_EQ(Fingerprint(*alloc_), before);
+  ASSERT_TRUE(alloc_->Free(d).ok());
   ASSERT_TRUE(alloc_->Free(p).ok());
   absl::Status twice = alloc_->Free(p);
   EXPECT_TRUE(absl::IsInvalidArgument(twice));
