@@ -362,9 +362,11 @@ int cma_reset_accumulated_stats(int device) {
 
 int cma_device_of(void* ptr) {
   CachingManagedAllocator* a = Get();
-  if (a == nullptr) return -1;
+  if (a == nullptr) return -2;
   absl::StatusOr<int> d = a->DeviceOf(ptr);
-  return d.ok() ? *d : Fail(d.status());  // kHostDevice is -1
+  if (d.ok()) return *d;  // kHostDevice is -1
+  Fail(d.status());
+  return -2;
 }
 
 size_t cma_allocation_size(void* ptr) {

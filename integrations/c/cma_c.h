@@ -163,8 +163,8 @@ int cma_reset_peak_stats(int device);
  * torch.cuda.reset_accumulated_memory_stats does; current and peak values
  * stay. device -1: all. */
 int cma_reset_accumulated_stats(int device);
-/* The allocation's owning device; -1 for a host-pool allocation (device -1),
- * and -1 with cma_last_error for a pointer cma did not allocate. */
+/* The allocation's owning device; -1 for a host-pool allocation (device -1);
+ * -2, with cma_last_error, for a pointer cma did not allocate. */
 int cma_device_of(void* ptr);
 /* The bytes requested for the allocation that starts at `ptr`; 0 (and
  * cma_last_error) when `ptr` does not start one. */

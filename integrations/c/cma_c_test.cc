@@ -33,6 +33,9 @@ TEST_F(CApiTest, MallocFreeAndStats) {
   EXPECT_EQ(Json(cma_stats_json(-1))["allocation.all.current"], 0);
   EXPECT_STREQ(cma_backend_name(), "host");
   EXPECT_EQ(cma_device_count(), 2);
+  int local = 0;  // not cma's: -2, not the host pool's -1
+  EXPECT_EQ(cma_device_of(&local), -2);
+  EXPECT_THAT(cma_last_error(), HasSubstr("not an allocation"));
 }
 
 TEST_F(CApiTest, HostRoutingNeedsOversubscription) {
