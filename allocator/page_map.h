@@ -51,6 +51,20 @@ class PageMap {
     }
     return n;
   }
+  // One past the last populated page in [lo, hi), or lo if none is.
+  std::size_t PopulatedEnd(std::size_t lo, std::size_t hi) const {
+    while (hi > lo) {
+      const std::size_t p = hi - 1;
+      const std::uint64_t word = bits_[p / 64];
+      if (word == 0 && p % 64 == 63 && p >= lo + 63) {
+        hi -= 64;  // a whole empty word
+        continue;
+      }
+      if ((word >> (p % 64)) & 1) return hi;
+      --hi;
+    }
+    return lo;
+  }
   std::uint32_t& edge_users(std::size_t p) { return edge_users_[p]; }
   std::uint32_t edge_users(std::size_t p) const { return edge_users_[p]; }
 

@@ -91,6 +91,13 @@ void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
         auto pool = mempools_.find(b->mempool);
         if (pool != mempools_.end()) bs.pool = pool->second.id;
       }
+      bs.populated_end = b->size;
+      if (seg->arena) {
+        const std::size_t lo = (b->addr - seg->base) / kPageSize;
+        const std::size_t hi = (b->addr + b->size - seg->base + kPageSize - 1) / kPageSize;
+        const std::size_t end = seg->host_tier ? lo : seg->pages.PopulatedEnd(lo, hi);
+        bs.populated_end = end == lo ? 0 : std::min(b->size, end * kPageSize - (b->addr - seg->base));
+      }
       bs.state = b->allocated ? "active_allocated"
                               : (b->pending_events > 0 ? "active_pending_free" : "inactive");
       if (b->allocated) {

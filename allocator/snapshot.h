@@ -22,6 +22,10 @@ struct BlockSnapshot {
   Stream stream = kDefaultStream;
   std::string location;  // last placement: "device N", "host" or "unplaced"
   MemPoolId pool{0, 0};  // the private pool it belongs to; {0, 0}: the shared cache
+  // In an arena: bytes from the block's start to the end of its last
+  // populated page (0: none is populated; a free block holding memory has
+  // more). A classic segment's blocks: their size.
+  std::size_t populated_end = 0;
 };
 
 struct SegmentSnapshot {

@@ -19,6 +19,8 @@ CMA_CONF_TEST_FILE, CMA_CONF_ONLY (optional file: JSON list of ids to keep),
 CMA_CONF_DEADLINE (epoch seconds), CMA_CONF_SOFT_TIMEOUT, CMA_CONF_HARD_TIMEOUT,
 CMA_CONF_SLOW (JSON {substring: soft seconds} for tests known to compile),
 CMA_CONF_EXCLUDE (JSON list of substrings: selected tests not to run),
+CMA_CONF_INCLUDE (JSON list of substrings: when not empty, only selected
+tests containing one of them are selected),
 CMA_CONF_CHUNK (optional: run only the first N of what is left; the driver
 starts the next process for the rest).
 """
@@ -48,6 +50,7 @@ SOFT = float(os.environ.get("CMA_CONF_SOFT_TIMEOUT", "40"))
 HARD = float(os.environ.get("CMA_CONF_HARD_TIMEOUT", "60"))
 SLOW = json.loads(os.environ.get("CMA_CONF_SLOW", "{}"))
 EXCLUDE = json.loads(os.environ.get("CMA_CONF_EXCLUDE", "[]"))
+INCLUDE = json.loads(os.environ.get("CMA_CONF_INCLUDE", "[]"))
 
 
 class ConformanceTimeout(Exception):
@@ -101,6 +104,8 @@ def pytest_collection_modifyitems(session, config, items):
         with open(only_file, encoding="utf-8") as f:
             only = json.load(f)
     selected = core.select([i.nodeid for i in items], only=only)
+    if INCLUDE:  # the driver's --only
+        selected = [i for i in selected if any(p in i for p in INCLUDE)]
     excluded = core.excluded(selected, EXCLUDE)
     keep_ids = set(core.first_chunk([i for i in selected if i not in set(excluded)]))
     keep = [i for i in items if i.nodeid in keep_ids]

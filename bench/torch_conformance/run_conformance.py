@@ -10,6 +10,7 @@ passes and cma does not.
                      [--orders whole,chunks,each] [--chunk 20]
                      [--test-file upstream/test_cuda.py] [--total-s 560]
                      [--route-s 200] [--soft-s 40] [--hard-s 60]
+                     [--exclude SUBSTRING]... [--only SUBSTRING]...
 
 Orders (issue 32): a result that depends on what ran before it in the same
 process is not conformance, so each order runs apart: whole (one process,
@@ -126,7 +127,7 @@ def _kill(proc):
 
 def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
               slow=None, max_restarts=MAX_RESTARTS, poll_s=0.5, kill_grace_s=KILL_GRACE_S,
-              exclude=(), work_dir=None, chunk=0):
+              exclude=(), work_dir=None, chunk=0, only=()):
     """Runs one route to completion across as many processes as crashes
     need, and with `chunk` > 0 a fresh process every `chunk` tests in
     collection order. Returns the route's result dict (also written to
@@ -158,7 +159,8 @@ def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
                    CMA_CONF_TEST_FILE=test_file, CMA_CONF_DEADLINE=str(deadline),
                    CMA_CONF_SOFT_TIMEOUT=str(soft_s), CMA_CONF_HARD_TIMEOUT=str(hard_s),
                    CMA_CONF_SLOW=json.dumps(slow if slow is not None else SLOW_TESTS),
-                   CMA_CONF_EXCLUDE=json.dumps(list(exclude)), CMA_CONF_CHUNK=str(chunk))
+                   CMA_CONF_EXCLUDE=json.dumps(list(exclude)), CMA_CONF_CHUNK=str(chunk),
+                   CMA_CONF_INCLUDE=json.dumps(list(only)))
         if only_path:
             env["CMA_CONF_ONLY"] = only_path
         with open(log_path, "a") as log:
@@ -294,6 +296,9 @@ def main(argv=None):
     ap.add_argument("--exclude", action="append", default=[], metavar="SUBSTRING",
                     help="do not run selected tests whose id contains SUBSTRING "
                          "(recorded as not_run); repeatable")
+    ap.add_argument("--only", action="append", default=[], metavar="SUBSTRING",
+                    help="select only tests whose id contains SUBSTRING (the others are "
+                         "not selected at all); repeatable")
     args = ap.parse_args(argv)
     routes = [r.strip() for r in args.routes.split(",") if r.strip()]
     bad = [r for r in routes if r not in ROUTES]
@@ -327,7 +332,8 @@ def main(argv=None):
             budget = max(min(args.route_s, share), 1.0)
             print(f"[conformance] {order}: route {route}: budget {budget:.0f} s", flush=True)
             r = run_route(route, test_file, args.out, budget, args.soft_s, args.hard_s,
-                          exclude=args.exclude, work_dir=work, chunk=chunks[order])
+                          exclude=args.exclude, work_dir=work, chunk=chunks[order],
+                          only=args.only)
             results.append(r)
             fatal = fatal or bool(r["fatal"])
             s = r["summary"]

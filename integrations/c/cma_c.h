@@ -228,8 +228,9 @@ typedef struct cma_segment_info {
   int is_arena; /* an arena: address space populated on demand */
   size_t address;
   size_t total_size; /* the sum of its blocks' sizes; an arena (address space)
-                      * is reported up to its last block in use, rounded up to
-                      * a page: what memory ever held there */
+                      * is reported up to its last block in use or its last
+                      * populated page, rounded up to a page: free blocks over
+                      * populated pages stay in view until cma_empty_cache */
   size_t allocated_size;
   size_t requested_size;
   size_t populated_bytes;

@@ -49,14 +49,17 @@ int cma_snapshot_visit(void (*on_segment)(void* ctx, const cma_segment_info* seg
         absl::InvalidArgumentError("cma_snapshot_visit: both callbacks are required"));
   }
   for (const cma::SegmentSnapshot& seg : a->Snapshot()) {  // a copy: no lock held below
-    // An arena is address space: it is reported up to its last block in use,
-    // rounded up to a page, which is what memory ever held there (its idle
-    // tail would show terabytes of "reserved" memory to PyTorch's tools).
+    // An arena is address space: it is reported up to its last block in use
+    // or its last page still populated, rounded up to a page (its idle tail
+    // would show terabytes of "reserved" memory to PyTorch's tools). Free
+    // blocks over populated pages stay in view, as PyTorch's cached blocks
+    // do until empty_cache.
     std::size_t end = ~std::size_t{0};
     if (seg.is_arena) {
       end = 0;
       for (const cma::BlockSnapshot& b : seg.blocks) {
-        if (b.state != "inactive") end = std::max(end, b.address + b.size - seg.address);
+        const std::size_t used = b.state != "inactive" ? b.size : b.populated_end;
+        if (used > 0) end = std::max(end, b.address + used - seg.address);
       }
       end = (end + cma::kPageSize - 1) / cma::kPageSize * cma::kPageSize;
       if (end == 0) continue;

@@ -92,7 +92,28 @@ TEST_F(HostCApiTest, SnapshotVisitClipsAnArenaToWhatMemoryHeld) {
   EXPECT_FALSE(seen.blocks[0][0].allocated);
   EXPECT_FALSE(seen.blocks[0][2].active);
   ASSERT_EQ(cma_free(b), 0);
-  // Nothing in use: the arena held nothing worth showing.
+  // Nothing in use, but the pages stay populated (cached, as PyTorch's
+  // segments stay until empty_cache): the same range, every block free.
+  const Seen cached = Visit();
+  ASSERT_EQ(cached.segments.size(), 1u);
+  EXPECT_EQ(cached.segments[0].total_size, 4 * kMiB);
+  EXPECT_EQ(cached.segments[0].allocated_size, 0u);
+  for (const cma_block_info& blk : cached.blocks[0]) EXPECT_FALSE(blk.active);
+  // Released pages: nothing worth showing.
+  ASSERT_EQ(cma_empty_cache(), 0) << cma_last_error();
+  EXPECT_TRUE(Visit().segments.empty());
+}
+
+TEST_F(HostCApiTest, SnapshotVisitShowsAFreeBlockUpToItsLastPopulatedPage) {
+  // A freed 9 MiB block stays in view up to the end of its last populated
+  // page (five whole pages) until empty_cache releases them.
+  void* big = cma_malloc(9 * kMiB, 0, nullptr);
+  ASSERT_NE(big, nullptr) << cma_last_error();
+  ASSERT_EQ(cma_free(big), 0);
+  const Seen seen = Visit();
+  ASSERT_EQ(seen.segments.size(), 1u);
+  EXPECT_EQ(seen.segments[0].total_size, 10 * kMiB);  // 9 MiB rounded to pages
+  ASSERT_EQ(cma_empty_cache(), 0) << cma_last_error();
   EXPECT_TRUE(Visit().segments.empty());
 }
 

@@ -213,7 +213,9 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
       // While a pool context is open (a capture may be under way) cma
       // releases nothing: torch.cuda.graph() and code inside use_mem_pool
       // call empty_cache, and it promises no release, only a best effort.
-      if (api.empty_cache() != 0 && api.last_error_code() != kFailedPrecondition) {
+      if (C10_UNLIKELY(history_on_.load(std::memory_order_relaxed))) {
+        EmptyCacheTraced();
+      } else if (api.empty_cache() != 0 && api.last_error_code() != kFailedPrecondition) {
         Fail("emptyCache");
       }
       if (foreign_.AnyPools()) foreign_.EmptyCache(pool);  // released pools' free segments
@@ -524,8 +526,13 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
                                          cudaStream_t stream, const char* what);
   void RecordAlloc(void* p, size_t n, c10::DeviceIndex device, cudaStream_t stream);
   void RecordFree(void* p);
+  // empty_cache with the memory it gave back in the trace, as PyTorch's
+  // tools read it: segment_unmap (an arena's released tail) or segment_free
+  // (a whole segment), with the caller's stack when context is "all".
+  void EmptyCacheTraced();
   void Trace(TraceEntry::Action action, c10::DeviceIndex device, size_t addr, size_t size,
-             cudaStream_t stream, std::shared_ptr<c10::GatheredContext> context);
+             cudaStream_t stream, std::shared_ptr<c10::GatheredContext> context,
+             bool to_trackers = true);
   std::shared_ptr<c10::GatheredContext> Context(RecordContext needed);
 
   std::atomic<bool> initialized_{false};

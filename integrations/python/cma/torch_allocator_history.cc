@@ -1,5 +1,8 @@
 // History, snapshots and out-of-memory errors of cma's PyTorch allocator
 // (torch_allocator.h).
+#include <map>
+#include <utility>
+
 #include "torch_allocator.h"
 
 namespace cma_torch {
@@ -17,13 +20,16 @@ std::shared_ptr<c10::GatheredContext> CmaCudaAllocator::Context(RecordContext ne
 
 void CmaCudaAllocator::Trace(TraceEntry::Action action, c10::DeviceIndex device, size_t addr,
                              size_t size, cudaStream_t stream,
-                             std::shared_ptr<c10::GatheredContext> context) {
+                             std::shared_ptr<c10::GatheredContext> context,
+                             bool to_trackers) {
   // Called with mu_ held.
   if (skip_.count(static_cast<int>(action)) != 0) return;
   TraceEntry te(action, device, addr, size, stream, Pool{0, 0}, c10::getApproximateTime(),
                 std::move(context), compile_context_.empty() ? "N/A" : compile_context_.back(),
                 user_metadata_);
-  for (const auto& t : trackers_) t(te);
+  if (to_trackers) {
+    for (const auto& t : trackers_) t(te);
+  }
   if (!history_on_.load(std::memory_order_relaxed)) return;
   traces_.push_back(std::move(te));
   while (traces_.size() > max_entries_) traces_.pop_front();
@@ -60,6 +66,58 @@ void CmaCudaAllocator::RecordFree(void* p) {
   // requested and completed together.
   Trace(TraceEntry::FREE_REQUESTED, live.device, addr, live.size, live.stream, ctx);
   Trace(TraceEntry::FREE_COMPLETED, live.device, addr, live.size, live.stream, ctx);
+}
+
+namespace {
+
+struct Extent {
+  size_t size = 0;
+  bool arena = false;
+  cudaStream_t stream = nullptr;
+};
+// Each segment's reported range, by (device, address).
+using Extents = std::map<std::pair<int, size_t>, Extent>;
+
+Extents SegmentExtents() {
+  struct Ctx {
+    Extents out;
+    Extent* last = nullptr;
+  } ctx;
+  auto on_segment = [](void* c, const cma_segment_info* s) {
+    auto* x = static_cast<Ctx*>(c);
+    x->last = &x->out[{s->device, s->address}];
+    *x->last = Extent{s->total_size, s->is_arena != 0, nullptr};
+  };
+  auto on_block = [](void* c, const cma_block_info* b) {
+    auto* x = static_cast<Ctx*>(c);
+    x->last->stream = static_cast<cudaStream_t>(b->stream);
+  };
+  if (api.snapshot_visit(on_segment, on_block, &ctx) != 0) return {};
+  return std::move(ctx.out);
+}
+
+}  // namespace
+
+void CmaCudaAllocator::EmptyCacheTraced() {
+  std::shared_ptr<c10::GatheredContext> ctx = Context(RecordContext::ALL);
+  const Extents before = SegmentExtents();
+  if (api.empty_cache() != 0 && api.last_error_code() != kFailedPrecondition) {
+    Fail("emptyCache");
+  }
+  const Extents after = SegmentExtents();
+  std::lock_guard<std::mutex> l(mu_);
+  for (const auto& [key, was] : before) {
+    auto it = after.find(key);
+    const size_t kept = it == after.end() ? 0 : it->second.size;
+    if (kept >= was.size) continue;
+    const auto device = static_cast<c10::DeviceIndex>(key.first);
+    // An arena keeps its address space and gives back pages (as PyTorch's
+    // expandable segments unmap); a classic segment goes whole.
+    // Not to trackers (NCCL's buffer registration): they never saw these
+    // ranges mapped, as cma reports no segment_alloc or segment_map.
+    Trace(was.arena ? TraceEntry::SEGMENT_UNMAP : TraceEntry::SEGMENT_FREE, device,
+          key.second + kept, was.size - kept, was.stream, ctx, /*to_trackers=*/false);
+  }
 }
 
 void CmaCudaAllocator::RaiseAllocationError(size_t nbytes, c10::DeviceIndex device,
@@ -152,7 +210,10 @@ cca::SnapshotInfo CmaCudaAllocator::snapshot(Pool pool, bool include_traces) {
       x->open = false;  // the next block kept is not adjacent to the last one
       return;
     }
-    if (!x->open || x->info.segments.back().owner_private_pool_id != owner) {
+    // One segment per run of one pool and one stream, as PyTorch's segments
+    // belong to one stream.
+    if (!x->open || x->info.segments.back().owner_private_pool_id != owner ||
+        x->info.segments.back().stream != b->stream) {
       c10::CachingDeviceAllocator::SegmentInfo seg;
       seg.device = static_cast<c10::DeviceIndex>(x->current.device);
       seg.address = b->address;
