@@ -29,9 +29,10 @@ constexpr std::uint32_t kTcpHelloMagic = 0x434d4154;  // "CMAT"
 constexpr std::uint32_t kTcpFrameMagic = 0x434d4142;  // "CMAB"
 constexpr std::uint32_t kTcpVersion = 1;
 constexpr absl::Duration kConnectorTime = absl::Seconds(2);
-// A round moves count * kMaxFrameBytes at most: count is bounded so that a
-// round stays within reason.
+// A round moves count * kMaxFrameBytes at most: count is bounded, and so is
+// what one round may bring in all (a hostile peer cannot make us hold more).
 constexpr int kMaxParties = 4096;
+constexpr std::size_t kMaxRoundBytes = std::size_t{64} << 20;
 
 template <typename T>
 void Put(std::string& out, const T& v) {
@@ -184,9 +185,15 @@ class TcpByteExchange final : public ByteExchange {
       return s;
     }
     std::vector<std::string> all;
+    std::size_t total = 0;
     for (int j = 0; j < count_; ++j) {
       absl::StatusOr<std::string> got = RecvFrame(peers_[0], seq, deadline, "leader 0");
       if (!got.ok()) return got.status();
+      total += got->size();
+      if (total > kMaxRoundBytes) {
+        return absl::DataLossError(absl::StrFormat(
+            "leaders' exchange: leader 0's round exceeds %d bytes in all", kMaxRoundBytes));
+      }
       all.push_back(std::move(*got));
     }
     return all;
@@ -224,6 +231,11 @@ class CallbackByteExchange final : public ByteExchange {
             kMaxFrameBytes));
       }
       longest = std::max(longest, lens[i]);
+    }
+    if (longest * static_cast<std::uint64_t>(count_) > kMaxRoundBytes) {
+      return absl::DataLossError(absl::StrFormat(
+          "leaders' exchange: a round of %d leaders of up to %d bytes exceeds %d bytes in all",
+          count_, longest, kMaxRoundBytes));
     }
     if (lens[index_] != my_len) {
       return absl::DataLossError("leaders' exchange: the all-gather lost this leader's length");
