@@ -443,6 +443,11 @@ absl::StatusOr<PhysicalHandle> HostBackend::VmmImport(const ShareableHandle& sha
   MutexLock l(&mu_);
   Count("VmmImport");
   if (auto s = CheckEmulatedIds(); !s.ok()) return s;
+  if (shared.type == HandleType::kFabric && options_.fabric_domain.empty()) {
+    return absl::UnimplementedError(
+        "VmmImport: the host backend imports POSIX FDs only, unless it emulates an NVLink "
+        "domain (HostBackendOptions::fabric_domain, CMA_HOST_FABRIC_DOMAIN)");
+  }
   if (shared.type == HandleType::kFabric) {
     absl::StatusOr<FabricName> f = DecodeFabric(shared.fabric);
     if (!f.ok()) return f.status();
