@@ -244,7 +244,9 @@ TEST(LeadersRoundTest, AnAlteredRoundIsRefused) {
   EXPECT_TRUE(st[1][0].ok());
   EXPECT_EQ(st[1][1].code(), absl::StatusCode::kPermissionDenied) << st[1][1];
   EXPECT_THAT(st[1][1].message(), HasSubstr("does not carry its MAC"));
-  EXPECT_EQ(st[1].size(), 2u) << "a refused round breaks the exchange";
+  ASSERT_EQ(st[1].size(), 3u);
+  EXPECT_EQ(st[1][2].code(), absl::StatusCode::kFailedPrecondition)
+      << "a refused round breaks the exchange: " << st[1][2];
 }
 
 // A replay of leader 0's earlier round (its MAC names its round number).
