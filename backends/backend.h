@@ -111,6 +111,11 @@ struct DeviceFacts {
   bool vmm_supported = false;
   bool posix_fd_handles = false;
   bool fabric_handles = false;
+  // The NVLink domain this device's fabric handles reach (other hosts'
+  // devices with the same domain can import them); empty when the backend
+  // does not know it (CUDA today), in which case a symmetric heap does not
+  // send fabric handles to other hosts.
+  std::string fabric_domain;
   bool multicast_supported = false;
   std::size_t vmm_granularity = 0;  // minimum; 0 when VMM is unsupported
   // The vendor runtime in use, e.g. "CUDA runtime 13000, driver 13000" or

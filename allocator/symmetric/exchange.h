@@ -67,6 +67,11 @@ class Exchange {
   virtual int process_index() const = 0;
   // Contributions of all processes, in process order.
   virtual absl::StatusOr<std::vector<Contribution>> AllGather(const Contribution& mine) = 0;
+  // Where the processes are (multi_host.h): hosts are numbered 0 to
+  // host_count() - 1, and FDs reach only the processes of the sender's
+  // host. Every exchange of one host says 1 and 0.
+  virtual int host_count() const { return 1; }
+  virtual int host_of(int /*process*/) const { return 0; }
 };
 
 // Every member in this process: AllGather returns the caller's contribution

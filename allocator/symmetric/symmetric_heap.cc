@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "allocator/symmetric/handle_choice.h"
 
 namespace cma {
@@ -51,6 +52,112 @@ class StepClock {
   std::map<std::string, double>& out_;
 };
 
+// Across hosts: one member's memory, exported for every pair, as
+// {rank, has_fd, has_fabric, 64 fabric bytes} with its FD (if any) in
+// `mine.fds`: a fabric heap sends its fabric handle for members of other
+// hosts and, where the memory can also be exported as one, an FD for this
+// host's (a fabric-only CUDA allocation cannot: this host's members then
+// import the fabric handle too).
+absl::Status ExportPerPair(Backend& backend, HandleType type, PhysicalHandle h, int rank,
+                           StepClock& clock, Contribution& mine, std::vector<int>& fds_to_close) {
+  ShareableHandle fabric;
+  const bool has_fabric = type == HandleType::kFabric;
+  if (has_fabric) {
+    absl::StatusOr<ShareableHandle> sh =
+        clock.Time("VmmExport", [&] { return backend.VmmExport(h, HandleType::kFabric); });
+    if (!sh.ok()) return sh.status();
+    fabric = *sh;
+  }
+  absl::StatusOr<ShareableHandle> fd =
+      clock.Time("VmmExport", [&] { return backend.VmmExport(h, HandleType::kPosixFd); });
+  const bool has_fd = fd.ok() && fd->fd >= 0;
+  if (has_fd) {
+    mine.fds.push_back(fd->fd);
+    fds_to_close.push_back(fd->fd);
+  } else if (!has_fabric) {
+    return fd.ok() ? absl::InternalError("symmetric heap: a POSIX FD export gave no descriptor")
+                   : fd.status();
+  }
+  Put(mine.bytes, static_cast<std::int32_t>(rank));
+  Put(mine.bytes, static_cast<std::uint8_t>(has_fd));
+  Put(mine.bytes, static_cast<std::uint8_t>(has_fabric));
+  mine.bytes.append(reinterpret_cast<const char*>(fabric.fabric), sizeof(fabric.fabric));
+  return absl::OkStatus();
+}
+
+// Where this process stands across hosts, for ImportPerPair.
+struct PairView {
+  Backend& backend;
+  const Exchange& exchange;
+  const std::string& fabric_domain;  // this process's; empty: none known
+  int world;
+  std::size_t stride;
+};
+
+// Process p's members, as ExportPerPair sent them (`pos` is past the count
+// and the type): each imported as the pair allows (an FD within this host;
+// a fabric handle within this host or this NVLink domain), or marked
+// unreachable, with the reason. Every byte is checked before use.
+absl::Status ImportPerPair(const PairView& v, const Contribution& c, int p, std::size_t pos,
+                           std::uint32_t n, StepClock& clock, std::vector<PhysicalHandle>& handles,
+                           std::vector<bool>& have, std::vector<bool>& unreachable,
+                           std::vector<std::string>& why) {
+  const auto malformed = [&] {
+    return absl::DataLossError(absl::StrCat("symmetric heap: bad handle list from process ", p));
+  };
+  std::uint8_t dl = 0;
+  if (!Get(c.bytes, pos, dl) || dl > 64 || c.bytes.size() - pos < dl) return malformed();
+  const std::string domain = c.bytes.substr(pos, dl);
+  pos += dl;
+  const int my_host = v.exchange.host_of(v.exchange.process_index());
+  const int their_host = v.exchange.host_of(p);
+  const bool same_host = my_host == their_host;
+  std::size_t next_fd = 0;
+  for (std::uint32_t k = 0; k < n; ++k) {
+    std::int32_t r = -1;
+    std::uint8_t has_fd = 0, has_fabric = 0;
+    ShareableHandle sh;
+    sh.bytes = v.stride;
+    if (!Get(c.bytes, pos, r) || !Get(c.bytes, pos, has_fd) || !Get(c.bytes, pos, has_fabric) ||
+        has_fd > 1 || has_fabric > 1 || (has_fd == 0 && has_fabric == 0) ||
+        c.bytes.size() - pos < sizeof(sh.fabric) || r < 0 || r >= v.world || have[r] ||
+        unreachable[r]) {
+      return malformed();
+    }
+    std::memcpy(sh.fabric, c.bytes.data() + pos, sizeof(sh.fabric));
+    pos += sizeof(sh.fabric);
+    if (same_host && has_fd) {
+      if (next_fd >= c.fds.size()) {
+        return absl::DataLossError(absl::StrCat("symmetric heap: process ", p, " sent too few FDs"));
+      }
+      sh.type = HandleType::kPosixFd;
+      sh.fd = c.fds[next_fd++];
+    } else if (has_fabric && (same_host || (!domain.empty() && domain == v.fabric_domain))) {
+      sh.type = HandleType::kFabric;
+    } else {
+      unreachable[r] = true;
+      why.push_back(absl::StrFormat(
+          "member %d (process %d, host %d, %s) from this process (host %d, %s)", r, p, their_host,
+          has_fabric ? absl::StrCat("NVLink domain '", domain, "'")
+                     : std::string("no fabric handle"),
+          my_host,
+          v.fabric_domain.empty() ? std::string("no NVLink domain")
+                                  : absl::StrCat("NVLink domain '", v.fabric_domain, "'")));
+      continue;
+    }
+    absl::StatusOr<PhysicalHandle> h = clock.Time("VmmImport", [&] { return v.backend.VmmImport(sh); });
+    if (!h.ok()) {
+      return absl::Status(h.status().code(), absl::StrCat("symmetric heap: importing member ", r,
+                                                          "'s handle from process ", p, ": ",
+                                                          h.status().message()));
+    }
+    handles[r] = *h;
+    have[r] = true;
+  }
+  if (pos != c.bytes.size()) return malformed();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SymmetricHeap>> SymmetricHeap::Create(
@@ -90,9 +197,23 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap>> SymmetricHeap::Create(
   absl::StatusOr<HandleChoice> handles = ChooseHandleType(
       backend, group.local_devices, options.handle_type, options.fabric_fallback, granularity);
   if (!handles.ok()) return handles.status();
-  return std::unique_ptr<SymmetricHeap>(new SymmetricHeap(
+  // Across hosts, fabric handles go to the members of this NVLink domain:
+  // this process's is its first device's (empty when unknown, or when its
+  // devices do not all report the same one).
+  std::string domain;
+  if (exchange->host_count() > 1 && handles->type == HandleType::kFabric) {
+    for (std::size_t i = 0; i < group.local_devices.size(); ++i) {
+      absl::StatusOr<DeviceFacts> f = backend.GetDeviceFacts(group.local_devices[i]);
+      if (!f.ok()) return f.status();
+      if (i == 0) domain = f->fabric_domain;
+      if (f->fabric_domain != domain || domain.size() > 64) domain.clear();
+    }
+  }
+  auto heap = std::unique_ptr<SymmetricHeap>(new SymmetricHeap(
       backend, std::move(group), std::move(exchange), options, granularity, handles->type,
       std::move(handles->fallback_reason)));
+  heap->fabric_domain_ = std::move(domain);
+  return heap;
 }
 
 SymmetricHeap::~SymmetricHeap() {
@@ -364,11 +485,17 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
   std::vector<PhysicalHandle> handles(world, 0);
   std::vector<bool> have(world, false);
   std::vector<int> fds_to_close;
-  std::size_t mapped = 0;
+  std::vector<bool> mapped(world, false);
+  // Across hosts (exchange_->host_count() > 1), each pair is served as it
+  // can be: FDs within a host, fabric handles within an NVLink domain; a
+  // member reachable by neither gets no mapping here (peers[r] null).
+  const bool multi_host = multi_process && exchange_->host_count() > 1;
+  std::vector<bool> unreachable(world, false);
+  std::vector<std::string> unreachable_why;
   // Undo everything done so far: one exit path for every failure.
   auto fail = [&](absl::Status s) -> absl::Status {
-    for (std::size_t r = 0; r < mapped; ++r) {
-      (void)backend_.VmmUnmap(static_cast<char*>(a.base) + r * stride, stride);
+    for (int r = 0; r < world; ++r) {
+      if (mapped[r]) (void)backend_.VmmUnmap(static_cast<char*>(a.base) + r * stride, stride);
     }
     if (a.base != nullptr) (void)backend_.VmmFreeAddress(a.base, world * stride);
     for (int r = 0; r < world; ++r) {
@@ -385,8 +512,13 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
   absl::Status local = HoldNonDumpable();
   Contribution mine;
   Put(mine.bytes, static_cast<std::uint32_t>(group_.local_ranks.size()));
-  // This process's handle type (a fabric heap may have fallen back to FDs).
-  Put(mine.bytes, static_cast<std::uint32_t>(handle_type_ == HandleType::kFabric ? 1 : 0));
+  // This process's handle type (a fabric heap may have fallen back to FDs);
+  // across hosts, 2: a handle per pair, and this process's fabric domain.
+  Put(mine.bytes, static_cast<std::uint32_t>(multi_host ? 2 : handle_type_ == HandleType::kFabric ? 1 : 0));
+  if (multi_host) {
+    Put(mine.bytes, static_cast<std::uint8_t>(fabric_domain_.size()));
+    mine.bytes += fabric_domain_;
+  }
   for (std::size_t i = 0; i < group_.local_ranks.size() && local.ok(); ++i) {
     const int r = group_.local_ranks[i];
     absl::StatusOr<PhysicalHandle> h = clock.Time("VmmCreate", [&] {
@@ -400,6 +532,11 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
     have[r] = true;
     e->own_bytes += stride;
     if (!multi_process) continue;
+    if (multi_host) {
+      local = ExportPerPair(backend_, handle_type_, handles[r], r, clock, mine, fds_to_close);
+      if (!local.ok()) break;
+      continue;
+    }
     absl::StatusOr<ShareableHandle> sh =
         clock.Time("VmmExport", [&] { return backend_.VmmExport(handles[r], handle_type_); });
     if (!sh.ok()) {
@@ -429,9 +566,16 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
       std::size_t pos = 0;
       std::uint32_t n = 0;
       std::uint32_t type = 0;
-      if (!Get(c.bytes, pos, n) || !Get(c.bytes, pos, type) || type > 1) {
+      if (!Get(c.bytes, pos, n) || !Get(c.bytes, pos, type) || type > 2 ||
+          (type == 2) != multi_host) {
         local = absl::DataLossError(absl::StrCat("symmetric heap: malformed handles from process ", p));
         break;
+      }
+      if (type == 2) {
+        local = ImportPerPair({backend_, *exchange_, fabric_domain_, world, stride}, c,
+                              static_cast<int>(p), pos, n, clock, handles, have, unreachable,
+                              unreachable_why);
+        continue;
       }
       const HandleType sent = type == 1 ? HandleType::kFabric : HandleType::kPosixFd;
       for (std::uint32_t k = 0; k < n && local.ok(); ++k) {
@@ -465,7 +609,7 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
     }
   }
   for (int r = 0; r < world && local.ok(); ++r) {
-    if (!have[r]) {
+    if (!have[r] && !unreachable[r]) {
       local = absl::FailedPreconditionError(
           absl::StrFormat("symmetric heap: no process contributed member %d of %d", r, world));
     }
@@ -482,14 +626,23 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
     }
   }
   for (int r = 0; r < world && local.ok(); ++r) {
+    if (unreachable[r]) continue;
     local = clock.Time("VmmMap", [&] {
       return backend_.VmmMap(static_cast<char*>(a.base) + r * stride, stride, handles[r]);
     });
-    if (local.ok()) ++mapped;
+    if (local.ok()) mapped[r] = true;
   }
-  if (local.ok()) {
+  const bool every_member = std::find(unreachable.begin(), unreachable.end(), true) == unreachable.end();
+  if (local.ok() && every_member) {
     local = clock.Time("VmmSetAccess", [&] {
       return backend_.VmmSetAccess(a.base, world * stride, group_.local_devices);
+    });
+  }
+  for (int r = 0; r < world && local.ok() && !every_member; ++r) {
+    if (!mapped[r]) continue;
+    local = clock.Time("VmmSetAccess", [&] {
+      return backend_.VmmSetAccess(static_cast<char*>(a.base) + r * stride, stride,
+                                   group_.local_devices);
     });
   }
 
@@ -534,7 +687,7 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
   // 7. The mappings keep the memory alive: handles and FDs can go now (a
   // release that fails is retried when the allocation is destroyed).
   for (int r = 0; r < world; ++r) {
-    if (!backend_.VmmRelease(handles[r]).ok()) e->unreleased.push_back(handles[r]);
+    if (have[r] && !backend_.VmmRelease(handles[r]).ok()) e->unreleased.push_back(handles[r]);
     have[r] = false;
   }
   for (int fd : fds_to_close) close(fd);
@@ -542,10 +695,16 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
   a.bytes = bytes;
   a.stride = stride;
   for (int r = 0; r < world; ++r) {
-    char* p = static_cast<char*>(a.base) + r * stride;
+    char* p = unreachable[r] ? nullptr : static_cast<char*>(a.base) + r * stride;
     a.peers.push_back(p);
-    a.signals.push_back(p + stride - options_.signal_bytes);
+    a.signals.push_back(p != nullptr ? p + stride - options_.signal_bytes : nullptr);
     static_cast<void**>(a.device_peers)[r] = p;
+  }
+  if (!unreachable_why.empty()) {
+    a.unreachable = absl::StrCat(
+        "no peer pointer (peers[r] is null) for: ", absl::StrJoin(unreachable_why, "; "),
+        ". Only members of this host (POSIX FDs) and of this NVLink domain (fabric handles) are "
+        "mapped; an NVSHMEM or NCCL-window provider for the others is not built");
   }
   return e;
 }

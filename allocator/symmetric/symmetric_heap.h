@@ -43,6 +43,13 @@
 //    exchange failure or calls out of step, the group's state is unknown:
 //    every later collective fails at once (kFailedPrecondition, naming the
 //    first failure); create a new heap.
+//  * Across hosts (an exchange from MakeMultiHostExchange, host_count() > 1),
+//    each pair is served as it can be: members of this host through POSIX
+//    FDs (or the fabric handle where the memory exports no FD), members of
+//    other hosts in this process's NVLink domain (DeviceFacts::fabric_domain;
+//    a fabric heap only) through fabric handles, and the others not at all:
+//    their peers[r] is null and SymmetricAllocation::unreachable says why.
+//    No error, and the allocation is the same collective one on everyone.
 //  * Multicast is used only when options ask for it, every device reports
 //    support and none of CMA_DISABLE_MULTICAST=1,
 //    TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NCCL_NVLS_ENABLE=0 is set.
@@ -108,6 +115,11 @@ struct SymmetricAllocation {
   bool multicast = false;
   MulticastHandle multicast_handle = 0;
   void* base = nullptr;  // the reservation: world_size * stride bytes
+  // Across hosts (multi_host.h): empty when every peer is mapped; otherwise
+  // which members have no pointer here (peers[r], signals[r] and
+  // device_peers[r] null: on another host outside this process's NVLink
+  // domain) and why.
+  std::string unreachable;
 };
 
 struct SymmetricStats {
@@ -244,6 +256,9 @@ class SymmetricHeap {
   const std::size_t granularity_;  // this process's (the group's maximum is agreed on a miss)
   const HandleType handle_type_;
   const std::string handle_fallback_reason_;
+  // Across hosts with fabric handles: this process's NVLink domain (its
+  // devices' DeviceFacts::fabric_domain); set once by Create.
+  std::string fabric_domain_;
 
   absl::Mutex mu_;
   std::uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -25,8 +26,24 @@ absl::Status Errno(const char* call) {
 
 }  // namespace
 
+namespace {
+
+// HostBackendOptions' emulated host and domain, from the environment when
+// left empty.
+HostBackendOptions WithEnvironment(HostBackendOptions o) {
+  if (o.host_id.empty()) {
+    if (const char* v = std::getenv("CMA_HOST_EMULATED_HOST"); v != nullptr) o.host_id = v;
+  }
+  if (o.fabric_domain.empty()) {
+    if (const char* v = std::getenv("CMA_HOST_FABRIC_DOMAIN"); v != nullptr) o.fabric_domain = v;
+  }
+  return o;
+}
+
+}  // namespace
+
 HostBackend::HostBackend(HostBackendOptions options)
-    : options_(options),
+    : options_(WithEnvironment(options)),
       capacity_(options.device_count, options.device_capacity),
       used_(options.device_count, 0) {
   streams_[kDefaultStream] = StreamState{-1};
@@ -39,6 +56,7 @@ HostBackend::~HostBackend() {
   for (auto& [addr, bytes] : reservations_) munmap(reinterpret_cast<void*>(addr), bytes);
   for (auto& [h, p] : physical_) {
     if (p.fd >= 0) close(p.fd);
+    if (!p.shm_name.empty()) shm_unlink(p.shm_name.c_str());
   }
   for (auto& [addr, a] : managed_) munmap(reinterpret_cast<void*>(addr), a.bytes);
   if (pinned_region_ != nullptr) {
@@ -102,6 +120,7 @@ absl::StatusOr<DeviceFacts> HostBackend::GetDeviceFacts(int device) {
   f.vmm_supported = true;
   f.posix_fd_handles = true;
   f.fabric_handles = options_.fabric_handles;
+  if (options_.fabric_handles) f.fabric_domain = options_.fabric_domain;
   f.multicast_supported = options_.multicast_supported;
   f.vmm_granularity = options_.vmm_granularity;
   f.runtime = "host emulation";

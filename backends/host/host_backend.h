@@ -51,6 +51,24 @@ struct HostBackendOptions {
   // GetHostMemInfo's answer (available, total); 0: the real host's.
   std::size_t host_available = 0;
   std::size_t host_total = 0;
+  // Several hosts emulated in one machine (issue 33; docs/symmetric.md).
+  // `host_id`: the emulated host this backend is on. Its VMM memory is a
+  // memfd named after it ("cma-vmm@<host_id>"; plain "cma-vmm" when empty,
+  // as before), and VmmImport refuses (kPermissionDenied) a POSIX FD exported
+  // on another emulated host, as SCM_RIGHTS cannot cross real hosts.
+  // `fabric_domain`: the emulated NVLink domain. With fabric_handles and a
+  // domain, VmmCreate(kFabric) makes a POSIX shared-memory object under a
+  // random name (mode 0600, "/cma-fabric-<domain>-<host>-<32 hex digits>"),
+  // VmmExport(kFabric) hands out that name as the 64 fabric bytes and
+  // VmmImport opens it only in the same domain (kPermissionDenied otherwise);
+  // the creator unlinks the name at VmmRelease. Without a domain, fabric
+  // export fails (kUnimplemented) as before: a device that claims fabric
+  // support without an IMEX channel. Each is 1 to 16 of [A-Za-z0-9_.]; any
+  // other value makes every VMM call fail (kInvalidArgument naming it).
+  // Left empty, each is read from the environment when the backend is
+  // made: CMA_HOST_EMULATED_HOST, CMA_HOST_FABRIC_DOMAIN.
+  std::string host_id;
+  std::string fabric_domain;
 };
 
 // One recorded placement call.
@@ -184,7 +202,11 @@ class HostBackend final : public Backend {
   // VmmCreate (named "cma-vmm", its size sealed against shrinking and
   // growing) of `shared.bytes` bytes when that is set; anything else (a
   // regular file, a pipe, another program's memfd, one whose size is not
-  // sealed) is kInvalidArgument saying what it is.
+  // sealed) is kInvalidArgument saying what it is. A memfd of another
+  // emulated host, or a fabric handle of another emulated domain, is
+  // kPermissionDenied (HostBackendOptions::host_id, fabric_domain). A fabric
+  // object (by name, or as a POSIX FD within its host) must be this user's,
+  // mode 0600, of the announced size.
   absl::StatusOr<PhysicalHandle> VmmImport(const ShareableHandle& shared) override;
 
   absl::StatusOr<MulticastHandle> MulticastCreate(absl::Span<const int> devices,
@@ -277,7 +299,10 @@ class HostBackend final : public Backend {
     std::size_t bytes;
     int device;
     int maps = 0;  // as with CUDA, mappings keep released memory alive
+    std::string shm_name;  // a fabric object this backend created: unlinked at release
   };
+  // HostBackendOptions::host_id and fabric_domain as they must be.
+  absl::Status CheckEmulatedIds() const;
   struct Mapping {
     std::size_t bytes;
     PhysicalHandle handle;
