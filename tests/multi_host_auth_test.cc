@@ -234,12 +234,18 @@ TEST(LeadersRoundTest, AWrongTokenIsRefusedByBothSides) {
   }
 }
 
-// The store alters leader 0's first data round (round 3: after the proof's
-// two) on its way to leader 1: refused, not taken for leader 0's word.
+// The store alters leader 0's first data round (round 4: after the proof's
+// two and its verdict) on its way to leader 1: refused, not taken for
+// leader 0's word; and leader 0, which saw nothing wrong, fails the round
+// too (leader 1's verdict), so that no host goes on without the others.
 TEST(LeadersRoundTest, AnAlteredRoundIsRefused) {
   auto st = TwoHosts("", [](int round, std::vector<std::string>& got) {
-    if (round == 3) got[0][10] ^= 1;
+    if (round == 4) got[0][10] ^= 1;
   });
+  ASSERT_GE(st[0].size(), 2u);
+  EXPECT_TRUE(st[0][0].ok());
+  EXPECT_EQ(st[0][1].code(), absl::StatusCode::kAborted) << st[0][1];
+  EXPECT_THAT(st[0][1].message(), HasSubstr("leader 1 refused"));
   ASSERT_GE(st[1].size(), 2u);
   EXPECT_TRUE(st[1][0].ok());
   EXPECT_EQ(st[1][1].code(), absl::StatusCode::kPermissionDenied) << st[1][1];
@@ -253,12 +259,65 @@ TEST(LeadersRoundTest, AnAlteredRoundIsRefused) {
 TEST(LeadersRoundTest, AReplayedRoundIsRefused) {
   std::string first;
   auto st = TwoHosts("", [&](int round, std::vector<std::string>& got) {
-    if (round == 3) first = got[0];
-    if (round == 4) got[0] = first;
+    if (round == 4) first = got[0];
+    if (round == 6) got[0] = first;
   });
   ASSERT_EQ(st[1].size(), 3u);
   EXPECT_TRUE(st[1][1].ok());
   EXPECT_EQ(st[1][2].code(), absl::StatusCode::kPermissionDenied) << st[1][2];
+  EXPECT_FALSE(st[0][2].ok()) << "leader 0 fails the replayed round too";
+}
+
+// Set-up fails together too: leader 0's proof altered on its way to leader
+// 1 only; leader 0 verifies leader 1's proof, yet hears leader 1's refusal
+// in the proof's verdict round.
+TEST(LeadersRoundTest, AnAlteredProofFailsSetUpOnEveryHost) {
+  auto st = TwoHosts("", [](int round, std::vector<std::string>& got) {
+    if (round == 2) got[0][0] ^= 1;
+  });
+  EXPECT_EQ(st[1][0].code(), absl::StatusCode::kPermissionDenied) << st[1][0];
+  EXPECT_EQ(st[0][0].code(), absl::StatusCode::kAborted) << st[0][0];
+}
+
+// A forged verdict (the store turns leader 1's refusal into an ok) does not
+// verify: leader 0 refuses it rather than go on alone.
+TEST(LeadersRoundTest, AForgedVerdictIsRefused) {
+  auto st = TwoHosts("", [](int round, std::vector<std::string>& got) {
+    if (round == 5) got[0][0] ^= 1;  // leader 1 sees leader 0's verdict flipped
+  });
+  ASSERT_GE(st[1].size(), 2u);
+  EXPECT_EQ(st[1][1].code(), absl::StatusCode::kPermissionDenied) << st[1][1];
+  EXPECT_THAT(st[1][1].message(), HasSubstr("verdict of leader 0"));
+}
+
+// No attacker, three hosts, uneven contributions (600 KiB, 600 KiB, 10
+// bytes): host 2's share of the round (the other two's) is over the frame
+// limit. Every leader checks every host's share before it accepts, so the
+// round fails on all three, not on host 2 alone.
+TEST(LeadersRoundTest, AShareOverTheFrameLimitFailsEveryHost) {
+  const std::string token = *MakeRendezvousToken();
+  ThreadGather store(3);
+  std::vector<absl::Status> out(3);
+  auto host = [&](int i) {
+    std::pair<ThreadGather*, int> ctx{&store, i};
+    auto leaders = *MakeCallbackByteExchange(&ThreadGather::Callback, &ctx, i, 3);
+    auto x = MakeMultiHostExchange(MakeSingleProcessExchange(), std::move(leaders), i, 3, token);
+    if (x.ok()) {
+      const std::size_t n = i == 2 ? 10 : 600 << 10;
+      out[i] = (*x)->AllGather({std::string(n, 'x'), {}}).status();
+    } else {
+      out[i] = x.status();
+    }
+    store.Leave();
+  };
+  std::thread t0(host, 0), t1(host, 1), t2(host, 2);
+  t0.join();
+  t1.join();
+  t2.join();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(out[i].code(), absl::StatusCode::kResourceExhausted) << "host " << i << ": " << out[i];
+    EXPECT_THAT(out[i].message(), HasSubstr("host 2's share"));
+  }
 }
 
 // Garbage in the proof's first round (too short, oversized counts): a clear

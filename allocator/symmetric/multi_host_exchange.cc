@@ -6,11 +6,14 @@
 //   host round 1:   every process: {magic, version, global index, count}
 //   leaders round A: {magic, version, leader index, n, n global indices, nonce}
 //   leaders round B: HMAC(token, "cma-lead" version index SHA256(transcript A))
+//   leaders verdict: {ok, HMAC(token, "cma-vset" version index ok SHA256(A))}
 //   host round 2:   the leader: the host of every process, or its failure
 // Each AllGather:
 //   host round 1:   every process's contribution (FDs reach this host only)
 //   leaders round:  {seq, this host's contributions, HMAC(session key,
 //                    "cma-rnd" seq index payload)}
+//   leaders verdict: {ok, HMAC(session key, "cma-vrnd" seq index ok
+//                    SHA256(the round's messages))}
 //   host round 2:   the leader: the other hosts' contributions, or its failure
 #include <sodium.h>
 
@@ -102,6 +105,20 @@ std::string RoundMac(const std::string& key, std::uint64_t seq, std::int32_t ind
   Put(msg, index);
   msg.append(payload.data(), payload.size());
   return Hmac(key, msg);
+}
+
+// A leader's verdict on a round: ok or not, MAC'd under `key` and bound to
+// the round (its label and number) and, if ok, to what this leader saw of
+// it (a hash of the round's messages).
+std::string VerdictMac(const std::string& key, absl::string_view label, std::uint64_t seq,
+                       std::int32_t index, bool ok, const std::string& hash) {
+  std::string msg(label);
+  Put(msg, kVersion);
+  Put(msg, seq);
+  Put(msg, index);
+  msg += ok ? '\1' : '\0';
+  // An ok names what it accepted; a refusal stands whatever its sender saw.
+  return Hmac(key, ok ? msg + hash : msg);
 }
 
 // Host round 2's leader message: ok and a body, or a failure (code, reason).
@@ -250,9 +267,54 @@ class MultiHostExchange final : public Exchange {
     return s;
   }
 
-  // The leaders' proof (rounds A and B), then the host table.
-  absl::Status Leaders(const std::string& token, std::string* table) {
+  // The leaders' verdict round: every leader says whether it accepted the
+  // round, under `key`; a leader succeeds only if every leader did (fail
+  // together: a message altered on its way to one leader fails them all).
+  // `local`: this leader's own verdict.
+  absl::Status Verdict(const std::string& key, absl::string_view label, std::uint64_t seq,
+                       const std::string& hash, absl::Status local) {
     const int me = leaders_->index(), n = leaders_->count();
+    const bool ok = local.ok();
+    std::string v(1, ok ? '\1' : '\0');
+    v += VerdictMac(key, label, seq, me, ok, hash);
+    absl::StatusOr<std::vector<std::string>> got = leaders_->AllGather(v);
+    if (!local.ok()) return local;
+    if (!got.ok()) return got.status();
+    if (static_cast<int>(got->size()) != n) {
+      return absl::DataLossError("symmetric exchange: the leaders' verdict round lost messages");
+    }
+    std::vector<int> failed, unverified;
+    for (int j = 0; j < n; ++j) {
+      if (j == me) continue;
+      const std::string& m = (*got)[j];
+      const bool their_ok = m.size() == 1 + kMac && m[0] == '\1';
+      if (m.size() != 1 + kMac || (m[0] != '\1' && m[0] != '\0') ||
+          !MacOk(absl::string_view(m).substr(1),
+                 VerdictMac(key, label, seq, j, their_ok, hash))) {
+        unverified.push_back(j);
+      } else if (!their_ok) {
+        failed.push_back(j);
+      }
+    }
+    if (!unverified.empty()) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "symmetric exchange: the verdict of leader%s %s on leaders' round %d does not verify "
+          "(altered or injected, or that leader saw other messages): refused",
+          unverified.size() > 1 ? "s" : "", absl::StrJoin(unverified, ", "), seq));
+    }
+    if (!failed.empty()) {
+      return absl::AbortedError(absl::StrFormat(
+          "symmetric exchange: leader%s %s refused leaders' round %d (see that host's error): "
+          "failed on every host",
+          failed.size() > 1 ? "s" : "", absl::StrJoin(failed, ", "), seq));
+    }
+    return absl::OkStatus();
+  }
+
+  // The leaders' proof (rounds A and B, then the verdict), then the host
+  // table.
+  absl::Status Leaders(const std::string& token, std::string* table) {
+    const int me = leaders_->index();
     absl::StatusOr<std::string> nonce = wire::RandomBytes(wire::kNonceBytes);
     if (!nonce.ok()) return nonce.status();
     std::string a;
@@ -264,17 +326,27 @@ class MultiHostExchange final : public Exchange {
     a += *nonce;
     absl::StatusOr<std::vector<std::string>> all_a = leaders_->AllGather(a);
     if (!all_a.ok()) return all_a.status();
-    if (static_cast<int>(all_a->size()) != n || (*all_a)[me] != a) {
-      return absl::DataLossError("symmetric exchange: the leaders' exchange lost this leader's message");
-    }
     const std::string hash = Transcript(*all_a);
     absl::StatusOr<std::vector<std::string>> all_b =
         leaders_->AllGather(LeaderProof(token, me, hash));
     if (!all_b.ok()) return all_b.status();
+    absl::Status local = CheckProof(token, a, *all_a, *all_b, hash, table);
+    return Verdict(token, "cma-vset", 0, hash, local);
+  }
+
+  // Set-up's checks: every proof, then the hosts' process lists.
+  absl::Status CheckProof(const std::string& token, const std::string& a,
+                          const std::vector<std::string>& all_a,
+                          const std::vector<std::string>& all_b, const std::string& hash,
+                          std::string* table) {
+    const int me = leaders_->index(), n = leaders_->count();
+    if (static_cast<int>(all_a.size()) != n || all_a[me] != a) {
+      return absl::DataLossError("symmetric exchange: the leaders' exchange lost this leader's message");
+    }
     std::vector<int> unproven;
     for (int j = 0; j < n; ++j) {
-      if (j != me && (static_cast<int>(all_b->size()) != n ||
-                      !MacOk((*all_b)[j], LeaderProof(token, j, hash)))) {
+      if (j != me && (static_cast<int>(all_b.size()) != n ||
+                      !MacOk(all_b[j], LeaderProof(token, j, hash)))) {
         unproven.push_back(j);
       }
     }
@@ -290,7 +362,7 @@ class MultiHostExchange final : public Exchange {
     // Proven: now the hosts' process lists are the leaders' word.
     host_of_.assign(count_, -1);
     for (int j = 0; j < n; ++j) {
-      Reader r{(*all_a)[j]};
+      Reader r{all_a[j]};
       std::uint32_t magic = 0, version = 0, k = 0;
       std::int32_t idx = -1;
       bool ok = r.Get(magic) && r.Get(version) && r.Get(idx) && r.Get(k) &&
@@ -328,9 +400,10 @@ class MultiHostExchange final : public Exchange {
   }
 
   // One leaders' round: this host's contributions out, the others' in
-  // (each checked against its leader's MAC), as host round 2's body.
+  // (each checked against its leader's MAC), as host round 2's body; then
+  // the verdict round, so that the round fails on every host or on none.
   absl::Status LeadersRound(const std::vector<Contribution>& all, std::string* remote) {
-    const int me = leaders_->index(), n = leaders_->count();
+    const int me = leaders_->index();
     const std::uint64_t seq = ++seq_;
     std::string payload;
     Put(payload, seq);
@@ -338,21 +411,38 @@ class MultiHostExchange final : public Exchange {
       Put(payload, static_cast<std::uint32_t>(all[g].bytes.size()));
       payload += all[g].bytes;
     }
+    absl::Status local;
+    std::string out;
     if (payload.size() + kMac > kMaxFrameBytes) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
+      // Still take part (an empty message, which no leader accepts), so that
+      // every leader hears of it in this round's verdict.
+      local = absl::ResourceExhaustedError(absl::StrFormat(
           "symmetric exchange: this host's contributions (%d bytes) exceed the frame limit %d",
           payload.size(), kMaxFrameBytes));
+    } else {
+      out = payload + RoundMac(key_, seq, me, payload);
     }
-    absl::StatusOr<std::vector<std::string>> got =
-        leaders_->AllGather(payload + RoundMac(key_, seq, me, payload));
-    if (!got.ok()) return got.status();
-    if (static_cast<int>(got->size()) != n) {
+    absl::StatusOr<std::vector<std::string>> got = leaders_->AllGather(out);
+    if (!got.ok()) return local.ok() ? got.status() : local;
+    const std::string hash = Transcript(*got);
+    if (local.ok()) local = CheckRound(all, seq, *got, remote);
+    return Verdict(key_, "cma-vrnd", seq, hash, local);
+  }
+
+  // A leaders' round's checks: every MAC, every message's form, and the
+  // frame limit of every host's host round 2 (the same check on every
+  // leader, so that none accepts what another must refuse).
+  absl::Status CheckRound(const std::vector<Contribution>& all, std::uint64_t seq,
+                          const std::vector<std::string>& got, std::string* remote) {
+    const int me = leaders_->index(), n = leaders_->count();
+    if (static_cast<int>(got.size()) != n) {
       return absl::DataLossError("symmetric exchange: the leaders' round lost messages");
     }
     std::vector<std::string> bytes(count_);
+    for (int g : local_) bytes[g] = all[g].bytes;
     for (int j = 0; j < n; ++j) {
       if (j == me) continue;
-      const std::string& m = (*got)[j];
+      const std::string& m = got[j];
       if (m.size() < sizeof(seq) + kMac ||
           !MacOk(absl::string_view(m).substr(m.size() - kMac),
                  RoundMac(key_, seq, j, absl::string_view(m).substr(0, m.size() - kMac)))) {
@@ -375,15 +465,26 @@ class MultiHostExchange final : public Exchange {
             absl::StrFormat("symmetric exchange: a malformed round from leader %d", j));
       }
     }
+    // Every host's host round 2 carries the others' contributions: each must
+    // fit a frame (its leader's Success byte included).
+    std::vector<std::size_t> own(n, 0);
+    std::size_t sum = 0;
+    for (int p = 0; p < count_; ++p) {
+      own[host_of_[p]] += sizeof(std::uint32_t) + bytes[p].size();
+      sum += sizeof(std::uint32_t) + bytes[p].size();
+    }
+    for (int h = 0; h < n; ++h) {
+      if (sum - own[h] + 1 > kMaxFrameBytes) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "symmetric exchange: host %d's share of round %d (the other hosts' contributions, "
+            "%d bytes) exceeds the frame limit %d: refused on every host",
+            h, seq, sum - own[h], kMaxFrameBytes));
+      }
+    }
     for (int p = 0; p < count_; ++p) {
       if (host_of_[p] == me) continue;
       Put(*remote, static_cast<std::uint32_t>(bytes[p].size()));
       *remote += bytes[p];
-    }
-    if (remote->size() + 1 > kMaxFrameBytes) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "symmetric exchange: the other hosts' contributions (%d bytes) exceed the frame limit %d",
-          remote->size(), kMaxFrameBytes));
     }
     return absl::OkStatus();
   }
