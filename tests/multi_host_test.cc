@@ -2,7 +2,10 @@
 // machine, their leaders meeting over localhost TCP (MakeMultiHostExchange),
 // each process with its own host backend (HostBackendOptions::host_id,
 // fabric_domain). Real processes (fork), real sockets.
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -10,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -77,14 +81,14 @@ Member Join(int rank, const Layout& layout, TcpListener& listener, int port,
   }
   std::unique_ptr<ByteExchange> leaders;
   if (rank == 0) {
-    auto l = MakeTcpByteExchangeRoot(std::move(listener), 2, kLeaderTimeout);
+    auto l = MakeTcpByteExchangeRoot(std::move(listener), 2, kLeaderTimeout, token);
     if (!l.ok()) {
       m.exchange = l.status();
       return m;
     }
     leaders = std::move(*l);
   } else if (rank == 2) {
-    auto l = MakeTcpByteExchange("127.0.0.1", port, 1, 2, kLeaderTimeout);
+    auto l = MakeTcpByteExchange("127.0.0.1", port, 1, 2, kLeaderTimeout, token);
     if (!l.ok()) {
       m.exchange = l.status();
       return m;
@@ -261,22 +265,93 @@ TEST(MultiHostTest, TheReasonForANullPeerNamesTheDomains) {
   EXPECT_EQ(codes, std::vector<int>(kWorld, 0));
 }
 
-// Host 1 has another token (its own processes agree with each other): the
-// leaders' proof fails, and every process of both hosts fails together,
-// at once, naming the problem.
-TEST(MultiHostTest, AWrongTokenOnOneHostFailsEveryoneTogether) {
+// Host 1 has another token (its own processes agree with each other): its
+// leader cannot answer leader 0's TCP challenge, so it never takes a slot.
+// It hears at once that leader 0 closed on it; leader 0 times out naming
+// the turned-away connection; every process fails, none hangs. (The
+// leaders' own proof, which refuses a wrong token over any ByteExchange, is
+// tested in multi_host_auth_test.)
+TEST(MultiHostTest, AWrongTokenOnOneHostFailsEveryone) {
   Layout layout;
   layout.token[1] = *MakeRendezvousToken();
   const absl::Time start = absl::Now();
   const std::vector<int> codes = RunHosts(layout, "wrong-token", [&](int rank, Member& m) {
     const absl::Status s = m.exchange.status();
-    const bool ok = s.code() == absl::StatusCode::kPermissionDenied &&
-                    absl::StrContains(s.message(), "did not prove that it knows the rendezvous token");
+    bool ok = !s.ok();
+    if (rank == 0) {
+      ok = s.code() == absl::StatusCode::kDeadlineExceeded &&
+           absl::StrContains(s.message(), "never came: leader 1; 1 connection(s) turned away");
+    } else if (rank == 2) {
+      ok = s.code() == absl::StatusCode::kUnavailable &&
+           absl::StrContains(s.message(), "closed the connection before acknowledging");
+    }
     if (!ok) std::fprintf(stderr, "rank %d got: %s\n", rank, s.ToString().c_str());
     return ok;
   });
   EXPECT_EQ(codes, std::vector<int>(kWorld, 0));
-  EXPECT_LT(absl::Now() - start, kLeaderTimeout) << "failed at a timeout, not at once";
+  EXPECT_LT(absl::Now() - start, kHostTimeout) << "failed at the leaders' timeout, no hang";
+}
+
+int ConnectTo(int port) {
+  const int c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  if (connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(c);
+    return -1;
+  }
+  return c;
+}
+
+// Connections that say nothing (no token needed to open one) do not starve
+// leader 0: it serves every connector's hello at once, each within its own
+// deadline, so the real leader 1 gets in long before the silent ones expire.
+TEST(MultiHostTest, SilentConnectionsDoNotStarveTheRoot) {
+  const std::string token = Token();
+  TcpListener l = *ListenTcp("127.0.0.1", 0);
+  const int port = l.port();
+  std::vector<int> silent;
+  for (int k = 0; k < 5; ++k) silent.push_back(ConnectTo(port));
+  absl::StatusOr<std::unique_ptr<ByteExchange>> root, member;
+  const absl::Time start = absl::Now();
+  std::thread t([&] { root = MakeTcpByteExchangeRoot(std::move(l), 2, absl::Seconds(6), token); });
+  member = MakeTcpByteExchange("127.0.0.1", port, 1, 2, absl::Seconds(6), token);
+  t.join();
+  for (int fd : silent) close(fd);
+  EXPECT_TRUE(root.ok()) << root.status();
+  EXPECT_TRUE(member.ok()) << member.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "waited out a silent connection";
+}
+
+// A slot goes only to a connector that answers the token's challenge: a
+// squatter's hello (the right form, no MAC) does not take leader 1's slot,
+// and one with another token is turned away; the real leader 1 gets in.
+TEST(MultiHostTest, OnlyATokenHolderTakesASlot) {
+  const std::string token = Token();
+  TcpListener l = *ListenTcp("127.0.0.1", 0);
+  const int port = l.port();
+  const int squat = ConnectTo(port);
+  const std::uint32_t hello[4] = {0x434d4154, 2, 1, 2};
+  ASSERT_EQ(write(squat, hello, sizeof(hello)), static_cast<ssize_t>(sizeof(hello)));
+  absl::StatusOr<std::unique_ptr<ByteExchange>> root;
+  std::thread t([&] { root = MakeTcpByteExchangeRoot(std::move(l), 2, absl::Seconds(5), token); });
+  absl::SleepFor(absl::Milliseconds(200));
+  auto other = MakeTcpByteExchange("127.0.0.1", port, 1, 2, absl::Seconds(5),
+                                   *MakeRendezvousToken());
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kUnavailable) << other.status();
+  auto member = MakeTcpByteExchange("127.0.0.1", port, 1, 2, absl::Seconds(5), token);
+  t.join();
+  close(squat);
+  ASSERT_TRUE(root.ok()) << root.status();
+  ASSERT_TRUE(member.ok()) << member.status();
+  // And the exchange works.
+  std::thread r([&] { EXPECT_TRUE((*root)->AllGather("zero").ok()); });
+  absl::StatusOr<std::vector<std::string>> got = (*member)->AllGather("one");
+  r.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, (std::vector<std::string>{"zero", "one"}));
 }
 
 // A host whose leader never joins: the other host fails at the leaders'
@@ -318,11 +393,11 @@ TEST(MultiHostTest, BadInputIsRefused) {
 
   EXPECT_EQ(ListenTcp("localhost", 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ListenTcp("127.0.0.1", 70000).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MakeTcpByteExchange("127.0.0.1", 1, 0, 2, kLeaderTimeout).status().code(),
+  EXPECT_EQ(MakeTcpByteExchange("127.0.0.1", 1, 0, 2, kLeaderTimeout, token).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MakeTcpByteExchange("127.0.0.1", 1, 2, 2, kLeaderTimeout).status().code(),
+  EXPECT_EQ(MakeTcpByteExchange("127.0.0.1", 1, 2, 2, kLeaderTimeout, token).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MakeTcpByteExchange("127.0.0.1", 1, 1, 2, absl::InfiniteDuration()).status().code(),
+  EXPECT_EQ(MakeTcpByteExchange("127.0.0.1", 1, 1, 2, absl::InfiniteDuration(), token).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeCallbackByteExchange(nullptr, nullptr, 0, 1).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -331,7 +406,7 @@ TEST(MultiHostTest, BadInputIsRefused) {
   ASSERT_TRUE(l.ok()) << l.status();
   const int port = l->port();
   *l = TcpListener();  // closed
-  auto none = MakeTcpByteExchange("127.0.0.1", port, 1, 2, absl::Milliseconds(300));
+  auto none = MakeTcpByteExchange("127.0.0.1", port, 1, 2, absl::Milliseconds(300), token);
   EXPECT_EQ(none.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(none.status().message(), HasSubstr(absl::StrFormat("127.0.0.1:%d", port)));
 }

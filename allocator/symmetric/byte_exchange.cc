@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sodium.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -27,8 +28,23 @@ namespace {
 
 constexpr std::uint32_t kTcpHelloMagic = 0x434d4154;  // "CMAT"
 constexpr std::uint32_t kTcpFrameMagic = 0x434d4142;  // "CMAB"
-constexpr std::uint32_t kTcpVersion = 1;
+constexpr std::uint32_t kTcpVersion = 2;
 constexpr absl::Duration kConnectorTime = absl::Seconds(2);
+// Connections accepted but not yet through the hello: at most this many at
+// once (the others wait in the listen backlog), each for kConnectorTime.
+constexpr std::size_t kMaxPending = 64;
+// The hello, as a challenge-response under the rendezvous token:
+//   root -> connector: {magic, version, nonce}                  (challenge)
+//   connector -> root: {magic, version, index, count,
+//                       HMAC(token, "cma-tcph" version index count nonce)}
+//   root -> connector: {magic, version, HMAC(token, "cma-tcpa" version index nonce)}
+constexpr std::size_t kTcpMac = crypto_auth_hmacsha256_BYTES;
+constexpr std::size_t kTcpChallenge = 8 + wire::kNonceBytes;
+constexpr std::size_t kTcpHello = 16 + kTcpMac;
+constexpr std::size_t kTcpAck = 8 + kTcpMac;
+// Frames are read as their bytes come, this much at a time: an announced
+// length is not memory until the bytes are there.
+constexpr std::size_t kReadChunk = std::size_t{64} << 10;
 // A round moves count * kMaxFrameBytes at most: count is bounded, and so is
 // what one round may bring in all (a hostile peer cannot make us hold more).
 constexpr int kMaxParties = 4096;
@@ -43,6 +59,28 @@ T At(const char* p) {
   T v;
   std::memcpy(&v, p, sizeof(v));
   return v;
+}
+
+std::string TcpMac(const std::string& token, const char* label, std::int32_t index,
+                   std::int32_t count, const std::string& nonce) {
+  std::string msg = label;
+  Put(msg, kTcpVersion);
+  Put(msg, index);
+  Put(msg, count);
+  msg += nonce;
+  unsigned char out[kTcpMac];
+  crypto_auth_hmacsha256_state st;
+  if (crypto_auth_hmacsha256_init(&st, reinterpret_cast<const unsigned char*>(token.data()),
+                                  token.size()) != 0 ||
+      crypto_auth_hmacsha256_update(&st, reinterpret_cast<const unsigned char*>(msg.data()),
+                                    msg.size()) != 0 ||
+      crypto_auth_hmacsha256_final(&st, out) != 0) {
+    return std::string();  // matches no MAC
+  }
+  return std::string(reinterpret_cast<const char*>(out), kTcpMac);
+}
+bool TcpMacOk(const char* got, const std::string& want) {
+  return want.size() == kTcpMac && sodium_memcmp(got, want.data(), kTcpMac) == 0;
 }
 
 absl::Status CheckParty(int index, int count) {
@@ -108,8 +146,12 @@ absl::StatusOr<std::string> RecvFrame(int fd, std::uint32_t seq, absl::Time dead
         "%d bytes; limit %d)",
         who, magic, their_seq, seq, ok, len, kMaxFrameBytes));
   }
-  std::string bytes(len, '\0');
-  if (absl::Status s = wire::ReadAll(fd, bytes.data(), len, deadline, who); !s.ok()) return s;
+  std::string bytes;
+  while (bytes.size() < len) {  // grows as the bytes come, not as announced
+    const std::size_t at = bytes.size(), n = std::min<std::size_t>(kReadChunk, len - at);
+    bytes.resize(at + n);
+    if (absl::Status s = wire::ReadAll(fd, bytes.data() + at, n, deadline, who); !s.ok()) return s;
+  }
   if (ok == 0) {
     bytes.resize(std::min<std::size_t>(bytes.size(), wire::kMaxReasonBytes));
     return absl::AbortedError(absl::StrCat("leaders' exchange failed at ", who, ": ", bytes));
@@ -156,11 +198,20 @@ class TcpByteExchange final : public ByteExchange {
     std::vector<std::string> all(count_);
     all[0] = mine;
     absl::Status failure;
+    // Every party's message in before anything goes out; the round's total
+    // is bounded here as at the members.
+    std::size_t total = mine.size();
     for (int i = 1; i < count_ && failure.ok(); ++i) {
       absl::StatusOr<std::string> got =
           RecvFrame(peers_[i], seq, deadline, absl::StrCat("leader ", i));
       if (got.ok()) {
+        total += got->size();
         all[i] = std::move(*got);
+        if (total > kMaxRoundBytes) {
+          failure = absl::DataLossError(absl::StrFormat(
+              "leaders' exchange: round %d exceeds %d bytes in all (at leader %d)", seq,
+              kMaxRoundBytes, i));
+        }
       } else {
         failure = got.status();
       }
@@ -296,66 +347,137 @@ absl::StatusOr<TcpListener> ListenTcp(const std::string& host, int port) {
 
 absl::StatusOr<std::unique_ptr<ByteExchange>> MakeTcpByteExchangeRoot(TcpListener listener,
                                                                       int count,
-                                                                      absl::Duration timeout) {
+                                                                      absl::Duration timeout,
+                                                                      const std::string& token) {
   if (absl::Status s = CheckParty(0, count); !s.ok()) return s;
   if (absl::Status s = rendezvous::CheckTimeout(timeout); !s.ok()) return s;
+  if (absl::Status s = wire::CheckToken(token); !s.ok()) return s;
+  if (absl::Status s = wire::CryptoReady(); !s.ok()) return s;
   const int l = listener.release();
   if (l < 0) return absl::InvalidArgumentError("leaders' exchange: no listener");
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<int> peers(count, -1);
-  int rejected = 0;
-  for (int in = 1; in < count;) {
-    absl::Status s = wire::WaitFor(l, POLLIN, deadline, "leaders to connect");
-    if (!s.ok()) {
-      std::vector<int> missing;
-      for (int k = 1; k < count; ++k) {
-        if (peers[k] < 0) missing.push_back(k);
-      }
+  // Connectors still in their hello, served together (poll), each within
+  // its own deadline: a silent one holds a pending slot, not the root.
+  struct Pending {
+    int fd;
+    absl::Time by;
+    std::string nonce;
+    std::string got;
+  };
+  std::vector<Pending> pending;
+  int rejected = 0, in = 1;
+  auto drop = [&](std::size_t k) {
+    ++rejected;
+    close(pending[k].fd);
+    pending.erase(pending.begin() + k);
+  };
+  while (in < count) {
+    const absl::Time now = absl::Now();
+    if (now >= deadline) break;
+    for (std::size_t k = pending.size(); k-- > 0;) {
+      if (now >= pending[k].by) drop(k);
+    }
+    std::vector<pollfd> fds;
+    const bool accepting = pending.size() < kMaxPending;
+    if (accepting) fds.push_back({l, POLLIN, 0});
+    absl::Time wake = deadline;
+    for (const Pending& p : pending) {
+      fds.push_back({p.fd, POLLIN, 0});
+      wake = std::min(wake, p.by);
+    }
+    const int ms = static_cast<int>(
+        std::max<std::int64_t>(1, absl::ToInt64Milliseconds(wake - now) + 1));
+    const int r = poll(fds.data(), fds.size(), std::min(ms, 1000));
+    if (r < 0 && errno != EINTR) {
+      absl::Status s = wire::Errno("leaders' exchange: poll");
+      for (Pending& p : pending) close(p.fd);
       close(l);
       wire::CloseAll(peers);
-      return absl::Status(s.code(), absl::StrFormat(
-          "leaders' exchange: %s (never came: leader%s %s; %d connection(s) turned away)",
-          s.message(), missing.size() > 1 ? "s" : "", absl::StrJoin(missing, ", "), rejected));
+      return s;
     }
-    const int c = accept4(l, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (c < 0) continue;  // EAGAIN, ECONNABORTED: wait again
-    NoDelay(c);
-    // The connector's hello, within its own short deadline: a silent one
-    // costs kConnectorTime at most, and what it says is checked whole.
-    char h[16];
-    const absl::Time by = std::min(deadline, absl::Now() + kConnectorTime);
-    const bool read = wire::ReadAll(c, h, sizeof(h), by, "a connector").ok();
-    const auto index = At<std::int32_t>(h + 8);
-    if (!read || At<std::uint32_t>(h) != kTcpHelloMagic || At<std::uint32_t>(h + 4) != kTcpVersion ||
-        At<std::int32_t>(h + 12) != count || index < 1 || index >= count || peers[index] >= 0) {
-      ++rejected;
-      close(c);
-      continue;
+    if (r <= 0) continue;
+    // The pending ones first (from the back, as they may go).
+    for (std::size_t f = fds.size(); f-- > (accepting ? 1u : 0u);) {
+      const std::size_t k = f - (accepting ? 1 : 0);
+      if (fds[f].revents == 0) continue;
+      Pending& p = pending[k];
+      char buf[kTcpHello];
+      const ssize_t n = recv(p.fd, buf, kTcpHello - p.got.size(), 0);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+      if (n <= 0) {
+        drop(k);
+        continue;
+      }
+      p.got.append(buf, n);
+      if (p.got.size() < kTcpHello) continue;
+      const char* h = p.got.data();
+      const auto index = At<std::int32_t>(h + 8);
+      if (At<std::uint32_t>(h) != kTcpHelloMagic || At<std::uint32_t>(h + 4) != kTcpVersion ||
+          At<std::int32_t>(h + 12) != count ||
+          !TcpMacOk(h + 16, TcpMac(token, "cma-tcph", index, count, p.nonce)) || index < 1 ||
+          index >= count || peers[index] >= 0) {
+        drop(k);
+        continue;
+      }
+      std::string ack;
+      Put(ack, kTcpHelloMagic);
+      Put(ack, kTcpVersion);
+      ack += TcpMac(token, "cma-tcpa", index, count, p.nonce);
+      if (!wire::WriteAll(p.fd, ack.data(), ack.size(), p.by, "a connector").ok()) {
+        drop(k);
+        continue;
+      }
+      peers[index] = p.fd;
+      pending.erase(pending.begin() + k);
+      ++in;
     }
-    std::string ack;
-    Put(ack, kTcpHelloMagic);
-    Put(ack, kTcpVersion);
-    if (!wire::WriteAll(c, ack.data(), ack.size(), by, "a connector").ok()) {
-      ++rejected;
-      close(c);
-      continue;
+    if (accepting && (fds[0].revents & POLLIN) != 0 && in < count) {
+      const int c = accept4(l, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (c < 0) continue;  // EAGAIN, ECONNABORTED: wait again
+      NoDelay(c);
+      absl::StatusOr<std::string> nonce = wire::RandomBytes(wire::kNonceBytes);
+      std::string challenge;
+      Put(challenge, kTcpHelloMagic);
+      Put(challenge, kTcpVersion);
+      const absl::Time by = std::min(deadline, absl::Now() + kConnectorTime);
+      if (!nonce.ok() ||
+          !wire::WriteAll(c, (challenge + *nonce).data(), kTcpChallenge, by, "a connector").ok()) {
+        ++rejected;
+        close(c);
+        continue;
+      }
+      pending.push_back({c, by, *nonce, std::string()});
     }
-    peers[index] = c;
-    ++in;
   }
+  for (Pending& p : pending) close(p.fd);
   close(l);
+  if (in < count) {
+    std::vector<int> missing;
+    for (int k = 1; k < count; ++k) {
+      if (peers[k] < 0) missing.push_back(k);
+    }
+    wire::CloseAll(peers);
+    return absl::DeadlineExceededError(absl::StrFormat(
+        "leaders' exchange: timed out waiting for leaders to connect (never came: leader%s %s; "
+        "%d connection(s) turned away)",
+        missing.size() > 1 ? "s" : "", absl::StrJoin(missing, ", "), rejected));
+  }
   return std::unique_ptr<ByteExchange>(new TcpByteExchange(0, count, timeout, std::move(peers)));
 }
 
 absl::StatusOr<std::unique_ptr<ByteExchange>> MakeTcpByteExchange(const std::string& host,
                                                                   int port, int index, int count,
-                                                                  absl::Duration timeout) {
+                                                                  absl::Duration timeout,
+                                                                  const std::string& token) {
   if (absl::Status s = CheckParty(index, count); !s.ok()) return s;
   if (index == 0) {
     return absl::InvalidArgumentError(
         "leaders' exchange: party 0 listens (MakeTcpByteExchangeRoot), it does not connect");
   }
   if (absl::Status s = rendezvous::CheckTimeout(timeout); !s.ok()) return s;
+  if (absl::Status s = wire::CheckToken(token); !s.ok()) return s;
+  if (absl::Status s = wire::CryptoReady(); !s.ok()) return s;
   sockaddr_storage addr;
   socklen_t len = 0;
   if (absl::Status s = ParseAddress(host, port, &addr, &len); !s.ok()) return s;
@@ -377,24 +499,36 @@ absl::StatusOr<std::unique_ptr<ByteExchange>> MakeTcpByteExchange(const std::str
     }
     if (err == 0) {
       NoDelay(c);
-      std::string hello;
-      Put(hello, kTcpHelloMagic);
-      Put(hello, kTcpVersion);
-      Put(hello, static_cast<std::int32_t>(index));
-      Put(hello, static_cast<std::int32_t>(count));
-      char ack[8];
-      absl::Status s = wire::WriteAll(c, hello.data(), hello.size(), deadline, who);
-      if (s.ok()) s = wire::ReadAll(c, ack, sizeof(ack), deadline, who);
-      if (s.ok() && (At<std::uint32_t>(ack) != kTcpHelloMagic ||
-                     At<std::uint32_t>(ack + 4) != kTcpVersion)) {
+      char challenge[kTcpChallenge], ack[kTcpAck];
+      absl::Status s = wire::ReadAll(c, challenge, sizeof(challenge), deadline, who);
+      if (s.ok() && (At<std::uint32_t>(challenge) != kTcpHelloMagic ||
+                     At<std::uint32_t>(challenge + 4) != kTcpVersion)) {
         s = absl::DataLossError(absl::StrCat("leaders' exchange: ", who,
                                              " is not a cma leaders' exchange of this version"));
       }
-      if (absl::IsUnavailable(s)) {
-        s = absl::PermissionDeniedError(absl::StrFormat(
-            "leaders' exchange: %s closed on this leader's hello: index %d taken, or the count "
-            "%d is not its count",
-            who, index, count));
+      const std::string nonce(challenge + 8, wire::kNonceBytes);
+      if (s.ok()) {
+        std::string hello;
+        Put(hello, kTcpHelloMagic);
+        Put(hello, kTcpVersion);
+        Put(hello, static_cast<std::int32_t>(index));
+        Put(hello, static_cast<std::int32_t>(count));
+        hello += TcpMac(token, "cma-tcph", index, count, nonce);
+        s = wire::WriteAll(c, hello.data(), hello.size(), deadline, who);
+        if (s.ok()) s = wire::ReadAll(c, ack, sizeof(ack), deadline, who);
+        if (absl::IsUnavailable(s)) {
+          // What the root disliked it does not say (a wrong token, an index
+          // taken, another count, or a hello too late): its error says.
+          s = absl::UnavailableError(absl::StrFormat(
+              "leaders' exchange: %s closed the connection before acknowledging this leader's "
+              "hello (leader %d of %d); leader 0's error says why",
+              who, index, count));
+        } else if (s.ok() && (At<std::uint32_t>(ack) != kTcpHelloMagic ||
+                              At<std::uint32_t>(ack + 4) != kTcpVersion ||
+                              !TcpMacOk(ack + 8, TcpMac(token, "cma-tcpa", index, count, nonce)))) {
+          s = absl::PermissionDeniedError(absl::StrCat(
+              "leaders' exchange: ", who, " did not prove that it knows the rendezvous token"));
+        }
       }
       if (!s.ok()) {
         close(c);

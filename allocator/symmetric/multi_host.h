@@ -93,18 +93,27 @@ class TcpListener {
 // kInvalidArgument for a bad address or port; kUnavailable if it cannot bind.
 absl::StatusOr<TcpListener> ListenTcp(const std::string& host, int port);
 
-// Party 0: accepts the other count - 1 parties on `listener` (each gets 2 s
-// to say which it is; a connector that says nothing sensible, or claims an
-// index taken or out of range, is closed and the wait goes on), within
-// `timeout`. Each later round is bounded by `timeout` too. The others
-// connect to `host`:`port` (retrying until party 0 listens or the timeout).
-// kDeadlineExceeded naming the parties that never came.
+// Party 0: accepts the other count - 1 parties on `listener` within
+// `timeout`. Each connector must answer a challenge under `token` (the
+// rendezvous token: a fresh nonce from party 0, then the connector's index
+// and count with an HMAC of them and the nonce; party 0 answers with its
+// own HMAC, so each side knows the other knows the token) before it takes
+// a slot. Connectors in their hello are served together, each within 2 s,
+// at most 64 at once: a silent or wrong one is closed (never told why) and
+// the wait goes on. Each later round is bounded by `timeout` too, and by
+// 64 MiB in all. The others connect to `host`:`port` (retrying until party
+// 0 listens or the timeout); one that party 0 closes before the ack gets
+// kUnavailable (party 0's error says why); an ack without party 0's proof
+// is kPermissionDenied. kDeadlineExceeded naming the parties that never
+// came. The hello does not encrypt: the rounds' bytes are in the clear.
 absl::StatusOr<std::unique_ptr<ByteExchange>> MakeTcpByteExchangeRoot(TcpListener listener,
                                                                       int count,
-                                                                      absl::Duration timeout);
+                                                                      absl::Duration timeout,
+                                                                      const std::string& token);
 absl::StatusOr<std::unique_ptr<ByteExchange>> MakeTcpByteExchange(const std::string& host,
                                                                   int port, int index, int count,
-                                                                  absl::Duration timeout);
+                                                                  absl::Duration timeout,
+                                                                  const std::string& token);
 
 // The two-level exchange. `host`: this host's exchange (its process 0 is
 // the leader); `leaders`: the leaders' ByteExchange on the leader, null on
