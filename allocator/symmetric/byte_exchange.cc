@@ -181,13 +181,7 @@ class TcpByteExchange final : public ByteExchange {
         index_ == 0 ? Root(mine, seq, deadline) : Member(mine, seq, deadline);
     if (!out.ok()) {
       broken_ = out.status();
-      for (int& fd : peers_) {  // the others see a disconnect at once
-        if (fd >= 0) {
-          shutdown(fd, SHUT_RDWR);
-          close(fd);
-          fd = -1;
-        }
-      }
+      wire::ShutdownAll(peers_);
     }
     return out;
   }

@@ -70,13 +70,7 @@ class UnixSocketExchange final : public Exchange {
       broken_ = out.status();
       // Tell the others now: they see a disconnect at once rather than wait
       // out their timeout for a round this process will never send.
-      for (int& fd : peers_) {
-        if (fd >= 0) {
-          shutdown(fd, SHUT_RDWR);
-          close(fd);
-          fd = -1;
-        }
-      }
+      wire::ShutdownAll(peers_);
     }
     return out;
   }

@@ -9,23 +9,6 @@
 
 namespace cma {
 namespace symmetric_internal {
-namespace {
-
-template <typename T>
-void Put(std::string& out, const T& v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
-}
-
-template <typename T>
-bool Get(const std::string& in, std::size_t& pos, T& v) {
-  if (pos + sizeof(v) > in.size()) return false;
-  std::memcpy(&v, in.data() + pos, sizeof(v));
-  pos += sizeof(v);
-  return true;
-}
-
-}  // namespace
-
 absl::Status ExportPerPair(Backend& backend, HandleType type, PhysicalHandle h, int rank,
                            StepClock& clock, Contribution& mine, std::vector<int>& fds_to_close) {
   ShareableHandle fabric;

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -17,6 +18,22 @@
 
 namespace cma {
 namespace symmetric_internal {
+
+// Fixed-size values appended to and read from a round's bytes (the heap's
+// and the per-pair handles' records): Get is false, reading nothing, when
+// fewer than sizeof(T) bytes remain at `pos`.
+template <typename T>
+void Put(std::string& out, const T& v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+template <typename T>
+bool Get(const std::string& in, std::size_t& pos, T& v) {
+  if (pos + sizeof(v) > in.size()) return false;
+  std::memcpy(&v, in.data() + pos, sizeof(v));
+  pos += sizeof(v);
+  return true;
+}
 
 // Accumulates seconds per named step of a cache miss.
 class StepClock {

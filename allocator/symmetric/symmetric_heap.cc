@@ -18,6 +18,8 @@ namespace cma {
 namespace {
 
 using symmetric_internal::ExportPerPair;
+using symmetric_internal::Get;
+using symmetric_internal::Put;
 using symmetric_internal::ImportPerPair;
 using symmetric_internal::StepClock;
 
@@ -26,19 +28,6 @@ std::size_t RoundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * 
 bool EnvIs(const char* name, const char* value) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, value) == 0;
-}
-
-template <typename T>
-void Put(std::string& out, const T& v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
-}
-
-template <typename T>
-bool Get(const std::string& in, std::size_t& pos, T& v) {
-  if (pos + sizeof(v) > in.size()) return false;
-  std::memcpy(&v, in.data() + pos, sizeof(v));
-  pos += sizeof(v);
-  return true;
 }
 
 }  // namespace

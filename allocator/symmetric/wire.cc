@@ -81,6 +81,16 @@ void CloseAll(std::vector<int>& fds) {
   fds.clear();
 }
 
+void ShutdownAll(std::vector<int>& fds) {
+  for (int& fd : fds) {
+    if (fd >= 0) {
+      shutdown(fd, SHUT_RDWR);
+      close(fd);
+      fd = -1;
+    }
+  }
+}
+
 absl::Status Errno(const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
 }

@@ -72,6 +72,9 @@ inline constexpr std::size_t kVerdictHeaderBytes = 16;
 inline constexpr std::size_t kMaxReasonBytes = 512;  // longer reasons are cut
 
 void CloseAll(std::vector<int>& fds);
+// Shuts down and closes every open socket of `fds` and marks it -1, so that
+// the peers see a disconnect at once rather than wait out their timeout.
+void ShutdownAll(std::vector<int>& fds);
 absl::Status Errno(const std::string& what);
 absl::Status WaitFor(int fd, short events, absl::Time deadline, const std::string& who);
 absl::Status WriteAll(int fd, const void* data, std::size_t n, absl::Time deadline,
