@@ -492,6 +492,11 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     TORCH_CHECK_WITH(OutOfMemoryError, nbytes < (size_t{1} << 60),
                      "CUDA out of memory. Tried to allocate more than 1EB memory.");
     if (C10_UNLIKELY(captures_.Any())) EndFailedCaptures();
+    // Under memory history, what the allocation populates is traced as a
+    // segment_map (reserved bytes before and after).
+    const int64_t reserved_before = C10_UNLIKELY(history_on_.load(std::memory_order_relaxed))
+                                        ? Get(Stats(device), "reserved_bytes.all.current")
+                                        : -1;
     void* p = nullptr;
     // The one load cma's own allocations pay for foreign pools.
     if (C10_UNLIKELY(foreign_.AnyOpen()) && foreign_.Allocate(nbytes, device, stream, &p)) {
@@ -503,7 +508,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
       }
       if (p == nullptr) RaiseAllocationError(nbytes, device, stream, what);
     }
-    if (Tracking()) RecordAlloc(p, nbytes, device, stream);
+    if (Tracking()) RecordAlloc(p, nbytes, device, stream, reserved_before);
     return p;
   }
   // PyTorch's last resorts before out-of-memory, for foreign pools: free the
@@ -524,7 +529,10 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
 
   [[noreturn]] void RaiseAllocationError(size_t nbytes, c10::DeviceIndex device,
                                          cudaStream_t stream, const char* what);
-  void RecordAlloc(void* p, size_t n, c10::DeviceIndex device, cudaStream_t stream);
+  // reserved_before: the device's reserved bytes before the allocation, or
+  // -1 (not known: no segment_map is traced).
+  void RecordAlloc(void* p, size_t n, c10::DeviceIndex device, cudaStream_t stream,
+                   int64_t reserved_before = -1);
   void RecordFree(void* p);
   // empty_cache with the memory it gave back in the trace, as PyTorch's
   // tools read it: segment_unmap (an arena's released tail) or segment_free

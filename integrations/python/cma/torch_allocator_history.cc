@@ -36,16 +36,31 @@ void CmaCudaAllocator::Trace(TraceEntry::Action action, c10::DeviceIndex device,
 }
 
 void CmaCudaAllocator::RecordAlloc(void* p, size_t n, c10::DeviceIndex device,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, int64_t reserved_before) {
   std::shared_ptr<c10::GatheredContext> ctx = Context(RecordContext::STATE);
-  if (c10::memoryProfilingEnabled()) {
+  int64_t grew = 0;
+  if (reserved_before >= 0 || c10::memoryProfilingEnabled()) {
     const StatMap m = Stats(device);
-    c10::reportMemoryUsageToProfiler(
-        p, static_cast<int64_t>(n), Get(m, "allocated_bytes.all.current"),
-        Get(m, "reserved_bytes.all.current"), c10::Device(c10::DeviceType::CUDA, device));
+    const int64_t reserved = Get(m, "reserved_bytes.all.current");
+    if (reserved_before >= 0) grew = reserved - reserved_before;
+    if (c10::memoryProfilingEnabled()) {
+      c10::reportMemoryUsageToProfiler(p, static_cast<int64_t>(n),
+                                       Get(m, "allocated_bytes.all.current"), reserved,
+                                       c10::Device(c10::DeviceType::CUDA, device));
+    }
   }
   std::lock_guard<std::mutex> l(mu_);
   live_[p] = Live{n, device, stream, ctx};
+  if (grew > 0) {
+    // The pages this allocation populated (from the first page it covers;
+    // another thread's allocation in between may add to `grew`), as
+    // PyTorch's expandable segments trace a map; with the allocation's
+    // stack, so that memory_viz names who made the memory. Not to trackers
+    // (NCCL's buffer registration), as EmptyCacheTraced's unmaps are not.
+    constexpr size_t kPage = size_t{2} << 20;
+    Trace(TraceEntry::SEGMENT_MAP, device, reinterpret_cast<size_t>(p) / kPage * kPage,
+          static_cast<size_t>(grew), stream, ctx, /*to_trackers=*/false);
+  }
   Trace(TraceEntry::ALLOC, device, reinterpret_cast<size_t>(p), n, stream,
         when_ >= RecordContext::ALLOC ? ctx : nullptr);
 }
