@@ -59,7 +59,8 @@ void CmaCudaAllocator::RecordAlloc(void* p, size_t n, c10::DeviceIndex device,
     // (NCCL's buffer registration), as EmptyCacheTraced's unmaps are not.
     constexpr size_t kPage = size_t{2} << 20;
     Trace(TraceEntry::SEGMENT_MAP, device, reinterpret_cast<size_t>(p) / kPage * kPage,
-          static_cast<size_t>(grew), stream, ctx, /*to_trackers=*/false);
+          static_cast<size_t>(grew), stream, when_ >= RecordContext::ALLOC ? ctx : nullptr,
+          /*to_trackers=*/false);
   }
   Trace(TraceEntry::ALLOC, device, reinterpret_cast<size_t>(p), n, stream,
         when_ >= RecordContext::ALLOC ? ctx : nullptr);
