@@ -547,6 +547,9 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   std::atomic<int> device_count_{0};  // written by init(), read by any thread
   std::atomic<bool> history_on_{false};
   std::atomic<bool> trackers_on_{false};
+  // One traced empty_cache at a time: each compares its own before and
+  // after (two at once would both trace the same release).
+  std::mutex empty_cache_trace_mu_;
   std::mutex mu_;  // everything below
   cca::CreateContextFn recorder_ = nullptr;
   RecordContext when_ = RecordContext::NEVER;
