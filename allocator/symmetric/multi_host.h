@@ -95,10 +95,12 @@ absl::StatusOr<TcpListener> ListenTcp(const std::string& host, int port);
 
 // Party 0: accepts the other count - 1 parties on `listener` within
 // `timeout`. Each connector must answer a challenge under `token` (the
-// rendezvous token: a fresh nonce from party 0, then the connector's index
-// and count with an HMAC of them and the nonce; party 0 answers with its
-// own HMAC, so each side knows the other knows the token) before it takes
-// a slot. Connectors in their hello are served together, each within 2 s,
+// rendezvous token: a fresh nonce from party 0, then the connector's index,
+// count and own fresh nonce with an HMAC of them and both nonces; party 0
+// answers with its own HMAC of the same, so each side knows the other knows
+// the token, in this hello: an ack recorded from another hello, even one
+// offering the same nonce of party 0, does not verify) before it takes a
+// slot. Connectors in their hello are served together, each within 2 s,
 // at most 64 at once: a silent or wrong one is closed (never told why) and
 // the wait goes on. Each later round is bounded by `timeout` too, and by
 // 64 MiB in all. The others connect to `host`:`port` (retrying until party
