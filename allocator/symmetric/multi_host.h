@@ -124,9 +124,10 @@ absl::StatusOr<std::unique_ptr<ByteExchange>> MakeTcpByteExchange(const std::str
 // count and `token` (which the launcher gives every process; it must pass
 // the token rule of exchange.h). Set-up is collective: it takes two rounds
 // of each host exchange and three leaders' rounds (the proof and its
-// verdict), and fails on every process, naming the cause, if any leader
-// does not prove it knows the token or the hosts' processes are not exactly
-// 0..count-1. Each AllGather then costs two rounds of the host exchange and
+// verdict, MAC'd under the token; a refusal, like an ok, is bound to this
+// set-up: to its sender's fresh nonce), and fails on every process, naming
+// the cause, if any leader does not prove it knows the token or the hosts'
+// processes are not exactly 0..count-1. Each AllGather then costs two rounds of the host exchange and
 // two leaders' rounds (the data, then every leader's verdict on it, MAC'd:
 // a leader accepts a round only if every leader did, so a message altered
 // on its way to one leader fails the round on every host). host_count() and
