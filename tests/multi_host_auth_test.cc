@@ -189,8 +189,9 @@ class Tamper final : public ByteExchange {
 // Two hosts of one process each; host 1's leader sees the store through
 // `edit`. Returns each host's statuses: set-up, then two AllGathers.
 std::vector<std::vector<absl::Status>> TwoHosts(const std::string& token1,
-                                                const Tamper::Edit& edit) {
-  const std::string token0 = *MakeRendezvousToken();
+                                                const Tamper::Edit& edit,
+                                                std::string token0 = std::string()) {
+  if (token0.empty()) token0 = *MakeRendezvousToken();
   ThreadGather store(2);
   std::vector<std::vector<absl::Status>> out(2);
   auto host = [&](int i) {
@@ -288,6 +289,31 @@ TEST(LeadersRoundTest, AForgedVerdictIsRefused) {
   ASSERT_GE(st[1].size(), 2u);
   EXPECT_EQ(st[1][1].code(), absl::StatusCode::kPermissionDenied) << st[1][1];
   EXPECT_THAT(st[1][1].message(), HasSubstr("verdict of leader 0"));
+}
+
+// A refusal in set-up's verdict is bound to its session (to its sender's
+// first message, with that leader's fresh nonce): one recorded from an
+// earlier set-up with the same token (leader 0 refusing a host with another
+// token) and replayed into a later one does not verify. Set-up still fails
+// on host 1 (a verdict round tampered with), but as an unverified verdict,
+// not as leader 0's refusal.
+TEST(LeadersRoundTest, AReplayedSetUpRefusalDoesNotVerify) {
+  const std::string token = *MakeRendezvousToken();
+  std::string refusal;
+  auto first = TwoHosts(*MakeRendezvousToken(), [&](int round, std::vector<std::string>& got) {
+    if (round == 3) refusal = got[0];  // leader 0's verdict: it refused leader 1's proof
+  }, token);
+  ASSERT_EQ(first[0][0].code(), absl::StatusCode::kPermissionDenied) << first[0][0];
+  ASSERT_FALSE(refusal.empty());
+  ASSERT_EQ(refusal[0], '\0') << "a refusal";
+  auto st = TwoHosts("", [&](int round, std::vector<std::string>& got) {
+    if (round == 3) got[0] = refusal;
+  }, token);
+  ASSERT_FALSE(st[1].empty());
+  EXPECT_EQ(st[1][0].code(), absl::StatusCode::kPermissionDenied) << st[1][0];
+  EXPECT_THAT(st[1][0].message(), HasSubstr("verdict of leader 0"));
+  EXPECT_THAT(st[1][0].message(), HasSubstr("does not verify"));
+  EXPECT_THAT(st[1][0].message(), ::testing::Not(HasSubstr("refused leaders' round")));
 }
 
 // No attacker, three hosts, uneven contributions (600 KiB, 600 KiB, 10

@@ -5,10 +5,12 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -333,7 +335,7 @@ TEST(MultiHostTest, OnlyATokenHolderTakesASlot) {
   TcpListener l = *ListenTcp("127.0.0.1", 0);
   const int port = l.port();
   const int squat = ConnectTo(port);
-  const std::uint32_t hello[4] = {0x434d4154, 2, 1, 2};
+  const std::uint32_t hello[4] = {0x434d4154, 3, 1, 2};
   ASSERT_EQ(write(squat, hello, sizeof(hello)), static_cast<ssize_t>(sizeof(hello)));
   absl::StatusOr<std::unique_ptr<ByteExchange>> root;
   std::thread t([&] { root = MakeTcpByteExchangeRoot(std::move(l), 2, absl::Seconds(5), token); });
@@ -352,6 +354,102 @@ TEST(MultiHostTest, OnlyATokenHolderTakesASlot) {
   r.join();
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, (std::vector<std::string>{"zero", "one"}));
+}
+
+// A listener's next connection (blocking), or -1 after `wait`.
+int AcceptWithin(int listener, absl::Duration wait) {
+  pollfd p{listener, POLLIN, 0};
+  if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(wait))) != 1) return -1;
+  return accept(listener, nullptr, nullptr);  // blocking: O_NONBLOCK is not inherited
+}
+
+// What arrived on `fd` within `wait` (at most `limit` bytes).
+std::string ReadFor(int fd, std::size_t limit, absl::Duration wait) {
+  std::string got;
+  const absl::Time by = absl::Now() + wait;
+  while (got.size() < limit && absl::Now() < by) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 20) != 1) continue;
+    char buf[256];
+    const ssize_t n = read(fd, buf, std::min(sizeof(buf), limit - got.size()));
+    if (n <= 0) break;
+    got.append(buf, n);
+  }
+  return got;
+}
+
+// A fake leader 0 replays a real ack: it records a whole hello between the
+// real leader 0 and leader 1 (relaying every byte), then offers leader 1,
+// in a new session, the same challenge (the same root nonce) and replays
+// the recorded ack. The ack names leader 1's own fresh nonce, which differs
+// now: leader 1 refuses it at once (it never takes the fake for leader 0).
+TEST(MultiHostTest, AReplayedAckIsRefused) {
+  const std::string token = Token();
+  TcpListener real = *ListenTcp("127.0.0.1", 0);
+  TcpListener relay = *ListenTcp("127.0.0.1", 0);
+  const int real_port = real.port(), relay_port = relay.port();
+  const int relay_fd = relay.release();
+  std::atomic<int> done{0};
+  absl::StatusOr<std::unique_ptr<ByteExchange>> root, member;
+  std::thread t([&] {
+    root = MakeTcpByteExchangeRoot(std::move(real), 2, absl::Seconds(5), token);
+    ++done;
+  });
+  std::thread u([&] {
+    member = MakeTcpByteExchange("127.0.0.1", relay_port, 1, 2, absl::Seconds(5), token);
+    ++done;
+  });
+  const int to_member = AcceptWithin(relay_fd, absl::Seconds(5));
+  const int to_root = ConnectTo(real_port);
+  std::string from_root, from_member;  // every byte, as relayed
+  const absl::Time by = absl::Now() + absl::Seconds(5);
+  while (done.load() < 2 && absl::Now() < by) {
+    pollfd p[2] = {{to_root, POLLIN, 0}, {to_member, POLLIN, 0}};
+    if (poll(p, 2, 20) <= 0) continue;
+    char buf[256];
+    for (int k = 0; k < 2; ++k) {
+      if ((p[k].revents & POLLIN) == 0) continue;
+      const ssize_t n = read(p[k].fd, buf, sizeof(buf));
+      if (n <= 0) continue;
+      (k == 0 ? from_root : from_member).append(buf, n);
+      EXPECT_EQ(write(p[1 - k].fd, buf, n), n);
+    }
+  }
+  t.join();
+  u.join();
+  ASSERT_GE(to_member, 0);
+  ASSERT_GE(to_root, 0);
+  close(to_root);
+  close(to_member);
+  ASSERT_TRUE(root.ok()) << root.status();
+  ASSERT_TRUE(member.ok()) << member.status();
+  constexpr std::size_t kChallenge = 8 + 16;  // magic, version, root nonce
+  ASSERT_GT(from_root.size(), kChallenge);
+  root->reset();
+  member->reset();
+
+  // A new session: the fake leader 0 offers the recorded challenge, reads
+  // leader 1's hello, and replays the recorded ack.
+  const absl::Time start = absl::Now();
+  std::thread v([&] {
+    member = MakeTcpByteExchange("127.0.0.1", relay_port, 1, 2, absl::Seconds(5), token);
+  });
+  const int fake = AcceptWithin(relay_fd, absl::Seconds(5));
+  if (fake >= 0) {
+    EXPECT_EQ(write(fake, from_root.data(), kChallenge), static_cast<ssize_t>(kChallenge));
+    const std::string hello = ReadFor(fake, from_member.size(), absl::Seconds(3));
+    EXPECT_EQ(hello.size(), from_member.size());
+    EXPECT_NE(hello, from_member) << "leader 1's hello names a fresh nonce of its own";
+    const std::string ack = from_root.substr(kChallenge);
+    EXPECT_EQ(write(fake, ack.data(), ack.size()), static_cast<ssize_t>(ack.size()));
+  }
+  v.join();
+  ASSERT_GE(fake, 0);
+  close(fake);
+  close(relay_fd);
+  EXPECT_EQ(member.status().code(), absl::StatusCode::kPermissionDenied) << member.status();
+  EXPECT_THAT(member.status().message(), HasSubstr("did not prove"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "refused at once, not at the timeout";
 }
 
 // A host whose leader never joins: the other host fails at the leaders'

@@ -28,19 +28,24 @@ namespace {
 
 constexpr std::uint32_t kTcpHelloMagic = 0x434d4154;  // "CMAT"
 constexpr std::uint32_t kTcpFrameMagic = 0x434d4142;  // "CMAB"
-constexpr std::uint32_t kTcpVersion = 2;
+constexpr std::uint32_t kTcpVersion = 3;
 constexpr absl::Duration kConnectorTime = absl::Seconds(2);
 // Connections accepted but not yet through the hello: at most this many at
 // once (the others wait in the listen backlog), each for kConnectorTime.
 constexpr std::size_t kMaxPending = 64;
-// The hello, as a challenge-response under the rendezvous token:
-//   root -> connector: {magic, version, nonce}                  (challenge)
-//   connector -> root: {magic, version, index, count,
-//                       HMAC(token, "cma-tcph" version index count nonce)}
-//   root -> connector: {magic, version, HMAC(token, "cma-tcpa" version index nonce)}
+// The hello, as a mutual challenge-response under the rendezvous token,
+// each side with its own fresh nonce (Nr: the root's, Nc: the connector's):
+//   root -> connector: {magic, version, Nr}                     (challenge)
+//   connector -> root: {magic, version, index, count, Nc,
+//                       HMAC(token, "cma-tcph" version index count Nr Nc)}
+//   root -> connector: {magic, version,
+//                       HMAC(token, "cma-tcpa" version index count Nr Nc)}
+// The ack names Nc, which the connector drew for this hello alone: a
+// recorded ack does not verify in another hello, even one offering the
+// same Nr (a fake root replaying a real root's challenge).
 constexpr std::size_t kTcpMac = crypto_auth_hmacsha256_BYTES;
 constexpr std::size_t kTcpChallenge = 8 + wire::kNonceBytes;
-constexpr std::size_t kTcpHello = 16 + kTcpMac;
+constexpr std::size_t kTcpHello = 16 + wire::kNonceBytes + kTcpMac;
 constexpr std::size_t kTcpAck = 8 + kTcpMac;
 // Frames are read as their bytes come, this much at a time: an announced
 // length is not memory until the bytes are there.
@@ -61,13 +66,14 @@ T At(const char* p) {
   return v;
 }
 
+// `nonces`: Nr then Nc (each kNonceBytes).
 std::string TcpMac(const std::string& token, const char* label, std::int32_t index,
-                   std::int32_t count, const std::string& nonce) {
+                   std::int32_t count, const std::string& nonces) {
   std::string msg = label;
   Put(msg, kTcpVersion);
   Put(msg, index);
   Put(msg, count);
-  msg += nonce;
+  msg += nonces;
   unsigned char out[kTcpMac];
   crypto_auth_hmacsha256_state st;
   if (crypto_auth_hmacsha256_init(&st, reinterpret_cast<const unsigned char*>(token.data()),
@@ -407,17 +413,18 @@ absl::StatusOr<std::unique_ptr<ByteExchange>> MakeTcpByteExchangeRoot(TcpListene
       if (p.got.size() < kTcpHello) continue;
       const char* h = p.got.data();
       const auto index = At<std::int32_t>(h + 8);
+      const std::string nonces = p.nonce + std::string(h + 16, wire::kNonceBytes);  // Nr Nc
       if (At<std::uint32_t>(h) != kTcpHelloMagic || At<std::uint32_t>(h + 4) != kTcpVersion ||
           At<std::int32_t>(h + 12) != count ||
-          !TcpMacOk(h + 16, TcpMac(token, "cma-tcph", index, count, p.nonce)) || index < 1 ||
-          index >= count || peers[index] >= 0) {
+          !TcpMacOk(h + 16 + wire::kNonceBytes, TcpMac(token, "cma-tcph", index, count, nonces)) ||
+          index < 1 || index >= count || peers[index] >= 0) {
         drop(k);
         continue;
       }
       std::string ack;
       Put(ack, kTcpHelloMagic);
       Put(ack, kTcpVersion);
-      ack += TcpMac(token, "cma-tcpa", index, count, p.nonce);
+      ack += TcpMac(token, "cma-tcpa", index, count, nonces);
       if (!wire::WriteAll(p.fd, ack.data(), ack.size(), p.by, "a connector").ok()) {
         drop(k);
         continue;
@@ -500,14 +507,24 @@ absl::StatusOr<std::unique_ptr<ByteExchange>> MakeTcpByteExchange(const std::str
         s = absl::DataLossError(absl::StrCat("leaders' exchange: ", who,
                                              " is not a cma leaders' exchange of this version"));
       }
-      const std::string nonce(challenge + 8, wire::kNonceBytes);
+      // Nr, the root's; then Nc, this connector's own, fresh for this hello.
+      std::string nonces(challenge + 8, wire::kNonceBytes);
+      if (s.ok()) {
+        absl::StatusOr<std::string> mine = wire::RandomBytes(wire::kNonceBytes);
+        if (mine.ok()) {
+          nonces += *mine;
+        } else {
+          s = mine.status();
+        }
+      }
       if (s.ok()) {
         std::string hello;
         Put(hello, kTcpHelloMagic);
         Put(hello, kTcpVersion);
         Put(hello, static_cast<std::int32_t>(index));
         Put(hello, static_cast<std::int32_t>(count));
-        hello += TcpMac(token, "cma-tcph", index, count, nonce);
+        hello += nonces.substr(wire::kNonceBytes);
+        hello += TcpMac(token, "cma-tcph", index, count, nonces);
         s = wire::WriteAll(c, hello.data(), hello.size(), deadline, who);
         if (s.ok()) s = wire::ReadAll(c, ack, sizeof(ack), deadline, who);
         if (absl::IsUnavailable(s)) {
@@ -519,7 +536,7 @@ absl::StatusOr<std::unique_ptr<ByteExchange>> MakeTcpByteExchange(const std::str
               who, index, count));
         } else if (s.ok() && (At<std::uint32_t>(ack) != kTcpHelloMagic ||
                               At<std::uint32_t>(ack + 4) != kTcpVersion ||
-                              !TcpMacOk(ack + 8, TcpMac(token, "cma-tcpa", index, count, nonce)))) {
+                              !TcpMacOk(ack + 8, TcpMac(token, "cma-tcpa", index, count, nonces)))) {
           s = absl::PermissionDeniedError(absl::StrCat(
               "leaders' exchange: ", who, " did not prove that it knows the rendezvous token"));
         }

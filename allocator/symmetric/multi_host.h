@@ -95,10 +95,12 @@ absl::StatusOr<TcpListener> ListenTcp(const std::string& host, int port);
 
 // Party 0: accepts the other count - 1 parties on `listener` within
 // `timeout`. Each connector must answer a challenge under `token` (the
-// rendezvous token: a fresh nonce from party 0, then the connector's index
-// and count with an HMAC of them and the nonce; party 0 answers with its
-// own HMAC, so each side knows the other knows the token) before it takes
-// a slot. Connectors in their hello are served together, each within 2 s,
+// rendezvous token: a fresh nonce from party 0, then the connector's index,
+// count and own fresh nonce with an HMAC of them and both nonces; party 0
+// answers with its own HMAC of the same, so each side knows the other knows
+// the token, in this hello: an ack recorded from another hello, even one
+// offering the same nonce of party 0, does not verify) before it takes a
+// slot. Connectors in their hello are served together, each within 2 s,
 // at most 64 at once: a silent or wrong one is closed (never told why) and
 // the wait goes on. Each later round is bounded by `timeout` too, and by
 // 64 MiB in all. The others connect to `host`:`port` (retrying until party
@@ -122,9 +124,10 @@ absl::StatusOr<std::unique_ptr<ByteExchange>> MakeTcpByteExchange(const std::str
 // count and `token` (which the launcher gives every process; it must pass
 // the token rule of exchange.h). Set-up is collective: it takes two rounds
 // of each host exchange and three leaders' rounds (the proof and its
-// verdict), and fails on every process, naming the cause, if any leader
-// does not prove it knows the token or the hosts' processes are not exactly
-// 0..count-1. Each AllGather then costs two rounds of the host exchange and
+// verdict, MAC'd under the token; a refusal, like an ok, is bound to this
+// set-up: to its sender's fresh nonce), and fails on every process, naming
+// the cause, if any leader does not prove it knows the token or the hosts'
+// processes are not exactly 0..count-1. Each AllGather then costs two rounds of the host exchange and
 // two leaders' rounds (the data, then every leader's verdict on it, MAC'd:
 // a leader accepts a round only if every leader did, so a message altered
 // on its way to one leader fails the round on every host). host_count() and

@@ -6,7 +6,10 @@
 //   host round 1:   every process: {magic, version, global index, count}
 //   leaders round A: {magic, version, leader index, n, n global indices, nonce}
 //   leaders round B: HMAC(token, "cma-lead" version index SHA256(transcript A))
-//   leaders verdict: {ok, HMAC(token, "cma-vset" version index ok SHA256(A))}
+//   leaders verdict: {ok, HMAC(token, "cma-vset" version index ok
+//                    ok ? SHA256(A) : SHA256(this leader's message in A))}
+//                   (a refusal too is bound to this set-up: to its sender's
+//                   round-A message, with that leader's fresh nonce)
 //   host round 2:   the leader: the host of every process, or its failure
 // Each AllGather:
 //   host round 1:   every process's contribution (FDs reach this host only)
@@ -33,7 +36,7 @@ namespace {
 
 constexpr std::uint32_t kSetupMagic = 0x434d4153;   // "CMAS": host round 1 of set-up
 constexpr std::uint32_t kLeaderMagic = 0x434d414c;  // "CMAL": leaders' round A
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;
 constexpr std::size_t kMac = crypto_auth_hmacsha256_BYTES;
 
 template <typename T>
@@ -107,18 +110,28 @@ std::string RoundMac(const std::string& key, std::uint64_t seq, std::int32_t ind
   return Hmac(key, msg);
 }
 
+std::string Sha256(absl::string_view m) {
+  unsigned char h[crypto_hash_sha256_BYTES];
+  crypto_hash_sha256(h, reinterpret_cast<const unsigned char*>(m.data()), m.size());
+  return std::string(reinterpret_cast<const char*>(h), sizeof(h));
+}
+
 // A leader's verdict on a round: ok or not, MAC'd under `key` and bound to
 // the round (its label and number) and, if ok, to what this leader saw of
-// it (a hash of the round's messages).
+// it (a hash of the round's messages); a refusal, which stands whatever
+// its sender saw, to `fresh` instead: something of this session that every
+// leader knows of the sender alike (in set-up, whose key is the token, a
+// hash of its round-A message with its fresh nonce; in a round, nothing:
+// the session key binds it).
 std::string VerdictMac(const std::string& key, absl::string_view label, std::uint64_t seq,
-                       std::int32_t index, bool ok, const std::string& hash) {
+                       std::int32_t index, bool ok, const std::string& hash,
+                       const std::string& fresh) {
   std::string msg(label);
   Put(msg, kVersion);
   Put(msg, seq);
   Put(msg, index);
   msg += ok ? '\1' : '\0';
-  // An ok names what it accepted; a refusal stands whatever its sender saw.
-  return Hmac(key, ok ? msg + hash : msg);
+  return Hmac(key, msg + (ok ? hash : fresh));
 }
 
 // Host round 2's leader message: ok and a body, or a failure (code, reason).
@@ -270,13 +283,20 @@ class MultiHostExchange final : public Exchange {
   // The leaders' verdict round: every leader says whether it accepted the
   // round, under `key`; a leader succeeds only if every leader did (fail
   // together: a message altered on its way to one leader fails them all).
-  // `local`: this leader's own verdict.
+  // `local`: this leader's own verdict. `fresh`: what binds each leader's
+  // refusal to this session (VerdictMac), by leader index; empty: nothing
+  // more than the key. A refusal whose binding differs does not verify, and
+  // fails the round as such.
   absl::Status Verdict(const std::string& key, absl::string_view label, std::uint64_t seq,
-                       const std::string& hash, absl::Status local) {
+                       const std::string& hash, absl::Status local,
+                       const std::vector<std::string>& fresh = {}) {
     const int me = leaders_->index(), n = leaders_->count();
     const bool ok = local.ok();
+    auto fresh_of = [&](int j) {
+      return j >= 0 && static_cast<std::size_t>(j) < fresh.size() ? fresh[j] : std::string();
+    };
     std::string v(1, ok ? '\1' : '\0');
-    v += VerdictMac(key, label, seq, me, ok, hash);
+    v += VerdictMac(key, label, seq, me, ok, hash, fresh_of(me));
     absl::StatusOr<std::vector<std::string>> got = leaders_->AllGather(v);
     if (!local.ok()) return local;
     if (!got.ok()) return got.status();
@@ -290,7 +310,7 @@ class MultiHostExchange final : public Exchange {
       const bool their_ok = m.size() == 1 + kMac && m[0] == '\1';
       if (m.size() != 1 + kMac || (m[0] != '\1' && m[0] != '\0') ||
           !MacOk(absl::string_view(m).substr(1),
-                 VerdictMac(key, label, seq, j, their_ok, hash))) {
+                 VerdictMac(key, label, seq, j, their_ok, hash, fresh_of(j)))) {
         unverified.push_back(j);
       } else if (!their_ok) {
         failed.push_back(j);
@@ -331,7 +351,14 @@ class MultiHostExchange final : public Exchange {
         leaders_->AllGather(LeaderProof(token, me, hash));
     if (!all_b.ok()) return all_b.status();
     absl::Status local = CheckProof(token, a, *all_a, *all_b, hash, table);
-    return Verdict(token, "cma-vset", 0, hash, local);
+    // A refusal names its sender's round-A message (its fresh nonce with
+    // it): this leader's own as sent, the others' as received.
+    std::vector<std::string> fresh(leaders_->count());
+    for (std::size_t j = 0; j < fresh.size() && j < all_a->size(); ++j) {
+      fresh[j] = Sha256((*all_a)[j]);
+    }
+    fresh[me] = Sha256(a);
+    return Verdict(token, "cma-vset", 0, hash, local, fresh);
   }
 
   // Set-up's checks: every proof, then the hosts' process lists.
