@@ -68,14 +68,20 @@ absl::StatusOr<std::unique_ptr<CachingManagedAllocator>> CachingManagedAllocator
   // refused when the host runs out, the process is killed on first touch.
   // Where the host's memory cannot be read, the backend alone bounds it.
   absl::StatusOr<MemInfo> host_mem = backend.GetHostMemInfo();
+  const std::size_t host_cap = host_mem.ok() ? host_mem->total_bytes : SIZE_MAX / 2;
+  // One cap for everything cma places on the host: the host pool and the
+  // devices' host tiers each have a budget, and together the host's memory.
+  a->host_ledger_ = std::make_unique<HostLedger>(host_cap);
   CachingManagedAllocator* raw = a.get();
   a->host_ = std::make_unique<HostPool>(
-      &backend, *count, host_mem.ok() ? host_mem->total_bytes : SIZE_MAX / 2, [raw] {
+      &backend, *count, host_cap,
+      [raw] {
         for (auto& d : raw->devices_) {
           if (d->AllocatingToPool()) return true;
         }
         return false;
-      });
+      },
+      a->host_ledger_.get());
   for (int d = 0; d < *count; ++d) {
     absl::StatusOr<MemInfo> mem = backend.GetMemInfo(d);
     if (!mem.ok()) return mem.status();
@@ -86,7 +92,8 @@ absl::StatusOr<std::unique_ptr<CachingManagedAllocator>> CachingManagedAllocator
         PlanTierBudgets(a->config_, d, mem->free_bytes, host_share);
     if (!budgets.ok()) return budgets.status();
     a->devices_.push_back(std::make_unique<DeviceAllocator>(
-        d, *count, &backend, &a->config_, mem->total_bytes, budgets->device, budgets->host));
+        d, *count, &backend, &a->config_, mem->total_bytes, budgets->device, budgets->host,
+        a->host_ledger_.get()));
   }
   return a;
 }

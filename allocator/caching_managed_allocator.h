@@ -257,6 +257,9 @@ class CachingManagedAllocator {
 
   Backend& backend_;
   const AllocatorConfig config_;
+  // Declared first, destroyed last: the host pool and the devices' host
+  // tiers give back to it as they go.
+  std::unique_ptr<HostLedger> host_ledger_;
   std::vector<std::unique_ptr<DeviceAllocator>> devices_;
   std::unique_ptr<HostPool> host_;
 };

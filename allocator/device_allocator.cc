@@ -13,7 +13,8 @@ namespace cma {
 
 DeviceAllocator::DeviceAllocator(int device, int device_count, Backend* backend,
                                  const AllocatorConfig* config, std::size_t device_total,
-                                 std::size_t budget, std::size_t host_budget)
+                                 std::size_t budget, std::size_t host_budget,
+                                 HostLedger* host_ledger)
     : device_(device),
       device_count_(device_count),
       backend_(backend),
@@ -21,6 +22,7 @@ DeviceAllocator::DeviceAllocator(int device, int device_count, Backend* backend,
       device_total_(device_total),
       budget_(budget),
       host_budget_(host_budget),
+      host_ledger_(host_ledger),
       discard_fence_(config->wake_fence) {
   stats_.managed_budget_bytes = static_cast<std::int64_t>(budget);
   stats_.host_budget_bytes = static_cast<std::int64_t>(host_budget);
@@ -49,6 +51,7 @@ DeviceAllocator::~DeviceAllocator() {
   }
   for (auto& [base, seg] : segments_) {
     (void)backend_->FreeManaged(seg->ptr_base());
+    if (seg->host_tier && host_ledger_ != nullptr) host_ledger_->Give(seg->size);
     for (Block* b = seg->first; b != nullptr;) {
       Block* next = b->next;
       delete b;

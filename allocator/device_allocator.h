@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "allocator/host_ledger.h"
 #include "allocator/block.h"
 #include "allocator/capture_reuse.h"
 #include "allocator/discard_fence.h"
@@ -48,7 +49,8 @@ class DeviceAllocator {
   // `host_budget` (oversubscription, policy/oversubscription.h) caps the
   // bytes it may place on the host when the device's part is full; 0: none.
   DeviceAllocator(int device, int device_count, Backend* backend, const AllocatorConfig* config,
-                  std::size_t device_total, std::size_t budget, std::size_t host_budget = 0);
+                  std::size_t device_total, std::size_t budget, std::size_t host_budget = 0,
+                  HostLedger* host_ledger = nullptr);
   // Releases every segment, also those still handed out.
   ~DeviceAllocator();
   DeviceAllocator(const DeviceAllocator&) = delete;
@@ -446,6 +448,8 @@ class DeviceAllocator {
   const std::size_t device_total_;
   std::size_t budget_ ABSL_GUARDED_BY(mu_);
   const std::size_t host_budget_;
+  // Shared with the host pool and the other devices' tiers (may be null).
+  HostLedger* const host_ledger_;
   int host_routing_ ABSL_GUARDED_BY(mu_) = 0;  // SetHostRouting's nesting
   // The iteration being recorded (since the last MarkIteration): its own
   // allocations and the device allocations it began with, in event time,

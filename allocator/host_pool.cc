@@ -52,8 +52,12 @@ std::map<std::string, std::int64_t> HostPoolStats::Flatten() const {
 }
 
 HostPool::HostPool(Backend* backend, int device_count, std::size_t budget,
-                   std::function<bool()> quiet)
-    : backend_(backend), device_count_(device_count), budget_(budget), quiet_(std::move(quiet)) {
+                   std::function<bool()> quiet, HostLedger* ledger)
+    : backend_(backend),
+      device_count_(device_count),
+      budget_(budget),
+      quiet_(std::move(quiet)),
+      ledger_(ledger) {
   stats_.budget_bytes = static_cast<std::int64_t>(budget);
 }
 
@@ -66,6 +70,7 @@ HostPool::~HostPool() {
     if (b->chunk_class < 0) (void)backend_->FreeManaged(reinterpret_cast<void*>(addr));
   }
   for (auto& [base, slab] : slabs_) (void)backend_->FreeManaged(reinterpret_cast<void*>(base));
+  if (ledger_ != nullptr) ledger_->Give(static_cast<std::size_t>(stats_.reserved_bytes.current));
 }
 
 HostPool::Block* HostPool::Find(void* ptr) {
@@ -139,10 +144,17 @@ absl::StatusOr<HostPool::Block*> HostPool::Carve(std::size_t rounded) {
         FormatBytes(size), FormatBytes(held), FormatBytes(budget_),
         FormatBytes(static_cast<std::size_t>(stats_.allocated_bytes.current))));
   }
+  if (ledger_ != nullptr && !ledger_->TryTake(size)) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "cma: the host pool cannot hold %s more: with oversubscription's host tier, cma holds "
+        "%s of the host's %s",
+        FormatBytes(size), FormatBytes(ledger_->held()), FormatBytes(ledger_->cap())));
+  }
   // Device 0 is only the runtime's context here: ReserveManaged populates
   // nothing, and the host's first touch places the pages.
   absl::StatusOr<void*> mem = backend_->ReserveManaged(0, size);
   if (!mem.ok()) {
+    if (ledger_ != nullptr) ledger_->Give(size);
     return absl::ResourceExhaustedError(absl::StrFormat(
         "cma: the host pool could not reserve %s of managed memory: %s", FormatBytes(size),
         mem.status().message()));
@@ -366,6 +378,7 @@ void HostPool::ReleaseIdle() {
     it = free_segments_.erase(it);
     stats_.segment.Sub(1);
     stats_.reserved_bytes.Sub(static_cast<std::int64_t>(b->size));
+    if (ledger_ != nullptr) ledger_->Give(b->size);
     blocks_.erase(b->addr);
   }
   for (auto it = slabs_.begin(); it != slabs_.end();) {
@@ -386,6 +399,7 @@ void HostPool::ReleaseIdle() {
     if (carving_[cls] == base) carving_[cls] = 0;
     stats_.segment.Sub(1);
     stats_.reserved_bytes.Sub(static_cast<std::int64_t>(kHostSlabSize));
+    if (ledger_ != nullptr) ledger_->Give(kHostSlabSize);
     slabs_.erase(cur);
   }
 }

@@ -49,6 +49,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "allocator/host_ledger.h"
 #include "allocator/stats.h"
 #include "backends/backend.h"
 #include "policy/host_size_class.h"
@@ -93,9 +94,11 @@ class HostPool {
   // some device (a CUDA graph capture may be under way): the pool then
   // makes no stream, event or placement call. A free that needs one waits
   // until the context ends; Move and SetHints are refused meanwhile. It is
-  // called under the pool's lock and must not call the pool.
+  // called under the pool's lock and must not call the pool. `ledger` (may
+  // be null; must outlive the pool) is shared with the devices' host tiers:
+  // what the pool holds is taken from it too.
   HostPool(Backend* backend, int device_count, std::size_t budget,
-           std::function<bool()> quiet = {});
+           std::function<bool()> quiet = {}, HostLedger* ledger = nullptr);
   ~HostPool();
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;
@@ -216,6 +219,7 @@ class HostPool {
   const int device_count_;
   const std::size_t budget_;
   const std::function<bool()> quiet_;
+  HostLedger* const ledger_;
   absl::Mutex mu_;
   // Every block carved, free or not, by address.
   absl::flat_hash_map<std::uintptr_t, std::unique_ptr<Block>> blocks_ ABSL_GUARDED_BY(mu_);

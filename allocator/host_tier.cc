@@ -47,8 +47,18 @@ absl::StatusOr<Block*> DeviceAllocator::NewHostSegment(std::size_t rounded, Pool
         "(%s of %s placed)",
         FormatBytes(size), device_, FormatBytes(held), FormatBytes(host_budget_)));
   }
+  if (host_ledger_ != nullptr && !host_ledger_->TryTake(size)) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "placing %s more on the host for device %d would pass the host's %s: cma holds %s there "
+        "(its CPU tensors' host pool and every device's host tier together)",
+        FormatBytes(size), device_, FormatBytes(host_ledger_->cap()),
+        FormatBytes(host_ledger_->held())));
+  }
   absl::StatusOr<void*> mem = backend_->ReserveManaged(device_, size);
-  if (!mem.ok()) return mem.status();
+  if (!mem.ok()) {
+    if (host_ledger_ != nullptr) host_ledger_->Give(size);
+    return mem.status();
+  }
   Block* b = AddSegment(*mem, size, pool, stream);
   b->segment->host_tier = true;
   stats_.host_resident_bytes[kAllPools].Add(static_cast<std::int64_t>(size));

@@ -73,6 +73,7 @@ void DeviceAllocator::ReleaseSegment(Segment* seg) {
     stats_.virtual_bytes -= static_cast<std::int64_t>(seg->size);
   } else if (seg->host_tier) {
     stats_.host_resident_bytes[kAllPools].Sub(static_cast<std::int64_t>(seg->size));
+    if (host_ledger_ != nullptr) host_ledger_->Give(seg->size);
   } else {
     UpdateStat(stats_.reserved_bytes, seg->pool, -static_cast<std::int64_t>(seg->size));
   }
