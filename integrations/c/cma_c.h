@@ -287,6 +287,55 @@ cma_symmetric_heap* cma_symmetric_create(int world_size, const int* local_ranks,
                                          int process_index, int process_count,
                                          cma_allgather_fn allgather, void* ctx,
                                          double timeout_seconds, const char* options);
+/* Across hosts (allocator/symmetric/multi_host.h; docs/symmetric.md,
+ * "Across hosts"): the same heap over a group whose processes are on
+ * several hosts. Collective over every process of the group; same
+ * arguments as cma_symmetric_create, plus:
+ * - `host_id`: this process's host (1 to 64 bytes; the same string on every
+ *   process of a host, a different one on each host; e.g. the hostname or
+ *   torch's LOCAL_WORLD group). The ids are gathered through `allgather`
+ *   (every process; used at set-up only, like cma_symmetric_create's).
+ *   Hosts are numbered in the order of their first process, and each host's
+ *   first process is its leader.
+ * - `token`: the launcher's rendezvous token, the same on every process (32
+ *   to 128 hex digits passing the token rule of exchange.h; e.g. Python's
+ *   secrets.token_hex(32)); it is the whole proof of membership across hosts
+ *   and never crosses the wire. It must not come through the framework's
+ *   unauthenticated store.
+ * - `leaders_allgather`/`leaders_ctx`: an all-gather among the leaders only
+ *   (host order: the leaders by process index), called on leaders only, for
+ *   every leaders' round of the set-up and of each collective: e.g. a
+ *   torch.distributed group of the leaders. Needed on every leader when
+ *   there are several hosts; may be NULL elsewhere.
+ * Each host's processes rendezvous as on one host (their own Unix socket
+ * and token, bootstrapped through `allgather`); the leaders prove the token
+ * to each other and MAC every later round. `timeout_seconds` bounds every
+ * host round; the leaders' callback must bound its own waits.
+ * Errors (NULL; cma_last_error says why; on every process together where
+ * the set-up reached the gather): a null allgather or bad process index or
+ * count at once; bad local arguments (world_size, ranks, timeout, host_id,
+ * token, options) on the process that passed them, and on every other
+ * "process P refused its own arguments"; a leader without leaders_allgather;
+ * a failed callback (UNAVAILABLE); a leader with a different token
+ * ("did not prove that it knows the rendezvous token", PERMISSION_DENIED).
+ * Members on another host outside this process's NVLink domain (or with
+ * handles:fd) get no pointer: cma_symmetric_peer and cma_symmetric_signal
+ * return NULL for them without an error (cma_symmetric_unreachable_json
+ * says which and why), device_peers holds NULL there, and the allocation
+ * is still collective and cached as usual. Ownership: `allgather` is used
+ * during this call only; `leaders_allgather` and `leaders_ctx` are kept by
+ * the heap and called on leaders in every alloc, free and empty_cache, so
+ * they must stay valid until cma_symmetric_destroy. Thread safety: any thread, as every cma_* function; the
+ * heap's collectives (alloc, free, empty_cache), like the create, are made in
+ * the same order on every process, one at a time per heap. */
+cma_symmetric_heap* cma_symmetric_create_multi_host(
+    int world_size, const int* local_ranks, const int* local_devices, int n_local,
+    int process_index, int process_count, const char* host_id, const char* token,
+    cma_allgather_fn allgather, void* ctx, cma_allgather_fn leaders_allgather, void* leaders_ctx,
+    double timeout_seconds, const char* options);
+/* {"ranks": [members with no pointer here], "reason": "" or why}; NULL for a
+ * dead handle. Release with cma_string_free. */
+char* cma_symmetric_unreachable_json(const cma_symmetric_allocation* a);
 /* Releases what this process mapped or created (not collective). */
 void cma_symmetric_destroy(cma_symmetric_heap* heap);
 /* make_symmetric: members may ask for different sizes; all get the largest. */
@@ -296,7 +345,8 @@ int cma_symmetric_free(cma_symmetric_heap* heap, cma_symmetric_allocation* a);
 int cma_symmetric_empty_cache(cma_symmetric_heap* heap);
 size_t cma_symmetric_size(const cma_symmetric_allocation* a);
 /* Member `rank`'s buffer and signal area as mapped in this process; NULL for
- * a bad rank. */
+ * a bad rank (an error set), or, with no error, for a member with no
+ * pointer here (across hosts: cma_symmetric_unreachable_json). */
 void* cma_symmetric_peer(const cma_symmetric_allocation* a, int rank);
 void* cma_symmetric_signal(const cma_symmetric_allocation* a, int rank);
 size_t cma_symmetric_signal_size(const cma_symmetric_heap* heap);

@@ -113,6 +113,119 @@ def test_two_processes_write_into_each_others_buffers():
     assert results == [(0, 101, 256), (1, 100, 256)], results
 
 
+# Across hosts: 4 processes as 2 emulated hosts x 2 (CMA_HOST_EMULATED_HOST);
+# every communicator is a relay in the parent over pipes.
+TOKEN = "3f9a1c7e5b2d8046af13c9e7b5d20864f1a3c5e7092b4d6f8e0a2c4b6d8f1e3a"
+OTHER_TOKEN = "9c1e3a5b7d0f2468ace13579bdf02468c1e3a5b7d9f0e2c4a6b8d0f1e3c5a7b9"
+
+
+class RelayComm:
+    """One rank of a group whose all-gather a relay thread serves."""
+
+    def __init__(self, rank, size, conn):
+        self.rank, self.size, self.conn = rank, size, conn
+
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return self.size
+
+    def allgather(self, obj):
+        self.conn.send(obj)
+        return self.conn.recv()
+
+
+def _relay(conns):
+    try:
+        while True:
+            parts = [c.recv() for c in conns]
+            for c in conns:
+                c.send(parts)
+    except (EOFError, OSError):
+        pass
+
+
+def _host_rank(rank, conn, lead_conn, token, q):
+    try:
+        os.environ["CMA_HOST_EMULATED_HOST"] = "pyh%d_%d" % (rank // 2, os.getppid() % 100000)
+        cma.init("", backend="host")
+        comm = RelayComm(rank, 4, conn)
+
+        def leaders(ranks):
+            assert ranks == [0, 2], ranks
+            return RelayComm(ranks.index(rank), 2, lead_conn) if rank in ranks else None
+
+        heap = sym.Heap(comm, timeout=20.0, host="pyh%d" % (rank // 2), token=token,
+                        leaders=leaders)
+        assert heap.leader_ranks == [0, 2] and heap.host_index == rank // 2
+        buf = heap.allocate((64,), "int32")
+        buddy = rank ^ 1
+        buf.peers[buddy][rank] = 100 + rank          # same host: mapped
+        others = [r for r in range(4) if r // 2 != rank // 2]
+        nulls = [r for r in range(4) if buf.peers[r] is None and buf.signals[r] is None]
+        heap.empty_cache()                             # collective: everyone has written
+        q.put((rank, int(buf.local[buddy]), nulls == others, sorted(buf.unreachable),
+               all("no peer pointer" in why for why in buf.unreachable.values())))
+        heap.free(buf)
+        heap.close()
+        cma.shutdown()
+    except Exception as e:  # noqa: BLE001
+        q.put((rank, repr(e)))
+
+
+def _run_hosts(tokens):
+    ctx = multiprocessing.get_context("fork")
+    pairs = [ctx.Pipe() for _ in range(4)]
+    lead = [ctx.Pipe() for _ in range(2)]
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_host_rank,
+                         args=(r, pairs[r][1], lead[r // 2][1] if r % 2 == 0 else None,
+                               tokens[r], q)) for r in range(4)]
+    for p in procs:
+        p.start()
+    import threading
+    relays = [threading.Thread(target=_relay, args=([p[0] for p in pairs],), daemon=True),
+              threading.Thread(target=_relay, args=([p[0] for p in lead],), daemon=True)]
+    for t in relays:
+        t.start()
+    results = sorted(q.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    for c in pairs + lead:
+        c[0].close()
+    return results
+
+
+def test_two_hosts_of_two_map_their_own_host_and_list_the_others():
+    results = _run_hosts([TOKEN] * 4)
+    assert results == [(0, 101, True, [2, 3], True), (1, 100, True, [2, 3], True),
+                       (2, 103, True, [0, 1], True), (3, 102, True, [0, 1], True)], results
+
+
+def test_a_wrong_token_on_one_host_fails_every_process():
+    results = _run_hosts([TOKEN, TOKEN, OTHER_TOKEN, OTHER_TOKEN])
+    assert [r[0] for r in results] == [0, 1, 2, 3], results
+    assert all(len(r) == 2 and "did not prove" in r[1] for r in results), results
+
+
+def test_multi_host_bad_input_is_refused(host):
+    with pytest.raises(TypeError, match="host= and token= must be str"):
+        sym.Heap(SoloComm(), host="h0", token=None)
+    with pytest.raises(ValueError, match="go with host="):
+        sym.Heap(SoloComm(), token=TOKEN)
+    with pytest.raises(Exception, match="token"):
+        sym.Heap(SoloComm(), host="h0", token="1234")
+    with pytest.raises(Exception, match="host_id must be 1 to 64 bytes"):
+        sym.Heap(SoloComm(), host="x" * 65, token=TOKEN)
+    # One host, one rank: no leaders needed; every peer mapped.
+    heap = sym.Heap(SoloComm(), host="h0", token=TOKEN)
+    buf = heap.allocate((16,), "float32")
+    assert buf.unreachable == {} and buf.peers[0] is not None
+    heap.free(buf)
+    heap.close()
+
+
 if __name__ == "__main__":
     args = [__file__, "-q", "-p", "no:cacheprovider"]
     if os.environ.get("XML_OUTPUT_FILE"):

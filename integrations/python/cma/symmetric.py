@@ -13,6 +13,13 @@ One member per process. `comm` is anything with Get_rank(), Get_size() and
 allgather(obj) (an mpi4py communicator; cma.torch.symmetric passes a
 torch.distributed group); it is used once per heap, to bootstrap the
 authenticated socket rendezvous (file descriptors cannot travel through it).
+Across hosts, pass host= (this process's host id), token= (the launcher's
+rendezvous token, the same everywhere) and leaders= (a communicator among
+each host's first rank, or a callable that makes one from their ranks,
+called on every rank): Heap(comm, host=socket.gethostname(), token=token,
+leaders=lambda ranks: make_comm(ranks)). Members on other hosts outside
+this NVLink domain get None in peers and signals, and buf.unreachable
+says which ranks and why.
 Arrays are CuPy arrays when the backend is CUDA and CuPy is installed,
 otherwise objects with __cuda_array_interface__ (numpy arrays on the host
 backend). Every call is collective: the same order on every rank.
@@ -46,33 +53,64 @@ class Heap:
     memory, at the cost of core dumps and debugger attach meanwhile;
     "handles:fabric" exports fabric handles (multi-node NVLink), probed at
     creation, and "handles:fabric_or_fd" falls back to POSIX FDs (one host)
-    where a device cannot."""
+    where a device cannot.
 
-    def __init__(self, comm, device=0, timeout=60.0, options=""):
+    Across hosts (cma_symmetric_create_multi_host): `host` names this
+    process's host (the same on every rank of a host), `token` is the
+    launcher's rendezvous token (the same on every rank; never through the
+    framework's store), and `leaders` is a communicator among each host's
+    first rank (in rank order), or a callable that makes one from their
+    ranks, called on every rank (torch: lambda ranks: a comm over
+    dist.new_group(ranks)). `comm` is used during the creation only;
+    `leaders` is kept and used on leaders in every collective. Sets
+    self.hosts, self.leader_ranks and self.host_index. Errors: TypeError or
+    ValueError for arguments of the wrong kind, CmaError (on every rank
+    together once the ranks have met) for everything the C ABI refuses."""
+
+    def __init__(self, comm, device=0, timeout=60.0, options="", host=None, token=None,
+                 leaders=None):
         self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
         self.device = device
         lib = _lib.lib()
-
-        def allgather(_ctx, send, length, recv):
-            try:
-                parts = comm.allgather(ctypes.string_at(send, length))
-                if len(parts) != self.world_size or any(len(p) != length for p in parts):
-                    return 1
-                ctypes.memmove(recv, b"".join(parts), length * self.world_size)
-                return 0
-            except Exception:  # noqa: BLE001 - reported to C as a failure
-                return 1
-
-        self._callback = _ALLGATHER(allgather)  # must outlive the create call
+        self._callback = _allgather(comm, self.world_size)  # must outlive the create call
         ranks, devices = (ctypes.c_int * 1)(self.rank), (ctypes.c_int * 1)(device)
-        h = lib.cma_symmetric_create(self.world_size, ranks, devices, 1, self.rank,
-                                     self.world_size,
-                                     ctypes.cast(self._callback, ctypes.c_void_p), None,
-                                     float(timeout), options.encode())
+        if host is None:
+            if token is not None or leaders is not None:
+                raise ValueError("cma.symmetric: token= and leaders= go with host= (across hosts)")
+            h = lib.cma_symmetric_create(self.world_size, ranks, devices, 1, self.rank,
+                                         self.world_size,
+                                         ctypes.cast(self._callback, ctypes.c_void_p), None,
+                                         float(timeout), options.encode())
+        else:
+            h = self._create_multi_host(comm, ranks, devices, timeout, options, host, token,
+                                        leaders)
         if not h:
             raise _lib._error()
         self._h = h
         self.signal_bytes = lib.cma_symmetric_signal_size(h)
+
+    def _create_multi_host(self, comm, ranks, devices, timeout, options, host, token, leaders):
+        if not isinstance(host, str) or not isinstance(token, str):
+            raise TypeError("cma.symmetric: host= and token= must be str (host: this process's "
+                            "host id; token: the launcher's, the same on every process)")
+        # The leaders (each host's first rank) are known to every rank here,
+        # so that a framework can make their group collectively.
+        hosts = comm.allgather(host)
+        self.hosts = list(dict.fromkeys(hosts))
+        self.leader_ranks = [hosts.index(h) for h in self.hosts]
+        self.host_index = self.hosts.index(host)
+        if leaders is not None and not hasattr(leaders, "allgather"):
+            leaders = leaders(list(self.leader_ranks))
+        # Kept: the heap calls it on leaders in every collective.
+        self._leaders_callback = None
+        if leaders is not None and self.rank in self.leader_ranks:
+            self._leaders_callback = _allgather(leaders, len(self.leader_ranks))
+        lcb = (ctypes.cast(self._leaders_callback, ctypes.c_void_p)
+               if self._leaders_callback is not None else None)
+        return _lib.lib().cma_symmetric_create_multi_host(
+            self.world_size, ranks, devices, 1, self.rank, self.world_size, host.encode(),
+            token.encode(), ctypes.cast(self._callback, ctypes.c_void_p), None, lcb, None,
+            float(timeout), options.encode())
 
     def allocate(self, shape, dtype, make_symmetric=False):
         dtype = numpy.dtype(dtype)
@@ -102,6 +140,22 @@ class Heap:
             self._h = None
 
 
+def _allgather(comm, count):
+    """A C all-gather callback over comm.allgather (fixed-size bytes)."""
+
+    def allgather(_ctx, send, length, recv):
+        try:
+            parts = comm.allgather(ctypes.string_at(send, length))
+            if len(parts) != count or any(len(p) != length for p in parts):
+                return 1
+            ctypes.memmove(recv, b"".join(parts), length * count)
+            return 0
+        except Exception:  # noqa: BLE001 - reported to C as a failure
+            return 1
+
+    return _ALLGATHER(allgather)
+
+
 class SymmetricBuffer:
     """One collective allocation: this rank's array, every peer's, the signals."""
 
@@ -112,6 +166,10 @@ class SymmetricBuffer:
         self.peer_ptrs = [lib.cma_symmetric_peer(a, r) for r in range(heap.world_size)]
         self.signal_ptrs = [lib.cma_symmetric_signal(a, r) for r in range(heap.world_size)]
         self.device_peers = lib.cma_symmetric_device_peers(a)
+        # Across hosts: {rank: why} for members with no pointer here (their
+        # peer_ptrs, peers and signals entries are None).
+        u = _lib._json(lib.cma_symmetric_unreachable_json(a))
+        self.unreachable = {r: u["reason"] for r in u["ranks"]}
         self._peers = self._signals = None
 
     # Arrays are made on first use: a framework that wraps the pointers
@@ -119,14 +177,15 @@ class SymmetricBuffer:
     @property
     def peers(self):
         if self._peers is None:
-            self._peers = [_array(p, self.shape, self.dtype, self) for p in self.peer_ptrs]
+            self._peers = [_array(p, self.shape, self.dtype, self) if p else None
+                           for p in self.peer_ptrs]
         return self._peers
 
     @property
     def signals(self):
         if self._signals is None:
             self._signals = [_array(p, (self.heap.signal_bytes,), numpy.dtype("uint8"), self)
-                             for p in self.signal_ptrs]
+                             if p else None for p in self.signal_ptrs]
         return self._signals
 
     @property
