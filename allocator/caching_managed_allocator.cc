@@ -134,12 +134,22 @@ absl::StatusOr<void*> CachingManagedAllocator::Allocate(std::size_t bytes, int d
     if (hints != nullptr) {
       return absl::InvalidArgumentError("cma: hints are for device allocations, not host ones");
     }
+    // Near the host's shared cap, the host tiers' idle memory goes first,
+    // as each side's own retry frees only its own cache.
+    if (ABSL_PREDICT_FALSE(HostCapShort(bytes))) {
+      for (auto& d : devices_) d->ReleaseIdleHostTier();
+    }
     return host_->Allocate(bytes);
   }
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();
   if (ABSL_PREDICT_FALSE(hints != nullptr)) {
     if (absl::Status s = CheckHints(*hints); !s.ok()) return s;
+  }
+  // The same for a device whose host tier may place it: the host pool's
+  // idle memory first.
+  if (ABSL_PREDICT_FALSE(config_.oversubscribe) && HostCapShort(bytes)) {
+    (void)host_->EmptyCache();
   }
   return (*d)->Allocate(bytes, stream, hints);
 }
@@ -459,7 +469,21 @@ absl::Status CachingManagedAllocator::CheckInvariants() {
       return absl::InternalError(absl::StrCat("device ", d->device(), ": ", s.message()));
     }
   }
-  return host_->CheckInvariants();
+  if (absl::Status s = host_->CheckInvariants(); !s.ok()) return s;
+  // The shared host cap holds exactly what both sides hold (each side's
+  // statistic is checked against its segments above). Racy against other
+  // threads' allocations, as the other checks are: call it when quiet.
+  std::int64_t held = GetHostStats().reserved_bytes.current;
+  for (auto& d : devices_) {
+    absl::StatusOr<DeviceStats> st = GetStats(d->device());
+    if (st.ok()) held += st->host_resident_bytes[kAllPools].current;
+  }
+  if (static_cast<std::size_t>(held) != host_ledger_->held()) {
+    return absl::InternalError(absl::StrFormat(
+        "the host ledger holds %d bytes, the host pool and the host tiers %d",
+        host_ledger_->held(), held));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace cma

@@ -22,6 +22,7 @@
 #ifndef CMA_ALLOCATOR_CACHING_MANAGED_ALLOCATOR_H_
 #define CMA_ALLOCATOR_CACHING_MANAGED_ALLOCATOR_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -260,6 +261,10 @@ class CachingManagedAllocator {
   // Declared first, destroyed last: the host pool and the devices' host
   // tiers give back to it as they go.
   std::unique_ptr<HostLedger> host_ledger_;
+  // Whether `bytes` more would pass the host's shared cap now.
+  bool HostCapShort(std::size_t bytes) const {
+    return host_ledger_->held() > host_ledger_->cap() - std::min(bytes, host_ledger_->cap());
+  }
   std::vector<std::unique_ptr<DeviceAllocator>> devices_;
   std::unique_ptr<HostPool> host_;
 };

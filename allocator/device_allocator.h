@@ -115,6 +115,10 @@ class DeviceAllocator {
   // placed on the host (host_tier.cc), as an allocation that does not fit
   // the device's part is. kFailedPrecondition without a host budget.
   absl::Status SetHostRouting(bool on) ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives the host tier's idle segments back (their streams synchronised),
+  // for the host pool when the host's shared cap is short; nothing while a
+  // pool context is open.
+  void ReleaseIdleHostTier() ABSL_LOCKS_EXCLUDED(mu_);
   // Whether `ptr` is an allocation of this device placed on the host.
   absl::StatusOr<bool> PlacedOnHost(void* ptr) ABSL_LOCKS_EXCLUDED(mu_);
   // Oversubscription: an iteration of a repeating workload (a training

@@ -115,6 +115,12 @@ void DeviceAllocator::ReleaseFreeHostSegments() {
   if (!synced.empty()) ++stats_.num_sync_all_streams;
 }
 
+void DeviceAllocator::ReleaseIdleHostTier() {
+  MutexLock l(&mu_);
+  if (host_budget_ == 0 || !RefuseWhileQuiet("release").ok()) return;
+  ReleaseFreeHostSegments();
+}
+
 absl::Status DeviceAllocator::SetHostRouting(bool on) {
   MutexLock l(&mu_);
   if (host_budget_ == 0) {

@@ -106,5 +106,27 @@ TEST_F(SharedHostCapTest, TheHostTierAndTheHostPoolShareTheHostsMemory) {
   ASSERT_TRUE(alloc_->Free(*cpu).ok());
 }
 
+TEST_F(SharedHostCapTest, EachSideReclaimsTheOthersIdleMemory) {
+  // 40 MiB routed to the host and freed stays cached in the host tier; a
+  // 32 MiB CPU tensor needs it back, and gets it.
+  ASSERT_TRUE(alloc_->SetHostRouting(0, true).ok());
+  void* state = Alloc(40 * kMiB);
+  ASSERT_TRUE(*alloc_->PlacedOnHost(state));
+  ASSERT_TRUE(alloc_->Free(state).ok());
+  EXPECT_EQ(Stats().host_resident_bytes[kAllPools].current, 40 * static_cast<int64_t>(kMiB));
+  auto cpu = alloc_->Allocate(32 * kMiB, CachingManagedAllocator::kHostDevice);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(Stats().host_resident_bytes[kAllPools].current, 0);
+  // And the other way: the CPU tensor freed stays cached in the host pool;
+  // 40 MiB routed to the host needs it back, and gets it.
+  ASSERT_TRUE(alloc_->Free(*cpu).ok());
+  EXPECT_EQ(alloc_->GetHostStats().reserved_bytes.current, 32 * static_cast<int64_t>(kMiB));
+  void* again = Alloc(40 * kMiB);
+  EXPECT_TRUE(*alloc_->PlacedOnHost(again));
+  EXPECT_EQ(alloc_->GetHostStats().reserved_bytes.current, 0);
+  ASSERT_TRUE(alloc_->Free(again).ok());
+  ASSERT_TRUE(alloc_->SetHostRouting(0, false).ok());
+}
+
 }  // namespace
 }  // namespace cma

@@ -221,6 +221,16 @@ cma_symmetric_heap* Register(std::unique_ptr<cma::SymmetricHeap> heap,
   return h;
 }
 
+// The members this process serves, from the C arguments (already checked).
+cma::SymmetricGroup Group(int world_size, const int* local_ranks, const int* local_devices,
+                          int n_local) {
+  cma::SymmetricGroup g;
+  g.world_size = world_size;
+  g.local_ranks.assign(local_ranks, local_ranks + n_local);
+  g.local_devices.assign(local_devices, local_devices + n_local);
+  return g;
+}
+
 }  // namespace
 
 extern "C" {
@@ -243,10 +253,7 @@ cma_symmetric_heap* cma_symmetric_create(int world_size, const int* local_ranks,
     Fail(opts.status());
     return nullptr;
   }
-  cma::SymmetricGroup g;
-  g.world_size = world_size;
-  g.local_ranks.assign(local_ranks, local_ranks + n_local);
-  g.local_devices.assign(local_devices, local_devices + n_local);
+  const cma::SymmetricGroup g = Group(world_size, local_ranks, local_devices, n_local);
   const absl::Duration timeout = absl::Seconds(timeout_seconds);
   absl::StatusOr<std::unique_ptr<cma::Exchange>> x;
   if (allgather == nullptr) {
@@ -381,10 +388,7 @@ cma_symmetric_heap* cma_symmetric_create_multi_host(
     Fail(x.status());
     return nullptr;
   }
-  cma::SymmetricGroup group;
-  group.world_size = world_size;
-  group.local_ranks.assign(local_ranks, local_ranks + n_local);
-  group.local_devices.assign(local_devices, local_devices + n_local);
+  const cma::SymmetricGroup group = Group(world_size, local_ranks, local_devices, n_local);
   auto heap = cma::SymmetricHeap::Create(a->backend(), group, std::move(*x), *opts);
   if (!heap.ok()) {
     Fail(heap.status());
