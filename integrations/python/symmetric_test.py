@@ -209,6 +209,12 @@ def test_a_wrong_token_on_one_host_fails_every_process():
     assert all(len(r) == 2 and "did not prove" in r[1] for r in results), results
 
 
+def test_bad_input_on_one_rank_fails_every_rank():
+    results = _run_hosts([TOKEN, TOKEN, TOKEN, None])
+    assert [r[0] for r in results] == [0, 1, 2, 3], results
+    assert all(len(r) == 2 and "rank 3" in r[1] and "must be str" in r[1] for r in results), results
+
+
 def test_multi_host_bad_input_is_refused(host):
     with pytest.raises(TypeError, match="host= and token= must be str"):
         sym.Heap(SoloComm(), host="h0", token=None)
@@ -216,7 +222,7 @@ def test_multi_host_bad_input_is_refused(host):
         sym.Heap(SoloComm(), token=TOKEN)
     with pytest.raises(Exception, match="token"):
         sym.Heap(SoloComm(), host="h0", token="1234")
-    with pytest.raises(Exception, match="host_id must be 1 to 64 bytes"):
+    with pytest.raises(ValueError, match="host= must be 1 to 64 bytes"):
         sym.Heap(SoloComm(), host="x" * 65, token=TOKEN)
     # One host, one rank: no leaders needed; every peer mapped.
     heap = sym.Heap(SoloComm(), host="h0", token=TOKEN)

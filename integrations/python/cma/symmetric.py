@@ -90,12 +90,23 @@ class Heap:
         self.signal_bytes = lib.cma_symmetric_signal_size(h)
 
     def _create_multi_host(self, comm, ranks, devices, timeout, options, host, token, leaders):
+        problem = None
         if not isinstance(host, str) or not isinstance(token, str):
-            raise TypeError("cma.symmetric: host= and token= must be str (host: this process's "
-                            "host id; token: the launcher's, the same on every process)")
-        # The leaders (each host's first rank) are known to every rank here,
-        # so that a framework can make their group collectively.
-        hosts = comm.allgather(host)
+            problem = ("host= and token= must be str (host: this process's host id; token: the "
+                       "launcher's, the same on every process)")
+        elif "\0" in host or not 1 <= len(host.encode()) <= 64:
+            problem = "host= must be 1 to 64 bytes of UTF-8 without NUL"
+        # One gather carries every rank's host and any local problem, so that
+        # bad input on one rank fails every rank here (the others would wait
+        # in the next collective). The leaders (each host's first rank) are
+        # then known to every rank, so that a framework can make their group.
+        gathered = comm.allgather((host if problem is None else None, problem))
+        bad = [(r, why) for r, (_, why) in enumerate(gathered) if why is not None]
+        if bad:
+            r, why = bad[0]
+            error = TypeError if "must be str" in why else ValueError
+            raise error(f"cma.symmetric: rank {r}: {why}")
+        hosts = [h for h, _ in gathered]
         self.hosts = list(dict.fromkeys(hosts))
         self.leader_ranks = [hosts.index(h) for h in self.hosts]
         self.host_index = self.hosts.index(host)
