@@ -130,8 +130,8 @@ void CmaCudaAllocator::EmptyCacheTraced() {
     const auto device = static_cast<c10::DeviceIndex>(key.first);
     // An arena keeps its address space and gives back pages (as PyTorch's
     // expandable segments unmap); a classic segment goes whole.
-    // Not to trackers (NCCL's buffer registration): they never saw these
-    // ranges mapped, as cma reports no segment_alloc or segment_map.
+    // Not to trackers (NCCL's buffer registration): cma's segment_map
+    // events do not reach them either, so they never saw these ranges.
     Trace(was.arena ? TraceEntry::SEGMENT_UNMAP : TraceEntry::SEGMENT_FREE, device,
           key.second + kept, was.size - kept, was.stream, ctx, /*to_trackers=*/false);
   }

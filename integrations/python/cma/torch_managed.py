@@ -48,6 +48,7 @@ copy of t, empty_managed(...) a new managed CPU tensor.
 """
 import concurrent.futures
 import functools
+import os
 import threading
 
 import torch
@@ -165,21 +166,22 @@ def managed(tensor, copy_threads=1):
 
 
 _PARALLEL_COPY_MIN = 16 << 20
-_copy_pool = None
+_copy_pool = None  # (pid, executor): a forked child's executor has no threads
 _copy_pool_lock = threading.Lock()
 
 
 def _parallel_copy(out, src, threads):
     global _copy_pool
     if (threads <= 1 or src.device.type != "cpu" or not src.is_contiguous()
-            or src.untyped_storage().nbytes() < _PARALLEL_COPY_MIN):
+            or src.numel() * src.element_size() < _PARALLEL_COPY_MIN):
         out.copy_(src)
         return
     with _copy_pool_lock:
-        if _copy_pool is None or _copy_pool._max_workers < threads:
-            _copy_pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=threads, thread_name_prefix="cma-copy")
-        pool = _copy_pool
+        if (_copy_pool is None or _copy_pool[0] != os.getpid()
+                or _copy_pool[1]._max_workers < threads):
+            _copy_pool = (os.getpid(), concurrent.futures.ThreadPoolExecutor(
+                max_workers=threads, thread_name_prefix="cma-copy"))
+        pool = _copy_pool[1]
     o, s = out.view(-1), src.view(-1)
     step = -(-o.numel() // threads)
     jobs = [pool.submit(o[i:i + step].copy_, s[i:i + step]) for i in range(0, o.numel(), step)]
