@@ -349,7 +349,7 @@ TEST(LeadersRoundTest, AShareOverTheFrameLimitFailsEveryHost) {
 // Garbage in the proof's first round (too short, oversized counts): a clear
 // refusal, never a read past the bytes.
 TEST(LeadersRoundTest, GarbageInTheProofIsRefused) {
-  for (const std::string garbage : {std::string(), std::string("CMAL"), std::string(4096, '\xff')}) {
+  for (const std::string& garbage : {std::string(), std::string("CMAL"), std::string(4096, '\xff')}) {
     auto st = TwoHosts("", [&](int round, std::vector<std::string>& got) {
       if (round == 1) got[0] = garbage;
     });

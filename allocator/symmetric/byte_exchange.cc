@@ -74,19 +74,10 @@ std::string TcpMac(const std::string& token, const char* label, std::int32_t ind
   Put(msg, index);
   Put(msg, count);
   msg += nonces;
-  unsigned char out[kTcpMac];
-  crypto_auth_hmacsha256_state st;
-  if (crypto_auth_hmacsha256_init(&st, reinterpret_cast<const unsigned char*>(token.data()),
-                                  token.size()) != 0 ||
-      crypto_auth_hmacsha256_update(&st, reinterpret_cast<const unsigned char*>(msg.data()),
-                                    msg.size()) != 0 ||
-      crypto_auth_hmacsha256_final(&st, out) != 0) {
-    return std::string();  // matches no MAC
-  }
-  return std::string(reinterpret_cast<const char*>(out), kTcpMac);
+  return wire::HmacSha256(token, msg);
 }
 bool TcpMacOk(const char* got, const std::string& want) {
-  return want.size() == kTcpMac && sodium_memcmp(got, want.data(), kTcpMac) == 0;
+  return wire::MacMatches(absl::string_view(got, kTcpMac), want);
 }
 
 absl::Status CheckParty(int index, int count) {

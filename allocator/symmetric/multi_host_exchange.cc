@@ -63,24 +63,6 @@ struct Reader {
   bool Done() const { return pos == in.size(); }
 };
 
-std::string Hmac(absl::string_view key, absl::string_view msg) {
-  unsigned char out[kMac];
-  crypto_auth_hmacsha256_state st;
-  if (crypto_auth_hmacsha256_init(&st, reinterpret_cast<const unsigned char*>(key.data()),
-                                  key.size()) != 0 ||
-      crypto_auth_hmacsha256_update(&st, reinterpret_cast<const unsigned char*>(msg.data()),
-                                    msg.size()) != 0 ||
-      crypto_auth_hmacsha256_final(&st, out) != 0) {
-    return std::string();  // matches no MAC
-  }
-  return std::string(reinterpret_cast<const char*>(out), kMac);
-}
-
-bool MacOk(absl::string_view got, const std::string& want) {
-  return want.size() == kMac && got.size() == kMac &&
-         sodium_memcmp(got.data(), want.data(), kMac) == 0;
-}
-
 // The leaders' proof over round A's transcript (every leader's message,
 // each with its length): a leader's MAC covers every nonce, so it is good
 // for this rendezvous only, and its index, so it is good for it alone.
@@ -98,7 +80,7 @@ std::string LeaderProof(const std::string& token, std::int32_t index, const std:
   std::string msg = "cma-lead";
   Put(msg, kVersion);
   Put(msg, index);
-  return Hmac(token, msg + hash);
+  return wire::HmacSha256(token, msg + hash);
 }
 std::string RoundMac(const std::string& key, std::uint64_t seq, std::int32_t index,
                      absl::string_view payload) {
@@ -107,7 +89,7 @@ std::string RoundMac(const std::string& key, std::uint64_t seq, std::int32_t ind
   Put(msg, seq);
   Put(msg, index);
   msg.append(payload.data(), payload.size());
-  return Hmac(key, msg);
+  return wire::HmacSha256(key, msg);
 }
 
 std::string Sha256(absl::string_view m) {
@@ -131,7 +113,7 @@ std::string VerdictMac(const std::string& key, absl::string_view label, std::uin
   Put(msg, seq);
   Put(msg, index);
   msg += ok ? '\1' : '\0';
-  return Hmac(key, msg + (ok ? hash : fresh));
+  return wire::HmacSha256(key, msg + (ok ? hash : fresh));
 }
 
 // Host round 2's leader message: ok and a body, or a failure (code, reason).
@@ -309,7 +291,7 @@ class MultiHostExchange final : public Exchange {
       const std::string& m = (*got)[j];
       const bool their_ok = m.size() == 1 + kMac && m[0] == '\1';
       if (m.size() != 1 + kMac || (m[0] != '\1' && m[0] != '\0') ||
-          !MacOk(absl::string_view(m).substr(1),
+          !wire::MacMatches(absl::string_view(m).substr(1),
                  VerdictMac(key, label, seq, j, their_ok, hash, fresh_of(j)))) {
         unverified.push_back(j);
       } else if (!their_ok) {
@@ -373,7 +355,7 @@ class MultiHostExchange final : public Exchange {
     std::vector<int> unproven;
     for (int j = 0; j < n; ++j) {
       if (j != me && (static_cast<int>(all_b.size()) != n ||
-                      !MacOk(all_b[j], LeaderProof(token, j, hash)))) {
+                      !wire::MacMatches(all_b[j], LeaderProof(token, j, hash)))) {
         unproven.push_back(j);
       }
     }
@@ -385,7 +367,7 @@ class MultiHostExchange final : public Exchange {
           unproven.size() > 1 ? "s" : "", unproven.size() > 1 ? "s" : "",
           absl::StrJoin(unproven, ", "), unproven.size() > 1 ? "they know" : "it knows", me));
     }
-    key_ = Hmac(token, "cma-sess" + hash);
+    key_ = wire::HmacSha256(token, "cma-sess" + hash);
     // Proven: now the hosts' process lists are the leaders' word.
     host_of_.assign(count_, -1);
     for (int j = 0; j < n; ++j) {
@@ -471,7 +453,7 @@ class MultiHostExchange final : public Exchange {
       if (j == me) continue;
       const std::string& m = got[j];
       if (m.size() < sizeof(seq) + kMac ||
-          !MacOk(absl::string_view(m).substr(m.size() - kMac),
+          !wire::MacMatches(absl::string_view(m).substr(m.size() - kMac),
                  RoundMac(key_, seq, j, absl::string_view(m).substr(0, m.size() - kMac)))) {
         return absl::PermissionDeniedError(absl::StrFormat(
             "symmetric exchange: leader %d's message in round %d does not carry its MAC under "

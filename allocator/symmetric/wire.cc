@@ -81,6 +81,24 @@ void CloseAll(std::vector<int>& fds) {
   fds.clear();
 }
 
+std::string HmacSha256(absl::string_view key, absl::string_view msg) {
+  unsigned char out[kMacBytes];
+  crypto_auth_hmacsha256_state st;
+  if (crypto_auth_hmacsha256_init(&st, reinterpret_cast<const unsigned char*>(key.data()),
+                                  key.size()) != 0 ||
+      crypto_auth_hmacsha256_update(&st, reinterpret_cast<const unsigned char*>(msg.data()),
+                                    msg.size()) != 0 ||
+      crypto_auth_hmacsha256_final(&st, out) != 0) {
+    return std::string();  // matches no MAC
+  }
+  return std::string(reinterpret_cast<const char*>(out), kMacBytes);
+}
+
+bool MacMatches(absl::string_view got, const std::string& want) {
+  return want.size() == kMacBytes && got.size() == kMacBytes &&
+         sodium_memcmp(got.data(), want.data(), kMacBytes) == 0;
+}
+
 void ShutdownAll(std::vector<int>& fds) {
   for (int& fd : fds) {
     if (fd >= 0) {

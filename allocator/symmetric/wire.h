@@ -71,6 +71,12 @@ inline constexpr std::size_t kProofBytes = 4 + kMacBytes;
 inline constexpr std::size_t kVerdictHeaderBytes = 16;
 inline constexpr std::size_t kMaxReasonBytes = 512;  // longer reasons are cut
 
+// HMAC-SHA256 of `msg` under `key` (kMacBytes); "" (which matches no MAC)
+// if libsodium fails.
+std::string HmacSha256(absl::string_view key, absl::string_view msg);
+// Whether `got` is exactly the MAC `want`, compared in constant time.
+bool MacMatches(absl::string_view got, const std::string& want);
+
 void CloseAll(std::vector<int>& fds);
 // Shuts down and closes every open socket of `fds` and marks it -1, so that
 // the peers see a disconnect at once rather than wait out their timeout.
