@@ -48,4 +48,9 @@ absl::StatusOr<MemInfo> Backend::GetHostMemInfo() {
   return m;
 }
 
+absl::StatusOr<CommFacts> Backend::GetCommFacts(CommHandle) {
+  return absl::UnimplementedError(absl::StrCat(
+      name(), " backend: no collective library (NCCL) for communicator windows"));
+}
+
 }  // namespace cma

@@ -136,6 +136,20 @@ enum class HandleType { kPosixFd, kFabric };
 using PhysicalHandle = std::uint64_t;
 using MulticastHandle = std::uint64_t;
 
+// A communicator of a collective library (NCCL's ncclComm_t), opaque to cma:
+// the framework owns it and must keep it alive while windows use it.
+using CommHandle = std::uintptr_t;
+// A window registered on a communicator (NCCL's ncclWindow_t); 0 when the
+// library registered nothing (it reports windows unsupported there).
+using CommWindow = std::uintptr_t;
+
+// What a communicator says about this member.
+struct CommFacts {
+  int rank = 0;
+  int size = 0;
+  int device = 0;
+};
+
 // A handle that can travel to another process: a POSIX file descriptor
 // (passed with SCM_RIGHTS) or a 64-byte fabric handle.
 struct ShareableHandle {
@@ -274,6 +288,24 @@ class Backend {
                                            PhysicalHandle mem, std::size_t mem_offset,
                                            std::size_t bytes) = 0;
   virtual absl::Status MulticastRelease(MulticastHandle mc) = 0;
+
+  // ---- communicator windows (NCCL's symmetric windows) ----
+  // The library is loaded at run time; a backend without one returns
+  // kUnimplemented naming it. GetCommFacts reads the communicator.
+  virtual absl::StatusOr<CommFacts> GetCommFacts(CommHandle comm);
+  // Collective over every member of `comm` (each registers its own buffer,
+  // all of the same size): [ptr, ptr + bytes) must lie in one VMM physical
+  // allocation mapped by this process, at an offset aligned to 4096, and
+  // becomes a window that the library's symmetric collectives use.
+  virtual absl::StatusOr<CommWindow> RegisterCommWindow(CommHandle comm, void* ptr,
+                                                        std::size_t bytes) {
+    return GetCommFacts(comm).status();
+  }
+  // Local (NCCL's deregistration makes no exchange): the library drops its
+  // mapping of this member's memory; `comm` must still be alive.
+  virtual absl::Status DeregisterCommWindow(CommHandle comm, CommWindow window) {
+    return GetCommFacts(comm).status();
+  }
 };
 
 }  // namespace cma

@@ -157,6 +157,9 @@ const char* OpName(std::uint8_t op) {
     case 3: return "Allocate (handles)";
     case 4: return "Allocate (commit)";
     case 5: return "EmptyCache";
+    case 6: return "RegisterWindow";
+    case 7: return "RegisterWindow (commit)";
+    case 8: return "ReleaseWindows";
     default: return "an unknown collective";
   }
 }
@@ -581,23 +584,31 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::
   return e;
 }
 
-absl::Status SymmetricHeap::Free(const SymmetricHandle& handle) {
-  MutexLock l(&mu_);
-  // Looked up by address alone (a stale or foreign pointer is never read),
-  // then by generation: a cache hit hands the same allocation out again,
-  // and a new one may be built where an emptied one was.
+absl::StatusOr<SymmetricHeap::Entry*> SymmetricHeap::LiveEntry(const SymmetricHandle& handle,
+                                                                const char* what) {
+  // By address alone first (a stale or foreign pointer is never read), then
+  // by generation: a cache hit hands the same allocation out again, and a
+  // new one may be built where an emptied one was.
   auto it = live_.find(handle.allocation);
   if (it == live_.end()) {
-    return absl::InvalidArgumentError(
-        "symmetric heap: free of an allocation that is not live here (double free, a null "
-        "handle, or a pointer this heap did not hand out)");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "symmetric heap: ", what, " of an allocation that is not live here (a double free or "
+        "a use after free, a null handle, or a pointer this heap did not hand out)"));
   }
   if (it->second->generation != handle.generation) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "symmetric heap: free of a stale handle (generation %d; allocation %d is live again as "
+        "symmetric heap: %s of a stale handle (generation %d; allocation %d is live again as "
         "generation %d): it was freed already and handed out again",
-        handle.generation, it->second->a.id, it->second->generation));
+        what, handle.generation, it->second->a.id, it->second->generation));
   }
+  return it->second.get();
+}
+
+absl::Status SymmetricHeap::Free(const SymmetricHandle& handle) {
+  MutexLock l(&mu_);
+  absl::StatusOr<Entry*> live = LiveEntry(handle, "free");
+  if (!live.ok()) return live.status();
+  auto it = live_.find(handle.allocation);
   std::unique_ptr<Entry> e = std::move(it->second);
   live_.erase(it);
   PublishFree(*e);
@@ -623,6 +634,7 @@ absl::Status SymmetricHeap::EmptyCache() {
 
 bool SymmetricHeap::Destroy(Entry& e) {
   SymmetricAllocation& a = e.a;
+  DropWindows(e);  // the library lets go of this memory before it is unmapped
   if (a.base != nullptr) {
     for (int r = 0; r < group_.world_size; ++r) {
       (void)backend_.VmmUnmap(static_cast<char*>(a.base) + r * a.stride, a.stride);

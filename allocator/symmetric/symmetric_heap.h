@@ -50,6 +50,19 @@
 //    a fabric heap only) through fabric handles, and the others not at all:
 //    their peers[r] is null and SymmetricAllocation::unreachable says why.
 //    No error, and the allocation is the same collective one on everyone.
+//  * Communicator windows (RegisterWindow): a member's buffer, signal area
+//    included, registered as a symmetric window of a collective library's
+//    communicator (NCCL's ncclCommWindowRegister), so that the library's
+//    symmetric collectives run on it. Collective like Allocate, and
+//    fail-together: the members agree first (same allocation, the
+//    communicator's rank, size and device are this member's), then
+//    register, then agree on the outcome; on any failure every member
+//    deregisters what it made. A registration is cached with its
+//    allocation: freed, reused from the cache, and registered again, it
+//    costs no exchange and no library call. It is released (locally: NCCL's
+//    deregistration makes no exchange) when its allocation's memory is, by
+//    EmptyCache or the heap's destruction, or by ReleaseWindows, which every
+//    member must call before the framework destroys the communicator.
 //  * Multicast is used only when options ask for it, every device reports
 //    support and none of CMA_DISABLE_MULTICAST=1,
 //    TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NCCL_NVLS_ENABLE=0 is set.
@@ -129,6 +142,7 @@ struct SymmetricStats {
   std::int64_t symmetric_bytes = 0;       // physical bytes this process created, cached included
   std::int64_t symmetric_bytes_peak = 0;
   std::int64_t cached_bytes = 0;
+  std::int64_t windows = 0;  // communicator windows registered, on live and cached allocations
   // Seconds spent in each backend call on the last cache miss
   // ("VmmCreate", "VmmExport", "exchange", "VmmImport", "VmmMap", ...).
   std::map<std::string, double> last_miss_seconds;
@@ -169,6 +183,20 @@ class SymmetricHeap {
   // Not a round: every member frees locally, in the collective order.
   absl::Status Free(const SymmetricHandle& handle);
   absl::Status EmptyCache();
+
+  // Collective: registers this process's member buffer of `handle` (all of
+  // its stride) as a symmetric window of `comm` and returns the window.
+  // Needs one local member per process (as NCCL has one rank per
+  // communicator and process here). Errors, on every member together:
+  // kInvalidArgument for a stale or foreign handle, a communicator whose
+  // rank, size or device is not this member's, or members naming different
+  // allocations; kUnimplemented when the backend has no such library (or
+  // the library registered no window); the library's error otherwise.
+  absl::StatusOr<CommWindow> RegisterWindow(const SymmetricHandle& handle, CommHandle comm);
+  // Collective: deregisters every window on `comm` (of live and cached
+  // allocations); returns how many this process released. Call it on every
+  // member while `comm` is alive, before the framework destroys it.
+  absl::StatusOr<int> ReleaseWindows(CommHandle comm);
   // Statistics and the snapshot never wait on a collective (another
   // thread's Allocate or EmptyCache may be waiting on other processes for up
   // to the exchange's timeout): they return at once the state as of the end
@@ -201,6 +229,8 @@ class SymmetricHeap {
     std::size_t own_bytes = 0;  // physical bytes created here
     std::vector<PhysicalHandle> unreleased;  // releases that failed: retried at teardown
     std::uint64_t generation = 0;  // of the current hand-out while live
+    // Communicator windows on this member's buffer, released before it is.
+    std::vector<std::pair<CommHandle, CommWindow>> windows;
   };
 
   // One collective round, tagged with its op and sequence number: every
@@ -210,7 +240,10 @@ class SymmetricHeap {
   // of step, or an exchange that failed, break the heap: every later
   // collective fails at once, naming why. Received FDs are the caller's only
   // for kHandles on success; otherwise they are closed here.
-  enum class Op : std::uint8_t { kSize = 1, kCandidates, kHandles, kCommit, kEmptyCache };
+  enum class Op : std::uint8_t {
+    kSize = 1, kCandidates, kHandles, kCommit, kEmptyCache,
+    kWindow, kWindowCommit, kReleaseWindows,
+  };
   absl::StatusOr<std::vector<Contribution>> Round(Op op, const absl::Status& local,
                                                   Contribution mine)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -237,6 +270,15 @@ class SymmetricHeap {
   static bool AllName(std::uint64_t mine, const std::vector<std::uint64_t>& theirs);
   SymmetricHandle FromCache(std::size_t bytes, std::size_t stride, std::uint64_t id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live entry `handle` names: looked up by address alone (a stale or
+  // foreign pointer is never read), then by generation. `what` names the
+  // call in the error.
+  absl::StatusOr<Entry*> LiveEntry(const SymmetricHandle& handle, const char* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deregisters `e`'s windows (on every communicator, or on `comm` only);
+  // returns how many went. One whose deregistration fails is forgotten all
+  // the same: the library keeps what it holds until its communicator goes.
+  int DropWindows(Entry& e, CommHandle comm = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes `e` live under a fresh generation.
   SymmetricHandle HandOut(std::unique_ptr<Entry> e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Idempotent: each step clears what it released; false if anything is

@@ -17,6 +17,7 @@
 #include "backends/cuda/cuda_pinned.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/driver_api.h"
+#include "backends/cuda/nccl_api.h"
 #include "backends/host_function.h"
 
 namespace cma {
@@ -584,6 +585,17 @@ class CudaBackend final : public Backend {
   absl::Status MulticastRelease(MulticastHandle mc) override {
     CMA_CU_RETURN_IF_ERROR(cu_->cuMemRelease(mc));
     return absl::OkStatus();
+  }
+
+  absl::StatusOr<CommFacts> GetCommFacts(CommHandle comm) override {
+    return NcclCommFacts(comm);
+  }
+  absl::StatusOr<CommWindow> RegisterCommWindow(CommHandle comm, void* ptr,
+                                                std::size_t bytes) override {
+    return NcclRegisterWindow(comm, ptr, bytes);
+  }
+  absl::Status DeregisterCommWindow(CommHandle comm, CommWindow window) override {
+    return NcclDeregisterWindow(comm, window);
   }
 
  private:

@@ -14,6 +14,7 @@ def cuda_targets():
             "cuda_pinned.cc",
             "cuda_status.cc",
             "driver_api.cc",
+            "nccl_api.cc",
         ],
         hdrs = [
             "cuda_backend.h",
@@ -21,7 +22,9 @@ def cuda_targets():
             "cuda_pinned.h",
             "cuda_status.h",
             "driver_api.h",
+            "nccl_api.h",
         ],
+        linkopts = ["-ldl"],
         deps = [
             "//backends:backend",
             "@local_cuda//:cudart_static",

@@ -8,7 +8,8 @@ namespace cma {
 const char* FaultKindName(FaultKind k) {
   static constexpr const char* kNames[] = {
       "any",   "allocation", "free",    "event_record", "event_query", "event_create", "stream_sync",
-      "prefetch", "advise",  "discard", "vmm_map",      "export",      "other", "copy"};
+      "prefetch", "advise",  "discard", "vmm_map",      "export",      "other", "copy",
+      "comm_window"};
   const int i = static_cast<int>(k);
   return i >= 0 && i < static_cast<int>(FaultKind::kCount) ? kNames[i] : "?";
 }
@@ -250,6 +251,17 @@ absl::Status FaultInjectingBackend::MulticastBindMemory(MulticastHandle mc, std:
 }
 absl::Status FaultInjectingBackend::MulticastRelease(MulticastHandle mc) {
   return inner_.MulticastRelease(mc);
+}
+absl::StatusOr<CommFacts> FaultInjectingBackend::GetCommFacts(CommHandle comm) {
+  return inner_.GetCommFacts(comm);
+}
+absl::StatusOr<CommWindow> FaultInjectingBackend::RegisterCommWindow(CommHandle comm, void* ptr,
+                                                                     std::size_t bytes) {
+  CMA_FAULT(kCommWindow, "RegisterCommWindow");
+  return inner_.RegisterCommWindow(comm, ptr, bytes);
+}
+absl::Status FaultInjectingBackend::DeregisterCommWindow(CommHandle comm, CommWindow window) {
+  return inner_.DeregisterCommWindow(comm, window);
 }
 
 }  // namespace cma

@@ -39,6 +39,7 @@ enum class FaultKind {
   kExport,      // VmmExport, VmmImport
   kOther,       // LaunchHostFunction and calls without a kind of their own
   kCopy,        // CopyBatch
+  kCommWindow,  // RegisterCommWindow
   kCount,
 };
 const char* FaultKindName(FaultKind k);
@@ -117,6 +118,10 @@ class FaultInjectingBackend final : public Backend {
   absl::Status MulticastBindMemory(MulticastHandle mc, std::size_t mc_offset, PhysicalHandle mem,
                                    std::size_t mem_offset, std::size_t bytes) override;
   absl::Status MulticastRelease(MulticastHandle mc) override;
+  absl::StatusOr<CommFacts> GetCommFacts(CommHandle comm) override;
+  absl::StatusOr<CommWindow> RegisterCommWindow(CommHandle comm, void* ptr,
+                                                std::size_t bytes) override;
+  absl::Status DeregisterCommWindow(CommHandle comm, CommWindow window) override;
 
  private:
   // Counts the call; returns the injected failure, or OK to go ahead.

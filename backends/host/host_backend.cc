@@ -671,6 +671,7 @@ HostResourceCounts HostBackend::LiveResources() const {
   c.multicast_objects = static_cast<int>(multicast_.size());
   c.pinned_allocations = static_cast<int>(pinned_.size());
   c.pinned_bytes = pinned_bytes_;
+  for (const auto& [h, comm] : comms_) c.comm_windows += static_cast<int>(comm.windows.size());
   return c;
 }
 

@@ -113,8 +113,10 @@ struct HostResourceCounts {
   int multicast_objects = 0;
   int pinned_allocations = 0;
   std::size_t pinned_bytes = 0;
+  int comm_windows = 0;
   friend bool operator==(const HostResourceCounts& a, const HostResourceCounts& b) {
     return a.pinned_allocations == b.pinned_allocations && a.pinned_bytes == b.pinned_bytes &&
+           a.comm_windows == b.comm_windows &&
            a.managed_allocations == b.managed_allocations &&
            a.managed_bytes == b.managed_bytes && a.streams == b.streams &&
            a.events == b.events && a.physical_handles == b.physical_handles &&
@@ -217,7 +219,22 @@ class HostBackend final : public Backend {
                                    std::size_t bytes) override;
   absl::Status MulticastRelease(MulticastHandle mc) override;
 
+  // Communicators are emulated (MakeEmulatedComm): registration checks
+  // what NCCL's does (the range inside one mapping of this backend, its
+  // offset there aligned to 4096) and records the window; no exchange is
+  // made, so agreement among members is the caller's to test.
+  absl::StatusOr<CommFacts> GetCommFacts(CommHandle comm) override;
+  absl::StatusOr<CommWindow> RegisterCommWindow(CommHandle comm, void* ptr,
+                                                std::size_t bytes) override;
+  absl::Status DeregisterCommWindow(CommHandle comm, CommWindow window) override;
+
   // ---- test controls ----
+  // A communicator as NCCL's would be for member `rank` of `size` on
+  // `device`. Without `windows_supported`, registration succeeds with no
+  // window, as NCCL's does where symmetric windows are unsupported.
+  CommHandle MakeEmulatedComm(int rank, int size, int device, bool windows_supported = true);
+  // As ncclCommDestroy: the communicator's windows go with it.
+  void DestroyEmulatedComm(CommHandle comm);
   // Enqueues one unit of pending work on `stream` (a "kernel"). In immediate
   // mode it completes at once.
   absl::Status EnqueueWork(Stream stream);
@@ -351,6 +368,12 @@ class HostBackend final : public Backend {
   // Whether [p, p + bytes) lies wholly inside one pinned buffer.
   bool InPinned(const void* p, std::size_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<std::uintptr_t, Mapping> mappings_ ABSL_GUARDED_BY(mu_);
+  struct EmulatedComm {
+    CommFacts facts;
+    bool windows_supported = true;
+    absl::flat_hash_map<CommWindow, std::pair<std::uintptr_t, std::size_t>> windows;
+  };
+  absl::flat_hash_map<CommHandle, EmulatedComm> comms_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<MulticastHandle, std::vector<int>> multicast_ ABSL_GUARDED_BY(mu_);
   std::vector<PlacementRecord> records_ ABSL_GUARDED_BY(mu_);
   std::vector<StreamWaitRecord> waits_ ABSL_GUARDED_BY(mu_);

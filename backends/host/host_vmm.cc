@@ -366,6 +366,19 @@ absl::Status HostBackend::VmmUnmap(void* address, std::size_t bytes) {
     return absl::InvalidArgumentError(
         absl::StrFormat("VmmUnmap: [%p, +%d) is not a mapping", address, bytes));
   }
+  // A communicator window left over unmapped memory would alias whatever is
+  // mapped there next (NCCL finds windows by address): refused, so that a
+  // caller unmapping before deregistering is caught in tests.
+  const auto a = reinterpret_cast<std::uintptr_t>(address);
+  for (const auto& [h, comm] : comms_) {
+    for (const auto& [w, range] : comm.windows) {
+      if (range.first < a + bytes && a < range.first + range.second) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "VmmUnmap: [%p, +%d) is under communicator window %#x: deregister it first",
+            address, bytes, w));
+      }
+    }
+  }
   // Put the reservation back to PROT_NONE anonymous memory.
   void* p = mmap(address, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
                  -1, 0);

@@ -1,0 +1,157 @@
+#include "backends/cuda/nccl_api.h"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace cma {
+namespace {
+
+// The few NCCL types these calls need, as nccl.h (2.27, 2.28) declares them:
+// results are a C enum (an int), communicators and windows opaque pointers.
+using NcclResult = int;
+constexpr NcclResult kNcclSuccess = 0;
+constexpr NcclResult kNcclInProgress = 7;
+constexpr int kNcclWinCollSymmetric = 0x01;  // NCCL_WIN_COLL_SYMMETRIC
+constexpr int kFirstWindowVersion = 22700;   // NCCL_VERSION(2, 27, 0)
+
+struct NcclApi {
+  NcclResult (*ncclGetVersion)(int*) = nullptr;
+  const char* (*ncclGetErrorString)(NcclResult) = nullptr;
+  const char* (*ncclGetLastError)(void*) = nullptr;  // optional
+  NcclResult (*ncclCommCount)(void*, int*) = nullptr;
+  NcclResult (*ncclCommUserRank)(void*, int*) = nullptr;
+  NcclResult (*ncclCommCuDevice)(void*, int*) = nullptr;
+  NcclResult (*ncclCommGetAsyncError)(void*, NcclResult*) = nullptr;
+  NcclResult (*ncclCommWindowRegister)(void*, void*, std::size_t, void**, int) = nullptr;
+  NcclResult (*ncclCommWindowDeregister)(void*, void*) = nullptr;
+  std::string library;
+  int version = 0;
+};
+
+absl::StatusOr<NcclApi> Load() {
+  NcclApi api;
+  // The NCCL already loaded (by the framework whose communicator this is)
+  // comes first: a communicator is only valid in the library that made it.
+  void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
+  api.library = "libnccl.so.2 (already loaded)";
+  const char* chosen = std::getenv("CMA_NCCL_LIBRARY");
+  if (lib == nullptr && chosen != nullptr && chosen[0] != '\0') {
+    lib = dlopen(chosen, RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      return absl::UnimplementedError(
+          absl::StrCat("CMA_NCCL_LIBRARY=", chosen, " cannot be loaded: ", dlerror()));
+    }
+    api.library = chosen;
+  }
+  if (lib == nullptr) {
+    lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      return absl::UnimplementedError(absl::StrCat(
+          "NCCL is not available for communicator windows (", dlerror(),
+          "); load it first (import torch.distributed) or set CMA_NCCL_LIBRARY"));
+    }
+    api.library = "libnccl.so.2";
+  }
+  std::string missing;
+#define CMA_NCCL_LOAD(f)                                              \
+  api.f = reinterpret_cast<decltype(api.f)>(dlsym(lib, #f));          \
+  if (api.f == nullptr) absl::StrAppend(&missing, missing.empty() ? "" : ", ", #f);
+  CMA_NCCL_LOAD(ncclGetVersion)
+  CMA_NCCL_LOAD(ncclGetErrorString)
+  CMA_NCCL_LOAD(ncclCommCount)
+  CMA_NCCL_LOAD(ncclCommUserRank)
+  CMA_NCCL_LOAD(ncclCommCuDevice)
+  CMA_NCCL_LOAD(ncclCommGetAsyncError)
+  CMA_NCCL_LOAD(ncclCommWindowRegister)
+  CMA_NCCL_LOAD(ncclCommWindowDeregister)
+#undef CMA_NCCL_LOAD
+  api.ncclGetLastError = reinterpret_cast<decltype(api.ncclGetLastError)>(
+      dlsym(lib, "ncclGetLastError"));
+  if (api.ncclGetVersion != nullptr) api.ncclGetVersion(&api.version);
+  if (!missing.empty() || api.version < kFirstWindowVersion) {
+    return absl::UnimplementedError(absl::StrCat(
+        api.library, " (NCCL ", api.version, ") has no communicator windows",
+        missing.empty() ? "" : absl::StrCat(": it lacks ", missing), "; they need NCCL 2.27+"));
+  }
+  return api;  // the library stays loaded for the life of the process
+}
+
+absl::StatusOr<const NcclApi*> Api() {
+  static const absl::StatusOr<NcclApi>* table = new absl::StatusOr<NcclApi>(Load());
+  if (!table->ok()) return table->status();
+  return &**table;
+}
+
+absl::Status NcclStatus(const NcclApi& api, void* comm, NcclResult r, const char* call) {
+  if (r == kNcclSuccess) return absl::OkStatus();
+  std::string detail = api.ncclGetErrorString(r);
+  const char* last = api.ncclGetLastError != nullptr ? api.ncclGetLastError(comm) : nullptr;
+  if (last != nullptr && last[0] != '\0') absl::StrAppend(&detail, ": ", last);
+  const std::string message = absl::StrCat(call, " failed (NCCL ", api.version, "): ", detail);
+  // ncclInvalidArgument (4) and ncclInvalidUsage (5) are the caller's.
+  if (r == 4 || r == 5) return absl::InvalidArgumentError(message);
+  return absl::InternalError(message);
+}
+
+// A non-blocking communicator returns ncclInProgress and finishes later.
+NcclResult Finish(const NcclApi& api, void* comm, NcclResult r) {
+  while (r == kNcclInProgress) {
+    absl::SleepFor(absl::Microseconds(50));
+    NcclResult state = kNcclSuccess;
+    const NcclResult q = api.ncclCommGetAsyncError(comm, &state);
+    r = q != kNcclSuccess ? q : state;
+  }
+  return r;
+}
+
+void* AsComm(CommHandle comm) { return reinterpret_cast<void*>(comm); }
+
+}  // namespace
+
+absl::StatusOr<CommFacts> NcclCommFacts(CommHandle comm) {
+  absl::StatusOr<const NcclApi*> api = Api();
+  if (!api.ok()) return api.status();
+  if (comm == 0) return absl::InvalidArgumentError("NCCL communicator: null");
+  CommFacts f;
+  const NcclApi& n = **api;
+  absl::Status s = NcclStatus(n, AsComm(comm), n.ncclCommCount(AsComm(comm), &f.size),
+                              "ncclCommCount");
+  s.Update(NcclStatus(n, AsComm(comm), n.ncclCommUserRank(AsComm(comm), &f.rank),
+                      "ncclCommUserRank"));
+  s.Update(NcclStatus(n, AsComm(comm), n.ncclCommCuDevice(AsComm(comm), &f.device),
+                      "ncclCommCuDevice"));
+  if (!s.ok()) return s;
+  return f;
+}
+
+absl::StatusOr<CommWindow> NcclRegisterWindow(CommHandle comm, void* ptr, std::size_t bytes) {
+  absl::StatusOr<const NcclApi*> api = Api();
+  if (!api.ok()) return api.status();
+  const NcclApi& n = **api;
+  void* window = nullptr;
+  const NcclResult r = Finish(
+      n, AsComm(comm),
+      n.ncclCommWindowRegister(AsComm(comm), ptr, bytes, &window, kNcclWinCollSymmetric));
+  absl::Status s = NcclStatus(n, AsComm(comm), r, "ncclCommWindowRegister");
+  if (!s.ok()) return s;
+  return reinterpret_cast<CommWindow>(window);
+}
+
+absl::Status NcclDeregisterWindow(CommHandle comm, CommWindow window) {
+  absl::StatusOr<const NcclApi*> api = Api();
+  if (!api.ok()) return api.status();
+  const NcclApi& n = **api;
+  return NcclStatus(n, AsComm(comm),
+                    Finish(n, AsComm(comm),
+                           n.ncclCommWindowDeregister(AsComm(comm),
+                                                      reinterpret_cast<void*>(window))),
+                    "ncclCommWindowDeregister");
+}
+
+}  // namespace cma
