@@ -352,7 +352,31 @@ void* cma_symmetric_signal(const cma_symmetric_allocation* a, int rank);
 size_t cma_symmetric_signal_size(const cma_symmetric_heap* heap);
 /* world_size pointers (void*[]) that kernels can read. */
 void* cma_symmetric_device_peers(const cma_symmetric_allocation* a);
-/* {"allocations", "cache_hits", "exchanges", "symmetric_bytes", ...} */
+/* NCCL windows (SymmetricHeap::RegisterWindow): collective. Registers this
+ * process's buffer of `a` (its whole stride, signal area included) as a
+ * symmetric window of `nccl_comm`, an ncclComm_t of the NCCL already loaded
+ * in this process (NCCL 2.27+; torch: ProcessGroupNCCL's _comm_ptr()) whose
+ * rank, size and device are this heap's member's (one member per process),
+ * so that NCCL's symmetric collectives run on the buffer. *window gets the
+ * ncclWindow_t. Cached with the allocation: registering it again, also
+ * after a free and a cache hit, makes one exchange and no NCCL call. The
+ * window is deregistered when the allocation's memory goes
+ * (cma_symmetric_empty_cache, cma_symmetric_destroy), or by
+ * cma_symmetric_release_nccl_windows, which every member must call before
+ * the communicator is destroyed. Returns 0, or -1 (cma_last_error) on every
+ * member together: a bad handle or communicator on one member fails all of
+ * them before NCCL is called, and a failure inside NCCL is undone on all. */
+int cma_symmetric_register_nccl_window(cma_symmetric_heap* heap,
+                                       const cma_symmetric_allocation* a, void* nccl_comm,
+                                       void** window);
+/* Collective: deregisters every window on `nccl_comm` (of live and cached
+ * allocations); returns how many this process released, or -1. */
+int cma_symmetric_release_nccl_windows(cma_symmetric_heap* heap, void* nccl_comm);
+/* Host backend only (CI's stand-in for NCCL): a communicator as NCCL's
+ * would be for member `rank` of `size` on `device`, for the two calls
+ * above; NULL (cma_last_error) on a backend with real communicators. */
+void* cma_host_emulated_comm(int rank, int size, int device);
+/* {"allocations", "cache_hits", "exchanges", "symmetric_bytes", ..., "windows"} */
 char* cma_symmetric_stats_json(cma_symmetric_heap* heap);
 /* Every heap's allocations: [{"id", "bytes", "stride", "state" (allocated |
  * cached), "local_devices", "peers"}, ...] */

@@ -18,6 +18,7 @@
 #include "allocator/symmetric/multi_host.h"
 #include "allocator/symmetric/wire.h"
 #include "allocator/symmetric/symmetric_heap.h"
+#include "backends/host/host_backend.h"
 #include "backends/mutex_lock.h"
 #include "integrations/c/cma_c.h"
 #include "integrations/c/cma_c_internal.h"
@@ -516,8 +517,58 @@ char* cma_symmetric_stats_json(cma_symmetric_heap* heap) {
                       {"exchanges", s.exchanges},
                       {"symmetric_bytes", s.symmetric_bytes},
                       {"symmetric_bytes_peak", s.symmetric_bytes_peak},
-                      {"cached_bytes", s.cached_bytes}};
+                      {"cached_bytes", s.cached_bytes},
+                      {"windows", s.windows}};
   return cma::capi::CopyString(j.dump());
+}
+
+int cma_symmetric_register_nccl_window(cma_symmetric_heap* heap,
+                                       const cma_symmetric_allocation* a, void* nccl_comm,
+                                       void** window) {
+  if (heap == nullptr || window == nullptr) {
+    return Fail(absl::InvalidArgumentError(
+        "cma_symmetric_register_nccl_window: null heap or window out-pointer"));
+  }
+  *window = nullptr;
+  // A handle this process does not know still goes to the heap, as an
+  // empty one: the heap refuses it inside the collective, so the other
+  // members fail with this one instead of waiting out their timeout.
+  cma::SymmetricHandle handle;
+  {
+    cma::capi::Registry& r = cma::capi::Heaps();
+    cma::MutexLock l(&r.mu);
+    auto it = r.live.find(reinterpret_cast<std::uintptr_t>(a));
+    if (it != r.live.end() && it->second.heap == heap) handle = it->second.handle;
+  }
+  absl::StatusOr<cma::CommWindow> w =
+      heap->heap->RegisterWindow(handle, reinterpret_cast<cma::CommHandle>(nccl_comm));
+  if (!w.ok()) return Fail(w.status());
+  *window = reinterpret_cast<void*>(*w);
+  return 0;
+}
+
+void* cma_host_emulated_comm(int rank, int size, int device) {
+  cma::CachingManagedAllocator* alloc = cma::capi::Get();
+  if (alloc == nullptr) return nullptr;
+  auto* host = dynamic_cast<cma::HostBackend*>(&alloc->backend());
+  if (host == nullptr || rank < 0 || size < 1 || rank >= size) {
+    Fail(absl::InvalidArgumentError(absl::StrCat(
+        "cma_host_emulated_comm: ",
+        host == nullptr ? absl::StrCat("the ", alloc->backend().name(),
+                                       " backend has real communicators (NCCL's)")
+                        : "needs 0 <= rank < size")));
+    return nullptr;
+  }
+  return reinterpret_cast<void*>(host->MakeEmulatedComm(rank, size, device));
+}
+
+int cma_symmetric_release_nccl_windows(cma_symmetric_heap* heap, void* nccl_comm) {
+  if (heap == nullptr) {
+    return Fail(absl::InvalidArgumentError("cma_symmetric_release_nccl_windows: null heap"));
+  }
+  absl::StatusOr<int> n =
+      heap->heap->ReleaseWindows(reinterpret_cast<cma::CommHandle>(nccl_comm));
+  return n.ok() ? *n : Fail(n.status());
 }
 
 }  // extern "C"

@@ -66,6 +66,40 @@ TEST_F(SymmetricCApiTest, TwoMembersInOneProcessShareBuffersAndTheCache) {
   EXPECT_EQ(Json(cma_stats_json(-1))["symmetric_allocations"], 0);  // heap gone
 }
 
+// NCCL windows through the C ABI (on the host backend's emulated
+// communicators): registered, cached, refused for a freed handle, released.
+TEST_F(SymmetricCApiTest, NcclWindowsAreRegisteredCachedAndReleased) {
+  const int ranks[] = {0}, devices[] = {0};
+  cma_symmetric_heap* h =
+      cma_symmetric_create(1, ranks, devices, 1, 0, 1, nullptr, nullptr, 10.0, "");
+  ASSERT_NE(h, nullptr) << cma_last_error();
+  void* comm = cma_host_emulated_comm(0, 1, 0);
+  ASSERT_NE(comm, nullptr) << cma_last_error();
+  cma_symmetric_allocation* a = cma_symmetric_alloc(h, 1 << 20, 0);
+  ASSERT_NE(a, nullptr) << cma_last_error();
+  void* w = nullptr;
+  ASSERT_EQ(cma_symmetric_register_nccl_window(h, a, comm, &w), 0) << cma_last_error();
+  EXPECT_NE(w, nullptr);
+  void* again = nullptr;
+  ASSERT_EQ(cma_symmetric_register_nccl_window(h, a, comm, &again), 0);
+  EXPECT_EQ(again, w);
+  EXPECT_EQ(Json(cma_symmetric_stats_json(h))["windows"], 1);
+  EXPECT_EQ(cma_symmetric_register_nccl_window(h, a, cma_host_emulated_comm(0, 2, 0), &again),
+            -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("rank 0 of 2"));
+  EXPECT_EQ(cma_symmetric_register_nccl_window(h, a, comm, nullptr), -1);
+  EXPECT_EQ(cma_host_emulated_comm(1, 1, 0), nullptr);
+  ASSERT_EQ(cma_symmetric_free(h, a), 0);
+  EXPECT_EQ(cma_symmetric_register_nccl_window(h, a, comm, &again), -1);  // freed
+  EXPECT_THAT(cma_last_error(), HasSubstr("not live here"));
+  EXPECT_EQ(again, nullptr);
+  EXPECT_EQ(cma_symmetric_release_nccl_windows(h, comm), 1);  // the cached allocation's
+  EXPECT_EQ(Json(cma_symmetric_stats_json(h))["windows"], 0);
+  EXPECT_EQ(cma_symmetric_release_nccl_windows(h, nullptr), -1);
+  EXPECT_EQ(cma_symmetric_empty_cache(h), 0);
+  cma_symmetric_destroy(h);
+}
+
 // A freed handle stays refused when the heap hands the same allocation out
 // again: the stale free fails and the new owner's allocation stays live.
 TEST_F(SymmetricCApiTest, AStaleHandleIsRefusedAfterACacheHit) {

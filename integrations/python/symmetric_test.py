@@ -72,6 +72,29 @@ def test_one_rank_allocate_free_and_cache(host):
     heap.close()
 
 
+def test_nccl_windows_on_the_host_backends_communicators(host):
+    comm = SoloComm()
+    heap = sym.heap_for(comm)
+    nccl = cma._lib.lib().cma_host_emulated_comm(0, 1, 0)
+    buf = heap.allocate((1024,), "float32")
+    window = heap.register_nccl_window(buf, nccl)
+    assert window and heap.register_nccl_window(buf, nccl) == window  # cached
+    assert heap.stats()["windows"] == 1
+    other_rank = cma._lib.lib().cma_host_emulated_comm(1, 2, 0)
+    with pytest.raises(cma.CmaError, match="rank 1 of 2"):
+        heap.register_nccl_window(buf, other_rank)
+    sym.free(buf)
+    with pytest.raises(cma.CmaError, match="not live here"):
+        heap.register_nccl_window(buf, nccl)      # freed: refused, not read
+    again = heap.allocate((1024,), "float32")     # the cached allocation, window and all
+    assert heap.register_nccl_window(again, nccl) == window
+    assert heap.release_nccl_windows(nccl) == 1
+    assert heap.stats()["windows"] == 0
+    sym.free(again)
+    heap.empty_cache()
+    heap.close()
+
+
 def _rank(rank, conn, q):
     try:
         cma.init("", backend="host")

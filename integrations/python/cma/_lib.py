@@ -108,6 +108,9 @@ def lib():
                 "cma_symmetric_signal_size": (sz, [vp]),
                 "cma_symmetric_device_peers": (vp, [vp]),
                 "cma_symmetric_stats_json": (vp, [vp]),
+                "cma_symmetric_register_nccl_window": (i, [vp, vp, vp, ctypes.POINTER(vp)]),
+                "cma_symmetric_release_nccl_windows": (i, [vp, vp]),
+                "cma_host_emulated_comm": (vp, [i, i, i]),
                 "cma_symmetric_snapshot_json": (vp, []),
             }
             for name, (res, args) in sig.items():

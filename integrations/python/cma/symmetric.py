@@ -144,6 +144,27 @@ class Heap:
     def stats(self):
         return _lib._json(_lib.lib().cma_symmetric_stats_json(self._h))
 
+    def register_nccl_window(self, buf, comm):
+        """Collective: registers this rank's buffer of `buf` (signal area
+        included) as a symmetric window of `comm`, an ncclComm_t (an int) of
+        the NCCL already loaded in this process whose rank and size are this
+        heap's, so that NCCL's symmetric collectives run on it. Returns the
+        ncclWindow_t (an int). Cached with the buffer: again, or after a free
+        and a cached allocate, it makes no NCCL call. A freed buffer is
+        refused on every rank together (CmaError)."""
+        window = ctypes.c_void_p()
+        _lib._check(_lib.lib().cma_symmetric_register_nccl_window(self._h, buf._a, comm,
+                                                                  ctypes.byref(window)))
+        return window.value
+
+    def release_nccl_windows(self, comm):
+        """Collective: deregisters every window on `comm`; call it on every
+        rank before the communicator is destroyed. Returns how many went."""
+        n = _lib.lib().cma_symmetric_release_nccl_windows(self._h, comm)
+        if n < 0:
+            raise _lib._error()
+        return n
+
     def close(self):
         """Releases what this process mapped (not collective)."""
         if self._h:

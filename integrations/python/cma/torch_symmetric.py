@@ -12,6 +12,14 @@ the shape of torch.distributed._symmetric_memory.
 The group bootstraps cma's authenticated socket rendezvous once (through
 all_gather_object); after that a cached empty() of a size seen before makes
 no exchange and no driver call. Every call is collective.
+
+NCCL windows: with an NCCL group, empty(..., nccl_window=True) also
+registers the buffer as a symmetric window of the group's communicator
+(NCCL 2.27+), so that dist.all_reduce and friends on it run NCCL's
+symmetric kernels, as torch's SymmetricMemory NCCL backend does. The
+registration stays with the cached allocation (a later empty() that reuses
+it costs no NCCL call). Call release_nccl_windows(group) on every rank
+before dist.destroy_process_group.
 """
 import numpy
 import torch
@@ -56,8 +64,25 @@ def _tensor(ptr, shape, dtype, device, owner):
     return torch.as_tensor(raw, device=device).view(dtype).view(shape)
 
 
-def empty(shape, dtype=torch.float32, group=None, device=None):
-    """Collective: a tensor in symmetric memory on this rank's device."""
+def _nccl_comm(group, device):
+    """The group's ncclComm_t on `device` (an int), made now if NCCL has not
+    made it yet (torch creates communicators lazily)."""
+    pg = group if group is not None else dist.group.WORLD
+    backend = pg._get_backend(device)
+    with torch.cuda.device(device):
+        comm = backend._comm_ptr()
+        if not comm:
+            dist.all_reduce(torch.zeros(1, device=device), group=group)
+            comm = backend._comm_ptr()
+    if not comm:
+        raise RuntimeError("cma.torch.symmetric: the group has no NCCL communicator on " +
+                           str(device))
+    return comm
+
+
+def empty(shape, dtype=torch.float32, group=None, device=None, nccl_window=False):
+    """Collective: a tensor in symmetric memory on this rank's device; with
+    nccl_window, also a symmetric window of the group's NCCL communicator."""
     device = torch.device("cuda", torch.cuda.current_device()) if device is None \
         else torch.device(device)
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -65,8 +90,23 @@ def empty(shape, dtype=torch.float32, group=None, device=None):
     heap = _heap(group, device.index)
     buf = heap.allocate((nbytes,), "uint8")
     t = _tensor(buf.peer_ptrs[heap.rank], shape, dtype, device, buf)
+    if nccl_window:
+        try:
+            heap.register_nccl_window(buf, _nccl_comm(group, device))
+        except BaseException:
+            heap.free(buf)  # every rank failed together: every rank frees
+            raise
     _live[t.data_ptr()] = (buf, group)
     return t
+
+
+def release_nccl_windows(group=None, device=None):
+    """Collective: deregisters cma's windows on the group's NCCL communicator
+    (call on every rank before dist.destroy_process_group). Returns how many
+    this rank released."""
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None \
+        else torch.device(device)
+    return _heap(group, device.index).release_nccl_windows(_nccl_comm(group, device))
 
 
 class Handle:
