@@ -18,7 +18,7 @@ on an H200 host, hides the kernel), and `graph`, the same `iters` calls
 captured once in a CUDA graph and replayed (the collective itself). Each
 timing is the mean over the `iters` calls between CUDA events; rounds
 interleave the three buffers in a rotating order, and the figure is the
-median over rounds. Rank 0 writes OUT.json; the exit code is the check.
+median over rounds; ratios are medians of each round's cma/peer pair. Rank 0 writes OUT.json; the exit code is the check.
 
     ... torch_nccl_window_bench.py OUT.json probe   (one all-reduce per buffer,
         for NCCL_DEBUG=INFO logs)
@@ -35,7 +35,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 SIZES = [8 << 10, 32 << 10, 128 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
-ROUNDS = int(os.environ.get("CMA_BENCH_ROUNDS", "7"))
+ROUNDS = int(os.environ.get("CMA_BENCH_ROUNDS", "15"))
 
 
 def iters_for(nbytes):
@@ -162,9 +162,12 @@ def main(out_path, probe=False):
                     samples[n][s].append(us)
         table = {n: {str(s): statistics.median(v) for s, v in samples[n].items()} for n in names}
         results[f"allreduce_us_median_{mode}"] = table
+        # Paired: each round's cma figure over the same round's peer (drift
+        # in the machine cancels), then the median over rounds.
         results[f"ratios_{mode}"] = {
-            str(s): {f"cma_window/{n}": table["cma_window"][str(s)] / table[n][str(s)]
-                     for n in names if n != "cma_window"} for s in SIZES}
+            str(s): {f"cma_window/{n}": statistics.median(
+                c / p for c, p in zip(samples["cma_window"][s], samples[n][s]))
+                for n in names if n != "cma_window"} for s in SIZES}
     _graphs.clear()
 
     # ---- release before the communicator goes
