@@ -35,6 +35,11 @@ struct Block {
   // The private pool (allocator/mempool.h) the block belongs to; 0 for the
   // shared cache. Free blocks merge and serve requests only within theirs.
   std::uint32_t mempool = 0;
+  // A block of a no_split pool (PyTorch's MemPool(no_split=True)): handed
+  // out whole, never split nor merged with its neighbours while the pool
+  // lives, so that it stays one segment of its own (what NCCL's buffer
+  // registration of a pool's segments relies on).
+  bool no_split = false;
   // Allocated blocks: the size class of the request (policy/size_policy.h
   // PoolFor), under which the allocation statistics count it; in an arena
   // it can differ from the segment's pool.

@@ -339,6 +339,19 @@ absl::Status CachingManagedAllocator::ReleasePool(int device, MemPoolId id) {
   return (*d)->ReleasePool(id);
 }
 
+absl::Status CachingManagedAllocator::SetPoolOptions(int device, MemPoolId id,
+                                                     PoolOptions options) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->SetPoolOptions(id, options);
+}
+
+absl::StatusOr<PoolOptions> CachingManagedAllocator::GetPoolOptions(int device, MemPoolId id) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->GetPoolOptions(id);
+}
+
 bool CachingManagedAllocator::AllocatingToPool(int device) {
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   return d.ok() && (*d)->AllocatingToPool();

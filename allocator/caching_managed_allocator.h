@@ -153,6 +153,11 @@ class CachingManagedAllocator {
                                    PoolContextOptions options = {});
   absl::Status EndAllocateToPool(int device, MemPoolId id);
   absl::Status ReleasePool(int device, MemPoolId id);
+  // PyTorch's MemPool(no_split=, use_on_oom=) (allocator/mempool.h
+  // PoolOptions) for a pool that holds a reference; kInvalidArgument
+  // otherwise, changing nothing.
+  absl::Status SetPoolOptions(int device, MemPoolId id, PoolOptions options);
+  absl::StatusOr<PoolOptions> GetPoolOptions(int device, MemPoolId id);
   // Whether any pool of `device` is being allocated to (false for a bad
   // device).
   bool AllocatingToPool(int device);

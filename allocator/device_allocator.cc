@@ -192,9 +192,14 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
       CoalesceUnmerged();
     }
     std::size_t new_pages = 0;  // pages that `rounded` bytes of b would populate
-    // A private pool's own free blocks first; else the shared cache lends.
+    // A private pool's own free blocks first; else the shared cache lends:
+    // in an arena, a page-aligned chunk (CarvePoolChunk), so the shared
+    // block must hold one wherever it starts.
     Block* b = mempool != 0 ? FindSameStream(rounded, pool, stream, mempool, &new_pages) : nullptr;
-    if (b == nullptr) b = FindSameStream(rounded, pool, stream, 0, &new_pages);
+    const bool chunked = ABSL_PREDICT_FALSE(mempool != 0) && b == nullptr && arena_mode();
+    const std::size_t chunk = chunked ? SegmentSizeFor(rounded) : 0;
+    const std::size_t want = chunked ? chunk + kPageSize : rounded;
+    if (b == nullptr) b = FindSameStream(want, pool, stream, 0, &new_pages);
     // Known to need no new page: then there is nothing to make room for.
     bool populated = b != nullptr && new_pages == 0;
     if (arena_mode()) {
@@ -203,11 +208,11 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
       // it). Other streams' free blocks, merged with this stream's, may hold
       // the request in populated pages.
       // Quiet, only streams already known idle: no query may be made.
-      if (!populated && AdoptIdleStreams(rounded, pool, stream, /*synchronize=*/retry && !quiet,
+      if (!populated && AdoptIdleStreams(want, pool, stream, /*synchronize=*/retry && !quiet,
                                          /*may_query=*/!quiet)) {
         if (b != nullptr) ReturnBlock(b);
         CoalesceUnmerged();
-        b = FindSameStream(rounded, pool, stream, 0, &new_pages);
+        b = FindSameStream(want, pool, stream, 0, &new_pages);
         populated = b != nullptr && new_pages == 0;
       }
     } else if (b == nullptr && !quiet) {
@@ -229,7 +234,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
                         SegmentSizeFor(rounded), budget_);
         if (!quiet && (retry || release > 0)) ReleaseCachedSegments(release);
       }
-      absl::StatusOr<Block*> fresh = NewSegment(rounded, pool, stream);
+      absl::StatusOr<Block*> fresh = NewSegment(want, pool, stream);
       if (!fresh.ok()) {
         if (!absl::IsResourceExhausted(fresh.status())) return fresh.status();
         cause = fresh.status();
@@ -238,11 +243,18 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
       b = *fresh;
       made = b->segment;
     }
-    const std::size_t take = ShouldSplit(b->size, rounded, pool, *config_) ? rounded : b->size;
+    if (chunked) {
+      b = CarvePoolChunk(b, chunk, mempool);  // b holds `want` bytes: the chunk fits
+      new_pages = FreshPagesFor(b, rounded);
+      populated = new_pages == 0;
+    }
+    const std::size_t take =
+        !NoSplit(mempool) && ShouldSplit(b->size, rounded, pool, *config_) ? rounded : b->size;
     // The steady state (a reused block, all pages populated) skips this.
     if (b->segment->arena && !(populated && take == rounded)) {
       // Pages the block needs that hold nothing yet must fit the budget.
       if (absl::Status s = MakeRoomForPages(b, take, stream, /*everything=*/retry); !s.ok()) {
+        if (chunked) b->mempool = 0;  // the chunk goes back to the shared cache
         ReturnBlock(b);  // unchanged: back into its pool
         // The arena made for this request holds nothing and no stream has
         // used it: give its address range back rather than keep an empty
@@ -265,6 +277,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
     }
     return p;
   }
+  if (void* p = TakeFromUseOnOomPools(rounded, bytes, pool, stream, mempool, hints)) return p;
   if (spill) {
     absl::StatusOr<void*> h = AllocateOnHost(rounded, bytes, pool, stream);
     if (h.ok()) {
@@ -341,25 +354,13 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
   b->stream = stream;
   b->allocated = true;
   b->unmerged = false;
-  if (ShouldSplit(b->size, rounded, pool, *config_)) {
-    Block* rest = NewBlock();
-    rest->addr = b->addr + rounded;
-    rest->size = b->size - rounded;
-    rest->stream = stream;
-    rest->segment = b->segment;
-    rest->placed = b->placed;  // placement of b's range changes only after this
-    rest->free_seq = b->free_seq;
-    rest->location = b->location;
-    rest->mempool = b->mempool;
-    rest->prev = b;
-    rest->next = b->next;
-    if (b->next != nullptr) b->next->prev = rest;
-    b->next = rest;
-    b->size = rounded;
+  const bool whole = NoSplit(mempool);
+  if (!whole && ShouldSplit(b->size, rounded, pool, *config_)) {
     // A block taken from another stream may border a free block of this
     // stream: let the next coalescing merge them.
-    ReturnBlock(rest);
+    ReturnBlock(SplitAt(b, b->addr + rounded));
   }
+  b->no_split = whole;
   if (ABSL_PREDICT_FALSE(mempool != 0)) ++mempools_[mempool].live;
   b->mempool = mempool;
   b->requested = requested;
@@ -379,6 +380,39 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
   UpdateStat(stats_.active, size_class, 1);
   UpdateStat(stats_.active_bytes, size_class, b->size);
   return b->ptr();
+}
+
+Block* DeviceAllocator::SplitAt(Block* b, std::uintptr_t at) {
+  Block* upper = NewBlock();
+  upper->addr = at;
+  upper->size = b->addr + b->size - at;
+  upper->stream = b->stream;
+  upper->segment = b->segment;
+  upper->placed = b->placed;  // placement of b's range changes only after this
+  upper->free_seq = b->free_seq;
+  upper->location = b->location;
+  upper->mempool = b->mempool;
+  upper->prev = b;
+  upper->next = b->next;
+  if (b->next != nullptr) b->next->prev = upper;
+  b->next = upper;
+  b->size = at - b->addr;
+  return upper;
+}
+
+Block* DeviceAllocator::CarvePoolChunk(Block* b, std::size_t chunk, std::uint32_t mempool) {
+  const Segment* seg = b->segment;
+  const std::uintptr_t start =
+      seg->base + (b->addr - seg->base + kPageSize - 1) / kPageSize * kPageSize;
+  if (start + chunk > b->addr + b->size) return nullptr;
+  Block* c = b;
+  if (start > b->addr) {
+    c = SplitAt(b, start);
+    ReturnBlock(b);  // the room below the page boundary stays shared
+  }
+  if (c->size > chunk) ReturnBlock(SplitAt(c, c->addr + chunk));
+  c->mempool = mempool;
+  return c;
 }
 
 // ---------------------------------------------------------------- free

@@ -79,6 +79,8 @@ class DeviceAllocator {
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status EndAllocateToPool(MemPoolId id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ReleasePool(MemPoolId id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status SetPoolOptions(MemPoolId id, PoolOptions options) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<PoolOptions> GetPoolOptions(MemPoolId id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<bool> CheckPoolLiveAllocations(MemPoolId id, absl::Span<void* const> expected)
       ABSL_LOCKS_EXCLUDED(mu_);
   // pool_checkpoint.cc
@@ -363,8 +365,34 @@ class DeviceAllocator {
   void MergePlacement(Block* b, const Block& next) const;
   static bool Mergeable(const Block* neighbour, const Block* b) {
     return neighbour != nullptr && neighbour->is_free() && neighbour->stream == b->stream &&
-           neighbour->mempool == b->mempool;
+           neighbour->mempool == b->mempool && !neighbour->no_split && !b->no_split;
   }
+  // Cuts block b (out of the free lists, or allocated) at `at`, inside it:
+  // b keeps the lower part; the upper part, returned, is a new block with
+  // b's stream, pool and placement, not yet in any list.
+  Block* SplitAt(Block* b, std::uintptr_t at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Arena mode: a private pool takes room from the shared cache as PyTorch's
+  // pools take segments, in chunks of the segment size of the request
+  // (policy/size_policy.h SegmentSizeFor) starting at a page boundary, so
+  // that its blocks and the shared cache's never share a page and the
+  // chunk's spare room is the pool's. Carves that chunk out of free shared
+  // block b (out of the free lists) and returns it as pool `mempool`'s, the
+  // rest of b going back to the shared cache; nullptr (b untouched) when
+  // the chunk does not fit in b.
+  Block* CarvePoolChunk(Block* b, std::size_t chunk, std::uint32_t mempool)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether private pool `mempool` hands its blocks out whole (no_split).
+  bool NoSplit(std::uint32_t mempool) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (ABSL_PREDICT_TRUE(mempool == 0)) return false;
+    auto it = mempools_.find(mempool);
+    return it != mempools_.end() && it->second.no_split;
+  }
+  // Out of memory: a free block of a live use_on_oom pool other than
+  // `mempool` that serves the request, handed out as that pool's; nullptr
+  // if none.
+  void* TakeFromUseOnOomPools(std::size_t rounded, std::size_t requested, PoolKind pool,
+                              Stream stream, std::uint32_t mempool, const AllocationHints* hints)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Merges b->next, a free block of b's stream, into b (b is out of the pool).
   void AbsorbNext(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -530,6 +558,8 @@ class DeviceAllocator {
     MemPoolId id;
     int use_count = 0;
     std::size_t live = 0;  // blocks handed out and not yet free again
+    bool no_split = false;    // PoolOptions
+    bool use_on_oom = false;
   };
   absl::flat_hash_map<MemPoolId, std::uint32_t> mempool_index_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::uint32_t, PrivatePool> mempools_ ABSL_GUARDED_BY(mu_);

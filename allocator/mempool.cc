@@ -91,6 +91,24 @@ absl::Status DeviceAllocator::ReleasePool(MemPoolId id) {
   return absl::OkStatus();
 }
 
+absl::Status DeviceAllocator::SetPoolOptions(MemPoolId id, PoolOptions options) {
+  MutexLock l(&mu_);
+  absl::StatusOr<std::uint32_t> index = ReferencedPool(id, "options");
+  if (!index.ok()) return index.status();
+  PrivatePool& pool = mempools_[*index];
+  pool.no_split = options.no_split;
+  pool.use_on_oom = options.use_on_oom;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PoolOptions> DeviceAllocator::GetPoolOptions(MemPoolId id) {
+  MutexLock l(&mu_);
+  absl::StatusOr<std::uint32_t> index = ReferencedPool(id, "options");
+  if (!index.ok()) return index.status();
+  const PrivatePool& pool = mempools_[*index];
+  return PoolOptions{pool.no_split, pool.use_on_oom};
+}
+
 absl::StatusOr<bool> DeviceAllocator::CheckPoolLiveAllocations(MemPoolId id,
                                                                 absl::Span<void* const> expected) {
   MutexLock l(&mu_);
@@ -142,11 +160,42 @@ void DeviceAllocator::DissolveIfUnused(std::uint32_t index) {
   for (Block* b : blocks) {
     EraseFree(b);
     b->mempool = 0;
+    b->no_split = false;  // the shared cache splits and merges it again
     ReturnBlock(b);
   }
   mempool_index_.erase(it->second.id);
   mempools_.erase(it);
   if (!quiet()) CoalesceUnmerged();
+}
+
+void* DeviceAllocator::TakeFromUseOnOomPools(std::size_t rounded, std::size_t requested,
+                                             PoolKind pool, Stream stream, std::uint32_t mempool,
+                                             const AllocationHints* hints) {
+  std::vector<std::uint32_t> lenders;
+  for (const auto& [index, p] : mempools_) {
+    if (p.use_on_oom && p.use_count > 0 && index != mempool) lenders.push_back(index);
+  }
+  std::sort(lenders.begin(), lenders.end());  // the oldest pool first, whatever the map's order
+  for (std::uint32_t index : lenders) {
+    Block* b = FindSameStream(rounded, pool, stream, index);
+    if (b == nullptr) continue;
+    const std::size_t take =
+        !NoSplit(index) && ShouldSplit(b->size, rounded, pool, *config_) ? rounded : b->size;
+    if (b->segment->arena && FreshPagesFor(b, take) > 0 &&
+        !MakeRoomForPages(b, take, stream, /*everything=*/true).ok()) {
+      ReturnBlock(b);
+      continue;
+    }
+    void* p = HandOut(b, rounded, requested, pool, stream, index);
+    if (!quiet()) {
+      PlaceForAllocation(b, stream, hints);
+    } else {
+      b->placed = false;  // first touch places it, as Allocate's
+      populate_.clear();
+    }
+    return p;
+  }
+  return nullptr;
 }
 
 bool DeviceAllocator::FenceStreamUses(Block* b) {

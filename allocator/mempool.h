@@ -39,6 +39,21 @@ struct PoolContextOptions {
   bool reuse_after_join = false;
 };
 
+// What a pool does besides holding its blocks (PyTorch's MemPool(no_split=,
+// use_on_oom=)). Set once a pool is known (after CreateOrIncrefPool), before
+// it is allocated to; they apply to what is handed out afterwards.
+struct PoolOptions {
+  // Blocks are handed out whole and never split nor merged while the pool
+  // lives: each allocation is one segment of its own (as PyTorch's, whose
+  // segments are the segment size of the request: 2 MiB up to 1 MiB, 20 MiB
+  // up to 10 MiB, else the request rounded to 2 MiB).
+  bool no_split = false;
+  // When an allocation anywhere else on the device runs out of memory, a
+  // free block of this pool (on the allocation's stream) that fits serves
+  // it, as this pool's block, while the pool holds a reference.
+  bool use_on_oom = false;
+};
+
 // One allocation of a private pool: its address, its block's (rounded)
 // size, the size it was requested with, and its stream.
 struct PoolAllocation {

@@ -314,20 +314,7 @@ void DeviceAllocator::FreeForRestore(Block* b) {
 
 Block* DeviceAllocator::SplitFree(Block* b, std::uintptr_t at) {
   EraseFree(b);  // counted out of inactive_split as it was
-  Block* upper = NewBlock();
-  upper->addr = at;
-  upper->size = b->addr + b->size - at;
-  upper->stream = b->stream;
-  upper->segment = b->segment;
-  upper->mempool = b->mempool;
-  upper->placed = b->placed;
-  upper->location = b->location;
-  upper->free_seq = b->free_seq;
-  upper->prev = b;
-  upper->next = b->next;
-  if (b->next != nullptr) b->next->prev = upper;
-  b->next = upper;
-  b->size = at - b->addr;
+  Block* upper = SplitAt(b, at);
   ReturnBlock(b);
   ReturnBlock(upper);
   return upper;

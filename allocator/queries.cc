@@ -92,6 +92,7 @@ void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
         if (pool != mempools_.end()) bs.pool = pool->second.id;
       }
       bs.populated_end = b->size;
+      bs.own_segment = b->no_split;
       if (seg->arena) {
         const std::size_t lo = (b->addr - seg->base) / kPageSize;
         const std::size_t hi = (b->addr + b->size - seg->base + kPageSize - 1) / kPageSize;

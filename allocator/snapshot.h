@@ -26,6 +26,8 @@ struct BlockSnapshot {
   // populated page (0: none is populated; a free block holding memory has
   // more). A classic segment's blocks: their size.
   std::size_t populated_end = 0;
+  // A no_split pool's block: a segment of its own in PyTorch's terms.
+  bool own_segment = false;
 };
 
 struct SegmentSnapshot {

@@ -121,6 +121,13 @@ int cma_pool_check_live(int device, unsigned long long id0, unsigned long long i
 /* References on a pool (MemPool objects plus open contexts not yet
  * released), or -1 (unknown pool: error). */
 int cma_pool_use_count(int device, unsigned long long id0, unsigned long long id1);
+/* PyTorch's MemPool(no_split=, use_on_oom=) (allocator/mempool.h PoolOptions)
+ * for a pool that holds a reference: each flag 1 (on), 0 (off) or -1 (as it
+ * is). no_split: blocks handed out whole, each a segment of its own; use_on_oom:
+ * the pool's free blocks serve other allocations of the device that run out
+ * of memory. 0, or -1 (cma_last_error) changing nothing. */
+int cma_pool_set_options(int device, unsigned long long id0, unsigned long long id1, int no_split,
+                         int use_on_oom);
 /* Frees the pool's idle (free, cached) blocks as cma_empty_cache does for the
  * shared cache, with PyTorch's emptyCache(mempool_id) rule: only once the
  * pool holds no reference (released, with allocations still live); a pool
@@ -244,6 +251,7 @@ typedef struct cma_block_info {
   int active;    /* allocated, or freed and still awaiting another stream */
   void* stream;
   unsigned long long pool0, pool1; /* owning private pool; 0, 0: the shared cache */
+  int own_segment; /* a no_split pool's block: a segment by itself */
 } cma_block_info;
 /* Visits a consistent copy of every segment: on_segment(ctx, segment), then
  * on_block(ctx, block) for each of its n_blocks blocks in address order.

@@ -4,6 +4,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "allocator/caching_managed_allocator.h"
 #include "integrations/c/cma_c.h"
 #include "integrations/c/cma_c_internal.h"
@@ -25,6 +26,23 @@ int cma_pool_use_count(int device, unsigned long long id0, unsigned long long id
   if (a == nullptr) return -1;
   absl::StatusOr<int> n = a->GetPoolUseCount(device, {id0, id1});
   return n.ok() ? *n : Fail(n.status());
+}
+
+int cma_pool_set_options(int device, unsigned long long id0, unsigned long long id1, int no_split,
+                         int use_on_oom) {
+  return WithAllocator([&](CachingManagedAllocator& a) -> absl::Status {
+    for (int flag : {no_split, use_on_oom}) {
+      if (flag < -1 || flag > 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cma_pool_set_options: flags are 0, 1 or -1 (keep), not ", flag));
+      }
+    }
+    absl::StatusOr<cma::PoolOptions> o = a.GetPoolOptions(device, {id0, id1});
+    if (!o.ok()) return o.status();
+    if (no_split >= 0) o->no_split = no_split == 1;
+    if (use_on_oom >= 0) o->use_on_oom = use_on_oom == 1;
+    return a.SetPoolOptions(device, {id0, id1}, *o);
+  });
 }
 
 int cma_pool_empty_cache(int device, unsigned long long id0, unsigned long long id1) {

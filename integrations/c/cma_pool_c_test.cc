@@ -162,6 +162,35 @@ TEST_F(PoolCApiTest, UseCountsAndBadInput) {
   EXPECT_EQ(cma_pool_use_count(0, 7, 0), -1);  // released and empty: dissolved
 }
 
+// no_split through the C ABI: set, kept by a -1, visible in the snapshot as
+// a block that is a segment of its own; bad flags and pools change nothing.
+TEST_F(PoolCApiTest, PoolOptionsAreSetKeptAndShownInTheSnapshot) {
+  EXPECT_EQ(cma_pool_set_options(0, 7, 0, 1, -1), -1);  // no such pool
+  EXPECT_THAT(cma_last_error(), HasSubstr("does not exist"));
+  ASSERT_EQ(cma_pool_create_or_incref(0, 7, 0), 0);
+  EXPECT_EQ(cma_pool_set_options(0, 7, 0, 2, 0), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("0, 1 or -1"));
+  ASSERT_EQ(cma_pool_set_options(0, 7, 0, 1, -1), 0) << cma_last_error();
+  ASSERT_EQ(cma_pool_set_options(0, 7, 0, -1, 1), 0);  // no_split stays on
+  std::vector<void*> p = InPool({4 << 20, 4 << 20});
+  struct Seen {
+    std::vector<cma_block_info> blocks;
+  } seen;
+  ASSERT_EQ(cma_snapshot_visit([](void*, const cma_segment_info*) {},
+                               [](void* c, const cma_block_info* b) {
+                                 if (b->pool0 == 7) static_cast<Seen*>(c)->blocks.push_back(*b);
+                               },
+                               &seen),
+            0);
+  ASSERT_EQ(seen.blocks.size(), 2u);
+  for (const cma_block_info& b : seen.blocks) {
+    EXPECT_EQ(b.own_segment, 1);
+    EXPECT_EQ(b.size, size_t{20} << 20);  // a whole chunk, as PyTorch's 20 MiB segment
+  }
+  for (void* x : p) EXPECT_EQ(cma_free(x), 0);
+  EXPECT_EQ(cma_pool_release(0, 7, 0), 0);
+}
+
 TEST_F(PoolCApiTest, CheckpointRestoreReportsFreedThenCreated) {
   ASSERT_EQ(cma_pool_create_or_incref(0, 7, 0), 0);
   std::vector<void*> p = InPool({3 << 20, 1000});

@@ -12,11 +12,10 @@ budget), OOM observers, and torch.OutOfMemoryError on out-of-memory.
 A MemPool with another allocator (MemPool(allocator), e.g. a
 CUDAPluggableAllocator or NCCL's mem_allocator) takes its memory from that
 allocator, cached per pool as PyTorch's native allocator does
-(torch_foreign_pool.h; use_on_oom and no_split work there).
+(torch_foreign_pool.h). MemPool(no_split=True) and MemPool(use_on_oom=True)
+work on cma's own pools too (allocator/mempool.h PoolOptions).
 Not supported, with an error naming cma: CUDA IPC of tensors
-(torch.multiprocessing sharing: managed memory has no cudaIpc handle),
-use_on_oom=True and no_split=True for a MemPool without an allocator (cma's
-own pools).
+(torch.multiprocessing sharing: managed memory has no cudaIpc handle).
 
 move(tensor, device) is RFC-0023's zero-copy tensor.to(): the returned tensor
 aliases the same managed memory (same data_ptr) on the other device; the data

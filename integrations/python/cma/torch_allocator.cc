@@ -177,20 +177,20 @@ int CmaCudaAllocator::getPoolUseCount(c10::DeviceIndex device, Pool pool) {
 // (else the pool would never be released).
 void CmaCudaAllocator::setUseOnOOM(c10::DeviceIndex device, Pool pool, bool use_on_oom) {
   if (foreign_.SetUseOnOOM(device, pool, use_on_oom)) return;
-  // MemPool's destructor turns it off for every pool: that is a no-op.
-  if (use_on_oom) {
+  // MemPool's destructor turns it off once the pool may be gone: no error then.
+  if (api.pool_set_options(device, pool.first, pool.second, -1, use_on_oom ? 1 : 0) != 0 &&
+      use_on_oom) {
     (void)api.pool_release(device, pool.first, pool.second);
-    Unsupported("MemPool(use_on_oom=True) without an allocator",
-                "cma's own pools do not lend their free blocks to other allocations on OOM "
-                "(a MemPool with its own allocator, MemPool(allocator, use_on_oom=True), does)");
+    Fail("setUseOnOOM");
   }
 }
 
 void CmaCudaAllocator::setNoSplit(c10::DeviceIndex device, Pool pool) {
   if (foreign_.SetNoSplit(device, pool)) return;
-  (void)api.pool_release(device, pool.first, pool.second);
-  Unsupported("MemPool(no_split=True) without an allocator",
-              "cma splits cached blocks in every pool of its own");
+  if (api.pool_set_options(device, pool.first, pool.second, 1, -1) != 0) {
+    (void)api.pool_release(device, pool.first, pool.second);
+    Fail("setNoSplit");
+  }
 }
 
 bool CmaCudaAllocator::checkPoolLiveAllocations(c10::DeviceIndex device, Pool pool,
@@ -248,6 +248,7 @@ void install(const std::string& library) {
   Resolve(h, "cma_pool_end", api.pool_end);
   Resolve(h, "cma_pool_release", api.pool_release);
   Resolve(h, "cma_pool_use_count", api.pool_use_count);
+  Resolve(h, "cma_pool_set_options", api.pool_set_options);
   Resolve(h, "cma_pool_empty_cache", api.pool_empty_cache);
   Resolve(h, "cma_pool_check_live", api.pool_check_live);
   Resolve(h, "cma_pool_checkpoint_take", api.pool_checkpoint_take);

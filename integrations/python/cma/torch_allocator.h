@@ -91,6 +91,7 @@ struct Api {
   int (*pool_end)(int, unsigned long long, unsigned long long);
   int (*pool_release)(int, unsigned long long, unsigned long long);
   int (*pool_use_count)(int, unsigned long long, unsigned long long);
+  int (*pool_set_options)(int, unsigned long long, unsigned long long, int, int);
   int (*pool_empty_cache)(int, unsigned long long, unsigned long long);
   int (*pool_check_live)(int, unsigned long long, unsigned long long, void* const*, size_t);
   cma_pool_checkpoint* (*pool_checkpoint_take)(int, unsigned long long, unsigned long long);

@@ -228,8 +228,8 @@ cca::SnapshotInfo CmaCudaAllocator::snapshot(Pool pool, bool include_traces) {
       return;
     }
     // One segment per run of one pool and one stream, as PyTorch's segments
-    // belong to one stream.
-    if (!x->open || x->info.segments.back().owner_private_pool_id != owner ||
+    // belong to one stream; a no_split pool's block is one by itself.
+    if (!x->open || b->own_segment || x->info.segments.back().owner_private_pool_id != owner ||
         x->info.segments.back().stream != b->stream) {
       c10::CachingDeviceAllocator::SegmentInfo seg;
       seg.device = static_cast<c10::DeviceIndex>(x->current.device);
@@ -256,6 +256,7 @@ cca::SnapshotInfo CmaCudaAllocator::snapshot(Pool pool, bool include_traces) {
     }
     if (info.active) seg.active_size += b->size;
     seg.blocks.push_back(std::move(info));
+    if (b->own_segment) x->open = false;
   };
   if (api.snapshot_visit(on_segment, on_block, &ctx) != 0) Fail("snapshot");
   // Segments of MemPools with their own allocator (torch_foreign_pool.h);

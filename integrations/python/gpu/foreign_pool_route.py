@@ -294,13 +294,22 @@ def _():
     return torch.cuda.memory_reserved(0) == r0 or "the pool's bytes stayed reserved"
 
 
-@check("own_pools_refuse_use_on_oom_clearly")
+@check("own_pools_no_split_and_use_on_oom")
 def _():
-    try:
-        torch.cuda.MemPool(use_on_oom=True)
-        return "accepted"
-    except RuntimeError as e:
-        return "caching_managed_allocator" in str(e) and "use_on_oom" in str(e) or str(e)[:200]
+    # cma's own pools: no_split hands out whole chunks, each a segment of its
+    # own; use_on_oom is accepted (its lending is tested on the host backend).
+    lender = torch.cuda.MemPool(use_on_oom=True)
+    whole = torch.cuda.MemPool(no_split=True)
+    with torch.cuda.use_mem_pool(whole):
+        a = torch.empty(1 << 20, device="cuda")  # 4 MiB: a 20 MiB chunk, as native's segment
+        b = torch.empty(1 << 20, device="cuda")
+    segs = whole.snapshot()
+    if len(segs) != 2 or any(len(s["blocks"]) != 1 for s in segs):
+        return f"no_split segments: {[(s['total_size'], len(s['blocks'])) for s in segs]}"
+    if any(s["total_size"] != 20 << 20 for s in segs):
+        return f"no_split segment sizes: {[s['total_size'] for s in segs]}"
+    del a, b, whole, lender
+    return True
 
 
 out["dummy_calls"] = list(counts())

@@ -1,0 +1,133 @@
+// Private pools take the shared cache's room in chunks of their own, and
+// PyTorch's MemPool(no_split=True, use_on_oom=True) (allocator/mempool.h
+// PoolOptions), on the host backend.
+#include <cstdint>
+
+#include "gmock/gmock.h"
+#include "tests/mempool_test_util.h"
+
+namespace cma {
+namespace {
+
+using ::testing::HasSubstr;
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr MemPoolId kPool{1, 0};
+
+class MemPoolOptionsTest : public MemPoolFixture {
+ protected:
+  // The snapshot's block at `p`.
+  BlockSnapshot BlockAt(void* p) {
+    for (const SegmentSnapshot& s : alloc_->Snapshot()) {
+      for (const BlockSnapshot& b : s.blocks) {
+        if (b.address == reinterpret_cast<std::uintptr_t>(p)) return b;
+      }
+    }
+    ADD_FAILURE() << "no block at " << p;
+    return {};
+  }
+  void* InPool(std::size_t bytes, Stream s) {
+    EXPECT_TRUE(alloc_->BeginAllocateToPool(0, kPool, nullptr).ok());
+    void* p = Alloc(bytes, 0, s);
+    EXPECT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+    EXPECT_TRUE(alloc_->ReleasePool(0, kPool).ok());  // the context's reference
+    return p;
+  }
+};
+
+// A pool's first block starts a page of its own, in a chunk of a segment's
+// size (2 MiB for a small request), so the shared cache's blocks stay
+// together around it and the chunk's rest serves the pool.
+TEST_F(MemPoolOptionsTest, APoolTakesAPageAlignedChunkOfItsOwn) {
+  ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
+  void* a = Alloc(kMiB, 0, s1_);
+  void* p = InPool(kMiB, s1_);
+  void* b = Alloc(kMiB, 0, s1_);
+  EXPECT_EQ(static_cast<char*>(b), static_cast<char*>(a) + kMiB);  // the shared run goes on
+  const auto pa = reinterpret_cast<std::uintptr_t>(p), aa = reinterpret_cast<std::uintptr_t>(a);
+  EXPECT_EQ((pa - aa) % kPageSize, 0u);  // arenas start on a page
+  EXPECT_GE(pa, aa + kPageSize);
+  void* q = InPool(kMiB, s1_);  // the chunk's rest
+  EXPECT_EQ(static_cast<char*>(q), static_cast<char*>(p) + kMiB);
+  EXPECT_EQ(BlockAt(p).pool, kPool);
+  ExpectInvariants();
+  for (void* x : {a, b, p, q}) ASSERT_TRUE(alloc_->Free(x).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());  // dissolves: the chunk is shared again
+  ExpectInvariants();
+  void* whole = Alloc(4 * kMiB, 0, s1_);  // everything merged back into one free run
+  EXPECT_EQ(whole, a);
+  ASSERT_TRUE(alloc_->Free(whole).ok());
+}
+
+// no_split: each allocation is a whole chunk (a 4 MiB request gets a 20 MiB
+// block, as PyTorch's 20 MiB segment), is reused whole, never merges with
+// its free neighbours while the pool lives, and rejoins the shared cache
+// (merging there) once the pool is gone.
+TEST_F(MemPoolOptionsTest, NoSplitHandsOutWholeChunksThatNeverMerge) {
+  ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->SetPoolOptions(0, kPool, {.no_split = true}).ok());
+  void* a = InPool(4 * kMiB, s1_);
+  void* b = InPool(4 * kMiB, s1_);
+  EXPECT_EQ(BlockAt(a).size, 20 * kMiB);
+  EXPECT_EQ(BlockAt(b).size, 20 * kMiB);
+  EXPECT_EQ(BlockAt(a).requested, 4 * kMiB);
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(alloc_->Free(b).ok());
+  ExpectInvariants();  // two free neighbours of one stream and pool, unmerged on purpose
+  EXPECT_EQ(BlockAt(a).size, 20 * kMiB);
+  void* c = InPool(kMiB, s1_);  // a cached block serves whole, unsplit
+  EXPECT_TRUE(c == a || c == b);
+  EXPECT_EQ(BlockAt(c).size, 20 * kMiB);
+  void* d = InPool(30 * kMiB, s1_);  // too big for either: a chunk of its own
+  EXPECT_EQ(BlockAt(d).size, 30 * kMiB);
+  for (void* x : {c, d}) ASSERT_TRUE(alloc_->Free(x).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+  ExpectInvariants();
+  const std::int64_t split = alloc_->GetStats(0)->inactive_split[kAllPools].current;
+  EXPECT_EQ(split, 0);  // all merged back into the shared cache
+}
+
+// use_on_oom: when the device is full, a live pool's free block serves an
+// allocation from elsewhere, as that pool's; a released pool's never does.
+TEST_F(MemPoolOptionsTest, UseOnOomLendsALivePoolsFreeBlockAndOnlyThen) {
+  ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->SetPoolOptions(0, kPool, {.use_on_oom = true}).ok());
+  void* cached = InPool(200 * kMiB, s1_);
+  ASSERT_TRUE(alloc_->Free(cached).ok());  // the pool's, populated, kept
+  void* big = Alloc(800 * kMiB, 0, s1_);  // the 1 GiB device is now nearly full
+  absl::StatusOr<void*> lent = alloc_->Allocate(100 * kMiB, 0, s1_);
+  ASSERT_TRUE(lent.ok()) << lent.status();
+  EXPECT_EQ(*lent, cached);
+  EXPECT_TRUE(*alloc_->CheckPoolLiveAllocations(0, kPool, {*lent}));  // the pool's
+  ASSERT_TRUE(alloc_->Free(*lent).ok());
+  ExpectInvariants();
+  ASSERT_TRUE(alloc_->SetPoolOptions(0, kPool, {.use_on_oom = false}).ok());
+  EXPECT_EQ(alloc_->Allocate(100 * kMiB, 0, s1_).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(alloc_->Free(big).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+  ExpectInvariants();
+}
+
+TEST_F(MemPoolOptionsTest, UseOnOomSkipsAReleasedPool) {
+  ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->SetPoolOptions(0, kPool, {.use_on_oom = true}).ok());
+  void* held = InPool(100 * kMiB, s1_);  // keeps the pool alive after its release
+  void* cached = InPool(200 * kMiB, s1_);
+  ASSERT_TRUE(alloc_->Free(cached).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());  // no reference left (PyTorch: deleted)
+  void* big = Alloc(700 * kMiB, 0, s1_);
+  EXPECT_EQ(alloc_->Allocate(100 * kMiB, 0, s1_).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  for (void* x : {held, big}) ASSERT_TRUE(alloc_->Free(x).ok());
+  ExpectInvariants();
+}
+
+TEST_F(MemPoolOptionsTest, OptionsForAPoolWithoutAReferenceAreRefused) {
+  absl::Status s = alloc_->SetPoolOptions(0, kPool, {.no_split = true});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("does not exist"));
+  EXPECT_EQ(alloc_->SetPoolOptions(7, kPool, {}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace cma
