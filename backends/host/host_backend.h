@@ -240,9 +240,10 @@ class HostBackend final : public Backend {
                                    std::size_t bytes) override;
   absl::Status MulticastRelease(MulticastHandle mc) override;
 
-  // Either side inside one VMM mapping, managed allocation, pinned buffer or
-  // the emulated NVSHMEM heap as mapped here (kInvalidArgument otherwise);
-  // runs at once, like every copy here.
+  // One side inside one VMM mapping, managed allocation, pinned buffer or
+  // the emulated NVSHMEM heap as mapped here, the other any memory of this
+  // process (kInvalidArgument when neither); runs at once, like every copy
+  // here.
   absl::Status PeerCopy(void* dst, const void* src, std::size_t bytes, Stream stream) override;
   // NVSHMEM emulated across processes: HostBackendOptions::shmem_*.
   absl::StatusOr<ShmemState> ShmemQueryState() override;

@@ -449,10 +449,13 @@ absl::Status HostBackend::PeerCopy(void* dst, const void* src, std::size_t bytes
   Count("PeerCopy");
   if (auto st = FindStream(stream); !st.ok()) return st.status();
   if (bytes == 0) return absl::OkStatus();
-  if (!InCopyable(dst, bytes) || !InCopyable(src, bytes)) {
+  // One side must be memory this backend made (the symmetric side: a
+  // mapping, the NVSHMEM heap, managed or pinned memory); the other may be
+  // any host memory, as cudaMemcpyDefault accepts pageable memory.
+  if (!InCopyable(dst, bytes) && !InCopyable(src, bytes)) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "PeerCopy: [%p, +%d) or [%p, +%d) is not inside one mapping, managed allocation, pinned "
-        "buffer or the symmetric heap",
+        "PeerCopy: neither [%p, +%d) nor [%p, +%d) lies inside one mapping, managed allocation, "
+        "pinned buffer or the symmetric heap",
         dst, bytes, src, bytes));
   }
   std::memmove(dst, src, bytes);
