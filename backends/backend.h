@@ -306,6 +306,77 @@ class Backend {
   virtual absl::Status DeregisterCommWindow(CommHandle comm, CommWindow window) {
     return GetCommFacts(comm).status();
   }
+
+  // ---- a stream-ordered copy between device buffers mapped here ----
+  // Copies `bytes` from `src` to `dst`, both device memory this process can
+  // address (a symmetric buffer, a peer's mapping of one, managed memory),
+  // in `stream`'s order (cudaMemcpyAsync). kUnimplemented where the backend
+  // has no such call.
+  virtual absl::Status PeerCopy(void* dst, const void* src, std::size_t bytes, Stream stream) {
+    return absl::UnimplementedError(
+        std::string("PeerCopy: stream-ordered device copies are not supported by the ") + name() +
+        " backend");
+  }
+
+  // ---- an NVSHMEM symmetric heap (the symmetric heap's second provider) ----
+  // One processing element (PE) per process, one device per PE. The CUDA
+  // backend loads NVSHMEM's host library at run time (CMA_NVSHMEM_LIBRARY,
+  // else libnvshmem_host.so.3); the host backend emulates it across
+  // processes. Every backend without it answers kUnimplemented, naming itself.
+  // ShmemInit, ShmemMalloc and ShmemFree are collective over every PE and
+  // block until all PEs have made the same call: callers agree (through
+  // their own exchange) before they make one, so that no PE waits inside
+  // for one that will never come. They are not failed by fault injection
+  // alone for that reason (a PE that does not join is a hang, not an error).
+  //
+  // Where this process stands: whether NVSHMEM is initialised, and as which
+  // PE of how many. Cheap; any time.
+  struct ShmemState {
+    bool initialized = false;
+    int pe = -1;
+    int n_pes = 0;
+  };
+  virtual absl::StatusOr<ShmemState> ShmemQueryState() { return ShmemUnimplemented("ShmemQueryState"); }
+  // A fresh unique id (NVSHMEM's nvshmemx_uniqueid_t, 128 bytes) for PE 0
+  // to hand to every PE; it names PE 0's bootstrap and is secret only as far
+  // as the channel that carries it is.
+  virtual absl::StatusOr<std::string> ShmemUniqueId() { return ShmemUnimplemented("ShmemUniqueId"); }
+  // Collective: this process becomes PE `pe` of `n_pes` on `device`, all
+  // PEs with the same id. Once per process: kFailedPrecondition when
+  // already initialised.
+  virtual absl::Status ShmemInit(const std::string& unique_id, int pe, int n_pes, int device) {
+    return ShmemUnimplemented("ShmemInit");
+  }
+  // Collective: `bytes` of the symmetric heap, at the same offset on every
+  // PE (the local address is also the name of every PE's copy); every PE
+  // passes the same size. kResourceExhausted when the heap is full.
+  virtual absl::StatusOr<void*> ShmemMalloc(std::size_t bytes) { return ShmemUnimplemented("ShmemMalloc"); }
+  // Collective: every PE frees the same allocation, in the same order.
+  virtual absl::Status ShmemFree(void* ptr) { return ShmemUnimplemented("ShmemFree"); }
+  // PE `pe`'s copy of the symmetric object at local address `ptr`, as an
+  // address this process can load from and store to (nvshmem_ptr); nullptr
+  // when that PE is not reachable by load/store (ShmemPut/ShmemGet are).
+  virtual absl::StatusOr<void*> ShmemPeerPointer(void* ptr, int pe) {
+    return ShmemUnimplemented("ShmemPeerPointer");
+  }
+  // `bytes` from local memory `src` into PE `pe`'s copy of the symmetric
+  // object at local address `dst`, in `stream`'s order; and the reverse.
+  // Delivered once ShmemQuiet, queued after them on the stream, is reached.
+  virtual absl::Status ShmemPut(void* dst, const void* src, std::size_t bytes, int pe,
+                                Stream stream) {
+    return ShmemUnimplemented("ShmemPut");
+  }
+  virtual absl::Status ShmemGet(void* dst, const void* src, std::size_t bytes, int pe,
+                                Stream stream) {
+    return ShmemUnimplemented("ShmemGet");
+  }
+  virtual absl::Status ShmemQuiet(Stream stream) { return ShmemUnimplemented("ShmemQuiet"); }
+
+ private:
+  absl::Status ShmemUnimplemented(const char* call) const {
+    return absl::UnimplementedError(std::string(call) + ": the " + name() +
+                                    " backend has no NVSHMEM symmetric heap");
+  }
 };
 
 }  // namespace cma

@@ -4,6 +4,7 @@
 #define CMA_TESTS_SYMMETRIC_PROCESS_UTIL_H_
 
 #include <sys/wait.h>
+#include <cstdio>
 #include <unistd.h>
 
 #include <functional>
@@ -57,15 +58,24 @@ inline std::vector<int> RunProcesses(int n, const std::function<bool(int)>& body
 // One member per process, each with its own backend, as on one host with one
 // GPU per process.
 inline std::unique_ptr<SymmetricHeap> ProcessHeap(Backend& b, const std::string& path, int rank,
-                                                  int world, absl::Duration timeout = kTimeout) {
+                                                  int world, absl::Duration timeout = kTimeout,
+                                                  SymmetricOptions options = {}) {
   auto x = MakeUnixSocketExchange(path, rank, world, timeout, Token());
   if (!x.ok()) return nullptr;
   SymmetricGroup g;
   g.world_size = world;
   g.local_ranks = {rank};
   g.local_devices = {0};
-  auto h = SymmetricHeap::Create(b, g, std::move(*x));
+  auto h = SymmetricHeap::Create(b, g, std::move(*x), options);
+  if (!h.ok()) fprintf(stderr, "rank %d: %s\n", rank, std::string(h.status().message()).c_str());
   return h.ok() ? std::move(*h) : nullptr;
+}
+
+// The options of a heap of `provider` (the multi-process suites run on both).
+inline SymmetricOptions WithProvider(SymmetricProvider provider) {
+  SymmetricOptions o;
+  o.provider = provider;
+  return o;
 }
 
 }  // namespace cma

@@ -4,7 +4,10 @@
 // a different order on every member) and EmptyCache, while each member's
 // backend fails a random few of its driver calls. The members must agree on
 // every outcome (all succeed with the same allocation, or all fail), see each
-// other's writes in every allocation, and leave nothing behind.
+// other's writes in every allocation, and leave nothing behind. Both
+// providers: VMM, and NVSHMEM (the host backend's emulation, whose
+// collectives fail if cma ever enters one that another member does not),
+// with every peer mapped or none (writes then go through Put).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -33,6 +36,8 @@ namespace {
 struct Params {
   int world;
   std::uint64_t seed;
+  SymmetricProvider provider = SymmetricProvider::kVmm;
+  bool unreachable = false;  // NVSHMEM: no peer mapped; writes go through Put
 };
 
 constexpr int kOps = 80;
@@ -41,13 +46,15 @@ constexpr int kOps = 80;
 // for the parent to compare across members. False on a broken invariant
 // that this member can see alone.
 bool RunMember(const Params& p, int rank, const std::string& path, const std::string& log) {
-  HostBackend host({.device_count = 1});
+  HostBackend host({.device_count = 1, .shmem_unreachable = p.unreachable});
   FaultInjectingBackend faulty(host);
   // The members' faults differ (their own seeds); the sequence is shared.
-  faulty.SetPlan({.kind = rank % 2 ? FaultKind::kAllocation : FaultKind::kVmmMap,
-                  .probability = 0.03,
+  // NVSHMEM's local steps are fewer (no VMM calls): every member's tables fail.
+  const bool shmem = p.provider == SymmetricProvider::kNvshmem;
+  faulty.SetPlan({.kind = rank % 2 || shmem ? FaultKind::kAllocation : FaultKind::kVmmMap,
+                  .probability = shmem ? 0.06 : 0.03,
                   .seed = p.seed * 101 + rank});
-  auto heap = ProcessHeap(faulty, path, rank, p.world);
+  auto heap = ProcessHeap(faulty, path, rank, p.world, kTimeout, WithProvider(p.provider));
   if (!heap) return false;
   std::mt19937_64 shared(p.seed);                // the same on every member
   std::mt19937_64 mine(p.seed * 7919 + rank);    // this member's own choices
@@ -84,7 +91,15 @@ bool RunMember(const Params& p, int rank, const std::string& path, const std::st
       // write now), and our slot in the next member's buffer.
       std::memset(static_cast<char*>((*a)->peers[rank]) + 64, 0x5a, bytes - 64);
       unchecked_token = static_cast<std::int32_t>(p.seed * 1000 + op);
-      static_cast<std::int32_t*>((*a)->peers[(rank + 1) % world])[rank] = unchecked_token;
+      const int next = (rank + 1) % world;
+      if ((*a)->peers[next] != nullptr) {
+        static_cast<std::int32_t*>((*a)->peers[next])[rank] = unchecked_token;
+      } else if (!p.unreachable ||
+                 !heap->Put(*a, next, rank * sizeof(std::int32_t), &unchecked_token,
+                            sizeof(unchecked_token))
+                      .ok()) {
+        return false;  // every peer is mapped unless the emulation hides them
+      }
       unchecked = a->allocation;
       auto at = std::upper_bound(live.begin(), live.end(), *a,
                                  [](const SymmetricHandle& x, const SymmetricHandle& y) {
@@ -114,6 +129,9 @@ bool RunMember(const Params& p, int rank, const std::string& path, const std::st
   for (const SymmetricHandle& v : live) {
     if (!heap->Free(v).ok()) return false;
   }
+  // NVSHMEM's memory goes back only collectively: EmptyCache, retried past
+  // the injected faults of its tables (their releases are local).
+  if (p.provider == SymmetricProvider::kNvshmem && !heap->EmptyCache().ok()) return false;
   heap.reset();
   return host.LiveResources() == HostResourceCounts{};
 }
@@ -145,12 +163,19 @@ TEST_P(SymmetricRandomTest, MembersAgreeOnEveryOutcomeAndSeeEachOthersWrites) {
   EXPECT_NE(outcomes[0].find(absl::StrCat(kOps - 1, " ")), std::string::npos);
 }
 
+constexpr SymmetricProvider kNvshmem = SymmetricProvider::kNvshmem;
 INSTANTIATE_TEST_SUITE_P(Seeds, SymmetricRandomTest,
                          ::testing::Values(Params{2, 1}, Params{2, 2}, Params{2, 3},
-                                           Params{3, 4}, Params{3, 5}, Params{4, 6}),
+                                           Params{3, 4}, Params{3, 5}, Params{4, 6},
+                                           Params{2, 11, kNvshmem}, Params{3, 12, kNvshmem},
+                                           Params{4, 13, kNvshmem}, Params{2, 14, kNvshmem, true},
+                                           Params{3, 15, kNvshmem, true}),
                          [](const auto& info) {
-                           return absl::StrFormat("world%d_seed%d", info.param.world,
-                                                  info.param.seed);
+                           return absl::StrFormat(
+                               "%sworld%d_seed%d%s",
+                               info.param.provider == kNvshmem ? "nvshmem_" : "",
+                               info.param.world, info.param.seed,
+                               info.param.unreachable ? "_unreachable" : "");
                          });
 
 }  // namespace

@@ -12,9 +12,6 @@
 
 namespace cma {
 
-using symmetric_internal::Get;
-using symmetric_internal::Put;
-
 absl::StatusOr<CommWindow> SymmetricHeap::RegisterWindow(const SymmetricHandle& handle,
                                                          CommHandle comm) {
   MutexLock l(&mu_);
@@ -23,7 +20,11 @@ absl::StatusOr<CommWindow> SymmetricHeap::RegisterWindow(const SymmetricHandle& 
   absl::Status local;
   Entry* e = nullptr;
   const CommWindow* cached = nullptr;
-  if (group_.local_ranks.size() != 1) {
+  if (options_.provider != SymmetricProvider::kVmm) {
+    local = absl::UnimplementedError(
+        "symmetric heap: communicator windows need the VMM provider (NCCL registers cuMem "
+        "allocations of its own; NVSHMEM's heap is NVSHMEM's)");
+  } else if (group_.local_ranks.size() != 1) {
     local = absl::UnimplementedError(absl::StrFormat(
         "symmetric heap: communicator windows need one member per process (this one serves "
         "%d)", group_.local_ranks.size()));
@@ -56,15 +57,16 @@ absl::StatusOr<CommWindow> SymmetricHeap::RegisterWindow(const SymmetricHandle& 
     }
   }
   Contribution mine;
-  Put(mine.bytes, e != nullptr ? e->a.id : std::uint64_t{0});
-  Put(mine.bytes, static_cast<std::uint8_t>(cached != nullptr));
+  symmetric_internal::Put(mine.bytes, e != nullptr ? e->a.id : std::uint64_t{0});
+  symmetric_internal::Put(mine.bytes, static_cast<std::uint8_t>(cached != nullptr));
   absl::StatusOr<std::vector<Contribution>> all = Round(Op::kWindow, local, mine);
   if (!all.ok()) return all.status();
   for (std::size_t p = 0; p < all->size(); ++p) {
     std::size_t pos = 0;
     std::uint64_t id = 0;
     std::uint8_t has = 0;
-    if (!Get((*all)[p].bytes, pos, id) || !Get((*all)[p].bytes, pos, has)) {
+    if (!symmetric_internal::Get((*all)[p].bytes, pos, id) ||
+        !symmetric_internal::Get((*all)[p].bytes, pos, has)) {
       return absl::DataLossError(
           absl::StrCat("symmetric heap: malformed RegisterWindow from process ", p));
     }

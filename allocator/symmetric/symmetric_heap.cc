@@ -10,18 +10,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "allocator/symmetric/handle_choice.h"
 #include "allocator/symmetric/pair_handles.h"
 
 namespace cma {
 namespace {
 
-using symmetric_internal::ExportPerPair;
-using symmetric_internal::Get;
-using symmetric_internal::Put;
-using symmetric_internal::ImportPerPair;
-using symmetric_internal::StepClock;
 
 std::size_t RoundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
@@ -32,6 +26,14 @@ bool EnvIs(const char* name, const char* value) {
 
 }  // namespace
 
+const char* SymmetricProviderName(SymmetricProvider p) {
+  switch (p) {
+    case SymmetricProvider::kVmm: return "vmm";
+    case SymmetricProvider::kNvshmem: return "nvshmem";
+  }
+  return "unknown";
+}
+
 absl::StatusOr<std::unique_ptr<SymmetricHeap>> SymmetricHeap::Create(
     Backend& backend, SymmetricGroup group, std::unique_ptr<Exchange> exchange,
     SymmetricOptions options) {
@@ -40,6 +42,13 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap>> SymmetricHeap::Create(
       group.local_ranks.size() != group.local_devices.size()) {
     return absl::InvalidArgumentError(
         "symmetric heap: a group needs world_size >= 1 and one device per local rank");
+  }
+  if (options.provider != SymmetricProvider::kVmm && options.provider != SymmetricProvider::kNvshmem) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "symmetric heap: unknown provider %d (kVmm or kNvshmem)", static_cast<int>(options.provider)));
+  }
+  if (options.provider == SymmetricProvider::kNvshmem) {
+    return CreateShmem(backend, std::move(group), std::move(exchange), options);
   }
   std::size_t granularity = 0;
   std::vector<bool> seen(group.world_size, false);
@@ -157,9 +166,13 @@ const char* OpName(std::uint8_t op) {
     case 3: return "Allocate (handles)";
     case 4: return "Allocate (commit)";
     case 5: return "EmptyCache";
-    case 6: return "RegisterWindow";
-    case 7: return "RegisterWindow (commit)";
-    case 8: return "ReleaseWindows";
+    case 6: return "Create (NVSHMEM's state)";
+    case 7: return "Create (NVSHMEM's unique id)";
+    case 8: return "Create (NVSHMEM initialised)";
+    case 9: return "Allocate (ready for nvshmem_malloc)";
+    case 10: return "RegisterWindow";
+    case 11: return "RegisterWindow (commit)";
+    case 12: return "ReleaseWindows";
     default: return "an unknown collective";
   }
 }
@@ -178,10 +191,10 @@ absl::StatusOr<std::vector<Contribution>> SymmetricHeap::Round(Op op, const absl
   // named rather than misread.
   const std::uint64_t seq = ++rounds_;
   std::string tagged;
-  Put(tagged, kRoundMagic);
-  Put(tagged, static_cast<std::uint8_t>(op));
-  Put(tagged, static_cast<std::uint8_t>(local.ok()));
-  Put(tagged, seq);
+  symmetric_internal::Put(tagged, kRoundMagic);
+  symmetric_internal::Put(tagged, static_cast<std::uint8_t>(op));
+  symmetric_internal::Put(tagged, static_cast<std::uint8_t>(local.ok()));
+  symmetric_internal::Put(tagged, seq);
   if (local.ok()) {
     tagged += mine.bytes;
   } else {
@@ -211,8 +224,8 @@ absl::StatusOr<std::vector<Contribution>> SymmetricHeap::Round(Op op, const absl
     std::uint32_t magic = 0;
     std::uint8_t their_op = 0, ok = 0;
     std::uint64_t their_seq = 0;
-    if (!Get(c.bytes, pos, magic) || !Get(c.bytes, pos, their_op) || !Get(c.bytes, pos, ok) ||
-        !Get(c.bytes, pos, their_seq) || magic != kRoundMagic || their_op != static_cast<std::uint8_t>(op) ||
+    if (!symmetric_internal::Get(c.bytes, pos, magic) || !symmetric_internal::Get(c.bytes, pos, their_op) || !symmetric_internal::Get(c.bytes, pos, ok) ||
+        !symmetric_internal::Get(c.bytes, pos, their_seq) || magic != kRoundMagic || their_op != static_cast<std::uint8_t>(op) ||
         their_seq != seq) {
       close_all();
       broken_ = absl::FailedPreconditionError(absl::StrFormat(
@@ -256,10 +269,10 @@ absl::StatusOr<SymmetricHeap::Agreed> SymmetricHeap::AgreeOnSize(std::size_t byt
       make_symmetric || group_granularity_ == 0 ? 0
                                                 : Candidate(StrideFor(bytes, group_granularity_));
   Contribution mine;
-  Put(mine.bytes, static_cast<std::uint64_t>(bytes));
-  Put(mine.bytes, static_cast<std::uint64_t>(granularity_));
-  Put(mine.bytes, static_cast<std::uint8_t>(make_symmetric));
-  Put(mine.bytes, candidate);
+  symmetric_internal::Put(mine.bytes, static_cast<std::uint64_t>(bytes));
+  symmetric_internal::Put(mine.bytes, static_cast<std::uint64_t>(granularity_));
+  symmetric_internal::Put(mine.bytes, static_cast<std::uint8_t>(make_symmetric));
+  symmetric_internal::Put(mine.bytes, candidate);
   // A bad request still joins the round, so that the others fail with it
   // now rather than wait out their timeout.
   const absl::Status local =
@@ -274,8 +287,8 @@ absl::StatusOr<SymmetricHeap::Agreed> SymmetricHeap::AgreeOnSize(std::size_t byt
     std::size_t pos = 0;
     std::uint64_t b = 0, g = 0, c = 0;
     std::uint8_t sym = 0;
-    if (!Get((*all)[p].bytes, pos, b) || !Get((*all)[p].bytes, pos, g) ||
-        !Get((*all)[p].bytes, pos, sym) || !Get((*all)[p].bytes, pos, c)) {
+    if (!symmetric_internal::Get((*all)[p].bytes, pos, b) || !symmetric_internal::Get((*all)[p].bytes, pos, g) ||
+        !symmetric_internal::Get((*all)[p].bytes, pos, sym) || !symmetric_internal::Get((*all)[p].bytes, pos, c)) {
       return absl::DataLossError(absl::StrCat("symmetric heap: malformed size from process ", p));
     }
     if (static_cast<bool>(sym) != make_symmetric) {
@@ -303,7 +316,7 @@ absl::StatusOr<SymmetricHeap::Agreed> SymmetricHeap::AgreeOnSize(std::size_t byt
     // The agreed stride is known only now: a second round names the
     // candidates for it.
     Contribution second;
-    Put(second.bytes, Candidate(StrideFor(out.bytes, group_granularity_)));
+    symmetric_internal::Put(second.bytes, Candidate(StrideFor(out.bytes, group_granularity_)));
     absl::StatusOr<std::vector<Contribution>> named =
         Round(Op::kCandidates, absl::OkStatus(), second);
     if (!named.ok()) return named.status();
@@ -311,7 +324,7 @@ absl::StatusOr<SymmetricHeap::Agreed> SymmetricHeap::AgreeOnSize(std::size_t byt
     for (std::size_t p = 0; p < named->size(); ++p) {
       std::size_t pos = 0;
       std::uint64_t c = 0;
-      if (!Get((*named)[p].bytes, pos, c)) {
+      if (!symmetric_internal::Get((*named)[p].bytes, pos, c)) {
         return absl::DataLossError(
             absl::StrCat("symmetric heap: malformed cache candidate from process ", p));
       }
@@ -349,263 +362,15 @@ absl::StatusOr<SymmetricHandle> SymmetricHeap::Allocate(std::size_t bytes, bool 
 
 absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::Build(std::size_t bytes,
                                                                             std::size_t stride) {
-  const int world = group_.world_size;
-  const bool multi_process = exchange_->process_count() > 1;
-  StepClock clock(miss_seconds_);
-  auto e = std::make_unique<Entry>();
-  SymmetricAllocation& a = e->a;
-  // Taken first, so that ids stay in step on every member even when a build
-  // fails (every member then fails it too: see the rounds below).
-  a.id = next_id_++;
-  std::vector<PhysicalHandle> handles(world, 0);
-  std::vector<bool> have(world, false);
-  std::vector<int> fds_to_close;
-  std::vector<bool> mapped(world, false);
-  // Across hosts (exchange_->host_count() > 1), each pair is served as it
-  // can be: FDs within a host, fabric handles within an NVLink domain; a
-  // member reachable by neither gets no mapping here (peers[r] null).
-  const bool multi_host = multi_process && exchange_->host_count() > 1;
-  std::vector<bool> unreachable(world, false);
-  std::vector<std::string> unreachable_why;
-  // Undo everything done so far: one exit path for every failure.
-  auto fail = [&](absl::Status s) -> absl::Status {
-    for (int r = 0; r < world; ++r) {
-      if (mapped[r]) (void)backend_.VmmUnmap(static_cast<char*>(a.base) + r * stride, stride);
-    }
-    if (a.base != nullptr) (void)backend_.VmmFreeAddress(a.base, world * stride);
-    for (int r = 0; r < world; ++r) {
-      if (have[r]) (void)backend_.VmmRelease(handles[r]);
-    }
-    for (int fd : fds_to_close) close(fd);
-    if (a.multicast) (void)backend_.MulticastRelease(a.multicast_handle);
-    if (a.device_peers != nullptr) (void)backend_.FreeManaged(a.device_peers);
-    return s;
-  };
-
-  // 1. This process's members' physical memory, exported for the others
-  // (the process made non-dumpable first, when asked: nothing is mapped yet).
-  absl::Status local = HoldNonDumpable();
-  Contribution mine;
-  Put(mine.bytes, static_cast<std::uint32_t>(group_.local_ranks.size()));
-  // This process's handle type (a fabric heap may have fallen back to FDs);
-  // across hosts, 2: a handle per pair, and this process's fabric domain.
-  Put(mine.bytes, static_cast<std::uint32_t>(multi_host ? 2 : handle_type_ == HandleType::kFabric ? 1 : 0));
-  if (multi_host) {
-    Put(mine.bytes, static_cast<std::uint8_t>(fabric_domain_.size()));
-    mine.bytes += fabric_domain_;
-  }
-  for (std::size_t i = 0; i < group_.local_ranks.size() && local.ok(); ++i) {
-    const int r = group_.local_ranks[i];
-    absl::StatusOr<PhysicalHandle> h = clock.Time("VmmCreate", [&] {
-      return backend_.VmmCreate(group_.local_devices[i], stride, handle_type_);
-    });
-    if (!h.ok()) {
-      local = h.status();
-      break;
-    }
-    handles[r] = *h;
-    have[r] = true;
-    e->own_bytes += stride;
-    if (!multi_process) continue;
-    if (multi_host) {
-      local = ExportPerPair(backend_, handle_type_, handles[r], r, clock, mine, fds_to_close);
-      if (!local.ok()) break;
-      continue;
-    }
-    absl::StatusOr<ShareableHandle> sh =
-        clock.Time("VmmExport", [&] { return backend_.VmmExport(handles[r], handle_type_); });
-    if (!sh.ok()) {
-      local = sh.status();
-      break;
-    }
-    Put(mine.bytes, static_cast<std::int32_t>(r));
-    mine.bytes.append(reinterpret_cast<const char*>(sh->fabric), sizeof(sh->fabric));
-    if (sh->fd >= 0) {
-      mine.fds.push_back(sh->fd);
-      fds_to_close.push_back(sh->fd);
-    }
-  }
-  if (!multi_process && !local.ok()) return fail(local);
-
-  // 2. Everyone else's, through the exchange. A process whose step 1 failed
-  // still joins the round, with its reason, so that every member fails now,
-  // naming it, rather than wait out the timeout.
-  if (multi_process) {
-    absl::StatusOr<std::vector<Contribution>> all =
-        clock.Time("exchange", [&] { return Round(Op::kHandles, local, std::move(mine)); });
-    if (!all.ok()) return fail(all.status());
-    for (Contribution& c : *all) fds_to_close.insert(fds_to_close.end(), c.fds.begin(), c.fds.end());
-    for (std::size_t p = 0; p < all->size() && local.ok(); ++p) {
-      if (static_cast<int>(p) == exchange_->process_index()) continue;
-      const Contribution& c = (*all)[p];
-      std::size_t pos = 0;
-      std::uint32_t n = 0;
-      std::uint32_t type = 0;
-      if (!Get(c.bytes, pos, n) || !Get(c.bytes, pos, type) || type > 2 ||
-          (type == 2) != multi_host) {
-        local = absl::DataLossError(absl::StrCat("symmetric heap: malformed handles from process ", p));
-        break;
-      }
-      if (type == 2) {
-        local = ImportPerPair({backend_, *exchange_, fabric_domain_, world, stride}, c,
-                              static_cast<int>(p), pos, n, clock, handles, have, unreachable,
-                              unreachable_why);
-        continue;
-      }
-      const HandleType sent = type == 1 ? HandleType::kFabric : HandleType::kPosixFd;
-      for (std::uint32_t k = 0; k < n && local.ok(); ++k) {
-        std::int32_t r = -1;
-        ShareableHandle sh;
-        sh.type = sent;
-        sh.bytes = stride;
-        if (!Get(c.bytes, pos, r) || pos + sizeof(sh.fabric) > c.bytes.size() || r < 0 ||
-            r >= world || have[r]) {
-          local = absl::DataLossError(absl::StrCat("symmetric heap: bad handle list from process ", p));
-          break;
-        }
-        std::memcpy(sh.fabric, c.bytes.data() + pos, sizeof(sh.fabric));
-        pos += sizeof(sh.fabric);
-        if (sent == HandleType::kPosixFd) {
-          if (k >= c.fds.size()) {
-            local = absl::DataLossError(absl::StrCat("symmetric heap: process ", p, " sent too few FDs"));
-            break;
-          }
-          sh.fd = c.fds[k];
-        }
-        absl::StatusOr<PhysicalHandle> h =
-            clock.Time("VmmImport", [&] { return backend_.VmmImport(sh); });
-        if (!h.ok()) {
-          local = h.status();
-          break;
-        }
-        handles[r] = *h;
-        have[r] = true;
-      }
-    }
-  }
-  for (int r = 0; r < world && local.ok(); ++r) {
-    if (!have[r] && !unreachable[r]) {
-      local = absl::FailedPreconditionError(
-          absl::StrFormat("symmetric heap: no process contributed member %d of %d", r, world));
-    }
-  }
-
-  // 3. One reservation, every member mapped, one access call for all local devices.
-  if (local.ok()) {
-    absl::StatusOr<void*> base =
-        clock.Time("VmmReserve", [&] { return backend_.VmmReserve(world * stride, granularity_); });
-    if (base.ok()) {
-      a.base = *base;
-    } else {
-      local = base.status();
-    }
-  }
-  for (int r = 0; r < world && local.ok(); ++r) {
-    if (unreachable[r]) continue;
-    local = clock.Time("VmmMap", [&] {
-      return backend_.VmmMap(static_cast<char*>(a.base) + r * stride, stride, handles[r]);
-    });
-    if (local.ok()) mapped[r] = true;
-  }
-  const bool every_member = std::find(unreachable.begin(), unreachable.end(), true) == unreachable.end();
-  if (local.ok() && every_member) {
-    local = clock.Time("VmmSetAccess", [&] {
-      return backend_.VmmSetAccess(a.base, world * stride, group_.local_devices);
-    });
-  }
-  for (int r = 0; r < world && local.ok() && !every_member; ++r) {
-    if (!mapped[r]) continue;
-    local = clock.Time("VmmSetAccess", [&] {
-      return backend_.VmmSetAccess(static_cast<char*>(a.base) + r * stride, stride,
-                                   group_.local_devices);
-    });
-  }
-
-  // 4. Multicast: guarded opt-in, bound before the handles go.
-  if (local.ok() && MulticastAllowed()) {
-    absl::StatusOr<MulticastHandle> mc = backend_.MulticastCreate(group_.local_devices, stride);
-    if (mc.ok()) {
-      a.multicast = true;
-      a.multicast_handle = *mc;
-    } else {
-      local = mc.status();
-    }
-    for (int d : group_.local_devices) {
-      if (local.ok()) local = backend_.MulticastAddDevice(a.multicast_handle, d);
-    }
-    for (int r : group_.local_ranks) {
-      if (local.ok()) local = backend_.MulticastBindMemory(a.multicast_handle, 0, handles[r], 0, stride);
-    }
-  }
-
-  // 5. Pointers for the host and, in managed memory, for kernels.
-  if (local.ok()) {
-    absl::StatusOr<void*> table =
-        backend_.AllocateManaged(group_.local_devices[0], world * sizeof(void*));
-    if (table.ok()) {
-      a.device_peers = *table;
-    } else {
-      local = table.status();
-    }
-  }
-
-  // 6. Everyone mapped everything, or everyone undoes it: a member that
-  // failed to import or map says so, and no member keeps an allocation that
-  // another lacks.
-  if (multi_process) {
-    absl::StatusOr<std::vector<Contribution>> commit = Round(Op::kCommit, local, {});
-    if (!commit.ok()) return fail(commit.status());
-  } else if (!local.ok()) {
-    return fail(local);
-  }
-
-  // 7. The mappings keep the memory alive: handles and FDs can go now (a
-  // release that fails is retried when the allocation is destroyed).
-  for (int r = 0; r < world; ++r) {
-    if (have[r] && !backend_.VmmRelease(handles[r]).ok()) e->unreleased.push_back(handles[r]);
-    have[r] = false;
-  }
-  for (int fd : fds_to_close) close(fd);
-  fds_to_close.clear();
-  a.bytes = bytes;
-  a.stride = stride;
-  for (int r = 0; r < world; ++r) {
-    char* p = unreachable[r] ? nullptr : static_cast<char*>(a.base) + r * stride;
-    a.peers.push_back(p);
-    a.signals.push_back(p != nullptr ? p + stride - options_.signal_bytes : nullptr);
-    static_cast<void**>(a.device_peers)[r] = p;
-  }
-  if (!unreachable_why.empty()) {
-    a.unreachable = absl::StrCat(
-        "no peer pointer (peers[r] is null) for: ", absl::StrJoin(unreachable_why, "; "),
-        ". Only members of this host (POSIX FDs) and of this NVLink domain (fabric handles) are "
-        "mapped; an NVSHMEM or NCCL-window provider for the others is not built");
-  }
-  return e;
-}
-
-absl::StatusOr<SymmetricHeap::Entry*> SymmetricHeap::LiveEntry(const SymmetricHandle& handle,
-                                                                const char* what) {
-  // By address alone first (a stale or foreign pointer is never read), then
-  // by generation: a cache hit hands the same allocation out again, and a
-  // new one may be built where an emptied one was.
-  auto it = live_.find(handle.allocation);
-  if (it == live_.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "symmetric heap: ", what, " of an allocation that is not live here (a double free or "
-        "a use after free, a null handle, or a pointer this heap did not hand out)"));
-  }
-  if (it->second->generation != handle.generation) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "symmetric heap: %s of a stale handle (generation %d; allocation %d is live again as "
-        "generation %d): it was freed already and handed out again",
-        what, handle.generation, it->second->a.id, it->second->generation));
-  }
-  return it->second.get();
+  return options_.provider == SymmetricProvider::kNvshmem ? BuildShmem(bytes, stride)
+                                                          : BuildVmm(bytes, stride);
 }
 
 absl::Status SymmetricHeap::Free(const SymmetricHandle& handle) {
   MutexLock l(&mu_);
+  // Looked up by address alone (a stale or foreign pointer is never read),
+  // then by generation: a cache hit hands the same allocation out again,
+  // and a new one may be built where an emptied one was.
   absl::StatusOr<Entry*> live = LiveEntry(handle, "free");
   if (!live.ok()) return live.status();
   auto it = live_.find(handle.allocation);
@@ -617,14 +382,89 @@ absl::Status SymmetricHeap::Free(const SymmetricHandle& handle) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<SymmetricHeap::Entry*> SymmetricHeap::LiveEntry(const SymmetricHandle& handle,
+                                                                const char* who) {
+  auto it = live_.find(handle.allocation);
+  if (it == live_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "symmetric heap: ", who,
+        " of an allocation that is not live here (double free, a null handle, or a pointer this "
+        "heap did not hand out)"));
+  }
+  if (it->second->generation != handle.generation) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "symmetric heap: %s of a stale handle (generation %d; allocation %d is live again as "
+        "generation %d): it was freed already and handed out again",
+        who, handle.generation, it->second->a.id, it->second->generation));
+  }
+  return it->second.get();
+}
+
+absl::Status SymmetricHeap::Put(const SymmetricHandle& handle, int rank, std::size_t offset,
+                                const void* src, std::size_t bytes, Stream stream) {
+  return Transfer(true, handle, rank, offset, const_cast<void*>(src), bytes, stream);
+}
+
+absl::Status SymmetricHeap::Get(const SymmetricHandle& handle, int rank, std::size_t offset,
+                                void* dst, std::size_t bytes, Stream stream) {
+  return Transfer(false, handle, rank, offset, dst, bytes, stream);
+}
+
+absl::Status SymmetricHeap::Transfer(bool put, const SymmetricHandle& handle, int rank,
+                                     std::size_t offset, void* local, std::size_t bytes,
+                                     Stream stream) {
+  const char* who = put ? "put" : "get";
+  MutexLock l(&mu_);
+  absl::StatusOr<Entry*> e = LiveEntry(handle, who);
+  if (!e.ok()) return e.status();
+  const SymmetricAllocation& a = (*e)->a;
+  if (rank < 0 || rank >= group_.world_size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "symmetric heap: %s to member %d of a group of %d", who, rank, group_.world_size));
+  }
+  // Written so that a huge offset or size cannot wrap around.
+  if (offset > a.bytes || bytes > a.bytes - offset) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "symmetric heap: %s of bytes [%d, %d + %d) is past the allocation's %d bytes", who, offset,
+        offset, bytes, a.bytes));
+  }
+  if (bytes == 0) return absl::OkStatus();
+  if (local == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("symmetric heap: ", who, " with a null local pointer"));
+  }
+  if (a.peers[rank] != nullptr) {
+    char* there = static_cast<char*>(a.peers[rank]) + offset;
+    return put ? backend_.PeerCopy(there, local, bytes, stream)
+               : backend_.PeerCopy(local, there, bytes, stream);
+  }
+  if ((*e)->shmem == nullptr) {
+    return absl::UnavailableError(absl::StrFormat(
+        "symmetric heap: member %d has no mapping in this process (%s), and the VMM provider has no "
+        "other path to it: the NVSHMEM provider's %s reaches it",
+        rank, a.unreachable, who));
+  }
+  // NVSHMEM names member r's buffer by this PE's address of its own.
+  char* symmetric = static_cast<char*>((*e)->shmem) + offset;
+  absl::Status s = put ? backend_.ShmemPut(symmetric, local, bytes, rank, stream)
+                       : backend_.ShmemGet(local, symmetric, bytes, rank, stream);
+  // Delivered (a put) or landed (a get) at this point of the stream.
+  if (s.ok()) s = backend_.ShmemQuiet(stream);
+  return s;
+}
+
 absl::Status SymmetricHeap::EmptyCache() {
   MutexLock l(&mu_);
   // Collective: all processes drop the same entries, keeping caches identical.
+  if (options_.provider == SymmetricProvider::kNvshmem) {
+    absl::Status s = EmptyShmemCache();
+    ReleaseNonDumpableIfEmpty();
+    return s;
+  }
   absl::StatusOr<std::vector<Contribution>> barrier =
       Round(Op::kEmptyCache, absl::OkStatus(), Contribution{});
   if (!barrier.ok()) return barrier.status();
-  PublishEmptied();
   for (auto& [key, e] : cache_) {
+    PublishEmptied(*e);
     if (!Destroy(*e)) leftovers_.push_back(std::move(e));
   }
   cache_.clear();
@@ -633,24 +473,15 @@ absl::Status SymmetricHeap::EmptyCache() {
 }
 
 bool SymmetricHeap::Destroy(Entry& e) {
-  SymmetricAllocation& a = e.a;
   DropWindows(e);  // the library lets go of this memory before it is unmapped
-  if (a.base != nullptr) {
-    for (int r = 0; r < group_.world_size; ++r) {
-      (void)backend_.VmmUnmap(static_cast<char*>(a.base) + r * a.stride, a.stride);
-    }
-    if (backend_.VmmFreeAddress(a.base, group_.world_size * a.stride).ok()) a.base = nullptr;
-  }
+  if (options_.provider == SymmetricProvider::kVmm) return DestroyVmm(e);
+  // NVSHMEM's memory goes only in EmptyShmemCache (a collective); here,
+  // this process's own table.
+  SymmetricAllocation& a = e.a;
   if (a.device_peers != nullptr && backend_.FreeManaged(a.device_peers).ok()) {
     a.device_peers = nullptr;
   }
-  if (a.multicast && backend_.MulticastRelease(a.multicast_handle).ok()) a.multicast = false;
-  std::vector<PhysicalHandle> still;
-  for (PhysicalHandle h : e.unreleased) {
-    if (!backend_.VmmRelease(h).ok()) still.push_back(h);
-  }
-  e.unreleased = std::move(still);
-  return a.base == nullptr && a.device_peers == nullptr && !a.multicast && e.unreleased.empty();
+  return a.device_peers == nullptr;
 }
 
 }  // namespace cma

@@ -66,6 +66,33 @@
 //  * Multicast is used only when options ask for it, every device reports
 //    support and none of CMA_DISABLE_MULTICAST=1,
 //    TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NCCL_NVLS_ENABLE=0 is set.
+//  * Providers (SymmetricOptions::provider): kVmm (the default: the
+//    Backend's VMM calls, handles exchanged as above) or kNvshmem (the
+//    Backend's Shmem* calls: NVSHMEM's symmetric heap; symmetric_nvshmem.cc).
+//    Caching, statistics, snapshots, the rounds and their fail-together
+//    rules are the same; only building and destroying an allocation differ.
+//    NVSHMEM serves one member (PE) per process, one device per PE, member r
+//    in process r: Create refuses any other shape (kInvalidArgument, on
+//    every process). Create is then collective: the processes agree on
+//    whether NVSHMEM needs initialising (or is initialised already in this
+//    shape, by an earlier heap or by torch, and is shared), process 0's
+//    unique id travels over this heap's exchange (authenticated), and every
+//    process initialises NVSHMEM only once all have agreed to. NVSHMEM's
+//    allocate and free are collective and block inside NVSHMEM, so a miss
+//    takes one more round (every member ready: its local steps done) before
+//    any member calls it, and EmptyCache frees only the allocations cached on
+//    every member, in collective-id order. peers[r] is NVSHMEM's load/store
+//    pointer (nvshmem_ptr) or null where member r is not reachable that way
+//    (then `unreachable` says so, and Put/Get reach it). The destructor cannot
+//    free NVSHMEM memory (NVSHMEM's free is collective): free and EmptyCache
+//    first, or it stays in NVSHMEM's heap until the process exits.
+//    If NVSHMEM's allocate fails on some members and not others (NVSHMEM
+//    does not say it can), the members that got memory cannot give it back
+//    alone: every member breaks the heap, as after an exchange failure.
+//  * Put and Get (not collective) copy between local memory and member r's
+//    buffer in a stream's order: a PeerCopy through peers[r] when it is
+//    mapped here, NVSHMEM's put/get (then quiet) otherwise; kUnavailable for
+//    a VMM allocation whose member r has no mapping here.
 // Thread safety: methods are serialised internally; collective order is the
 // caller's to keep. Returned allocations stay valid until freed.
 #ifndef CMA_ALLOCATOR_SYMMETRIC_SYMMETRIC_HEAP_H_
@@ -92,7 +119,12 @@ struct SymmetricGroup {
   std::vector<int> local_devices;  // the device of each local member
 };
 
+// Where a heap's memory comes from (see the contract above).
+enum class SymmetricProvider { kVmm, kNvshmem };
+const char* SymmetricProviderName(SymmetricProvider p);
+
 struct SymmetricOptions {
+  SymmetricProvider provider = SymmetricProvider::kVmm;
   // How this process's memory travels to the others: POSIX FDs (processes
   // of one host) or fabric handles (multi-node NVLink, CUDA only). A fabric
   // heap probes each local device at Create with a real allocation, exported
@@ -127,11 +159,11 @@ struct SymmetricAllocation {
   void* device_peers = nullptr;  // world_size pointers, readable by kernels
   bool multicast = false;
   MulticastHandle multicast_handle = 0;
-  void* base = nullptr;  // the reservation: world_size * stride bytes
-  // Across hosts (multi_host.h): empty when every peer is mapped; otherwise
-  // which members have no pointer here (peers[r], signals[r] and
-  // device_peers[r] null: on another host outside this process's NVLink
-  // domain) and why.
+  void* base = nullptr;  // VMM: the reservation, world_size * stride bytes; NVSHMEM: null
+  // Empty when every peer is mapped; otherwise which members have no
+  // pointer here (peers[r], signals[r] and device_peers[r] null: across
+  // hosts (multi_host.h), on another host outside this process's NVLink
+  // domain; with NVSHMEM, not reachable by load/store) and why.
   std::string unreachable;
 };
 
@@ -197,6 +229,17 @@ class SymmetricHeap {
   // allocations); returns how many this process released. Call it on every
   // member while `comm` is alive, before the framework destroys it.
   absl::StatusOr<int> ReleaseWindows(CommHandle comm);
+
+  // Not collective: copies `bytes` from local device memory `src` into
+  // member `rank`'s buffer at `offset` (Put), or from there into `dst`
+  // (Get), in `stream`'s order (see the contract). kInvalidArgument, with
+  // nothing copied, for a handle that is not live (as Free), a rank out of
+  // range, [offset, offset + bytes) past the allocation's bytes, or a null
+  // local pointer; 0 bytes copy nothing.
+  absl::Status Put(const SymmetricHandle& handle, int rank, std::size_t offset, const void* src,
+                   std::size_t bytes, Stream stream = kDefaultStream);
+  absl::Status Get(const SymmetricHandle& handle, int rank, std::size_t offset, void* dst,
+                   std::size_t bytes, Stream stream = kDefaultStream);
   // Statistics and the snapshot never wait on a collective (another
   // thread's Allocate or EmptyCache may be waiting on other processes for up
   // to the exchange's timeout): they return at once the state as of the end
@@ -210,6 +253,7 @@ class SymmetricHeap {
   // after a fabric fallback), and why it fell back (empty if it did not).
   // Fixed at Create: any thread, any time.
   HandleType handle_type() const { return handle_type_; }
+  SymmetricProvider provider() const { return options_.provider; }
   const std::string& handle_fallback_reason() const { return handle_fallback_reason_; }
 
  private:
@@ -224,6 +268,11 @@ class SymmetricHeap {
         handle_type_(handle_type),
         handle_fallback_reason_(std::move(handle_fallback_reason)) {}
 
+  // Create for the NVSHMEM provider (symmetric_nvshmem.cc).
+  static absl::StatusOr<std::unique_ptr<SymmetricHeap>> CreateShmem(
+      Backend& backend, SymmetricGroup group, std::unique_ptr<Exchange> exchange,
+      SymmetricOptions options);
+
   struct Entry {
     SymmetricAllocation a;
     std::size_t own_bytes = 0;  // physical bytes created here
@@ -231,6 +280,7 @@ class SymmetricHeap {
     std::uint64_t generation = 0;  // of the current hand-out while live
     // Communicator windows on this member's buffer, released before it is.
     std::vector<std::pair<CommHandle, CommWindow>> windows;
+    void* shmem = nullptr;  // NVSHMEM: this PE's buffer, the symmetric address of every PE's
   };
 
   // One collective round, tagged with its op and sequence number: every
@@ -241,8 +291,18 @@ class SymmetricHeap {
   // collective fails at once, naming why. Received FDs are the caller's only
   // for kHandles on success; otherwise they are closed here.
   enum class Op : std::uint8_t {
-    kSize = 1, kCandidates, kHandles, kCommit, kEmptyCache,
-    kWindow, kWindowCommit, kReleaseWindows,
+    kSize = 1,
+    kCandidates,
+    kHandles,
+    kCommit,
+    kEmptyCache,
+    kShmemState,  // NVSHMEM, at Create: each process's NVSHMEM state
+    kShmemId,     // process 0's unique id
+    kShmemInit,   // every process initialised NVSHMEM
+    kShmemReady,  // a miss: every member ready to enter nvshmem_malloc
+    kWindow,
+    kWindowCommit,
+    kReleaseWindows,
   };
   absl::StatusOr<std::vector<Contribution>> Round(Op op, const absl::Status& local,
                                                   Contribution mine)
@@ -254,12 +314,28 @@ class SymmetricHeap {
 
   absl::StatusOr<std::unique_ptr<Entry>> Build(std::size_t bytes, std::size_t stride)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The providers' halves (symmetric_vmm.cc, symmetric_nvshmem.cc).
+  absl::StatusOr<std::unique_ptr<Entry>> BuildVmm(std::size_t bytes, std::size_t stride)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::unique_ptr<Entry>> BuildShmem(std::size_t bytes, std::size_t stride)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool DestroyVmm(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // NVSHMEM at Create: agrees on NVSHMEM's state and initialises it
+  // together (`local`: this process's own checks, joined to the first round).
+  absl::Status StartShmem(const absl::Status& local) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // NVSHMEM's EmptyCache: the entries cached on every member, freed together.
+  absl::Status EmptyShmemCache() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live entry behind `handle`, or why not (`who` names the call).
+  absl::StatusOr<Entry*> LiveEntry(const SymmetricHandle& handle, const char* who)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Transfer(bool put, const SymmetricHandle& handle, int rank, std::size_t offset,
+                        void* local, std::size_t bytes, Stream stream);
   // What statistics and snapshots see: each called under mu_ once an
   // operation is over, updates them in one step under stats_mu_.
   void PublishHit(const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishMiss(const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishFree(const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PublishEmptied() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishEmptied(const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Agreed> AgreeOnSize(std::size_t bytes, bool make_symmetric)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The cached allocation Allocate would reuse for `stride` (the oldest, by
@@ -269,11 +345,6 @@ class SymmetricHeap {
   // `mine` is this process's candidate, `theirs` what every process sent.
   static bool AllName(std::uint64_t mine, const std::vector<std::uint64_t>& theirs);
   SymmetricHandle FromCache(std::size_t bytes, std::size_t stride, std::uint64_t id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The live entry `handle` names: looked up by address alone (a stale or
-  // foreign pointer is never read), then by generation. `what` names the
-  // call in the error.
-  absl::StatusOr<Entry*> LiveEntry(const SymmetricHandle& handle, const char* what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deregisters `e`'s windows (on every communicator, or on `comm` only);
   // returns how many went. One whose deregistration fails is forgotten all

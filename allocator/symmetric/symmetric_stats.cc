@@ -34,13 +34,11 @@ void SymmetricHeap::PublishFree(const Entry& e) {
   views_[e.a.id].cached = true;
 }
 
-void SymmetricHeap::PublishEmptied() {
+void SymmetricHeap::PublishEmptied(const Entry& e) {
   MutexLock l(&stats_mu_);
-  for (const auto& [key, e] : cache_) {
-    stats_.symmetric_bytes -= static_cast<std::int64_t>(e->own_bytes);
-    views_.erase(e->a.id);
-  }
-  stats_.cached_bytes = 0;
+  stats_.symmetric_bytes -= static_cast<std::int64_t>(e.own_bytes);
+  stats_.cached_bytes -= static_cast<std::int64_t>(e.own_bytes);
+  views_.erase(e.a.id);
 }
 
 SymmetricStats SymmetricHeap::GetStats() {

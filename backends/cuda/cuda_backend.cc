@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "backends/cuda/cuda_capture.h"
 #include "backends/cuda/cuda_pinned.h"
+#include "backends/cuda/cuda_shmem.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/driver_api.h"
 #include "backends/cuda/nccl_api.h"
@@ -311,6 +312,30 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status FreePinnedHost(void* ptr) override { return pinned_.Free(ptr); }
+
+  absl::Status PeerCopy(void* dst, const void* src, std::size_t bytes, Stream stream) override {
+    return CudaPeerCopy(dst, src, bytes, stream);
+  }
+  absl::StatusOr<ShmemState> ShmemQueryState() override { return shmem_.QueryState(); }
+  absl::StatusOr<std::string> ShmemUniqueId() override { return shmem_.UniqueId(); }
+  absl::Status ShmemInit(const std::string& id, int pe, int n_pes, int device) override {
+    CMA_RETURN_IF_ERROR(CheckDevice(device));
+    return shmem_.Init(id, pe, n_pes, device);
+  }
+  absl::StatusOr<void*> ShmemMalloc(std::size_t bytes) override { return shmem_.Malloc(bytes); }
+  absl::Status ShmemFree(void* ptr) override { return shmem_.Free(ptr); }
+  absl::StatusOr<void*> ShmemPeerPointer(void* ptr, int pe) override {
+    return shmem_.PeerPointer(ptr, pe);
+  }
+  absl::Status ShmemPut(void* dst, const void* src, std::size_t bytes, int pe,
+                        Stream stream) override {
+    return shmem_.Put(dst, src, bytes, pe, stream);
+  }
+  absl::Status ShmemGet(void* dst, const void* src, std::size_t bytes, int pe,
+                        Stream stream) override {
+    return shmem_.Get(dst, src, bytes, pe, stream);
+  }
+  absl::Status ShmemQuiet(Stream stream) override { return shmem_.Quiet(stream); }
 
   absl::Status CopyBatch(absl::Span<const Copy> copies, Stream stream) override {
     for (const Copy& c : copies) {
@@ -647,6 +672,7 @@ class CudaBackend final : public Backend {
   absl::Mutex side_mu_;
   absl::flat_hash_map<int, SideStream> side_ ABSL_GUARDED_BY(side_mu_);
   CudaPinnedHost pinned_;
+  CudaShmem shmem_;
 };
 
 }  // namespace

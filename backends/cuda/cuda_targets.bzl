@@ -12,22 +12,27 @@ def cuda_targets():
             "cuda_backend.cc",
             "cuda_capture.cc",
             "cuda_pinned.cc",
+            "cuda_shmem.cc",
             "cuda_status.cc",
             "driver_api.cc",
             "nccl_api.cc",
+            "nvshmem_api.cc",
         ],
         hdrs = [
             "cuda_backend.h",
             "cuda_capture.h",
             "cuda_pinned.h",
+            "cuda_shmem.h",
             "cuda_status.h",
             "driver_api.h",
             "nccl_api.h",
+            "nvshmem_api.h",
         ],
-        linkopts = ["-ldl"],
         deps = [
             "//backends:backend",
             "@local_cuda//:cudart_static",
             "@system//:absl",
         ],
+        # dlopen, for NCCL (nccl_api.h) and NVSHMEM's host library (nvshmem_api.h).
+        linkopts = ["-ldl"],
     )

@@ -263,5 +263,20 @@ absl::StatusOr<CommWindow> FaultInjectingBackend::RegisterCommWindow(CommHandle 
 absl::Status FaultInjectingBackend::DeregisterCommWindow(CommHandle comm, CommWindow window) {
   return inner_.DeregisterCommWindow(comm, window);
 }
+absl::Status FaultInjectingBackend::PeerCopy(void* dst, const void* src, std::size_t bytes,
+                                             Stream stream) {
+  CMA_FAULT(kCopy, "PeerCopy");
+  return inner_.PeerCopy(dst, src, bytes, stream);
+}
+absl::Status FaultInjectingBackend::ShmemPut(void* dst, const void* src, std::size_t bytes, int pe,
+                                             Stream stream) {
+  CMA_FAULT(kCopy, "ShmemPut");
+  return inner_.ShmemPut(dst, src, bytes, pe, stream);
+}
+absl::Status FaultInjectingBackend::ShmemGet(void* dst, const void* src, std::size_t bytes, int pe,
+                                             Stream stream) {
+  CMA_FAULT(kCopy, "ShmemGet");
+  return inner_.ShmemGet(dst, src, bytes, pe, stream);
+}
 
 }  // namespace cma

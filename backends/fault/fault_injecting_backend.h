@@ -38,7 +38,7 @@ enum class FaultKind {
   kVmmMap,      // VmmReserve, VmmMap, VmmSetAccess
   kExport,      // VmmExport, VmmImport
   kOther,       // LaunchHostFunction and calls without a kind of their own
-  kCopy,        // CopyBatch
+  kCopy,        // CopyBatch, PeerCopy, ShmemPut, ShmemGet
   kCommWindow,  // RegisterCommWindow
   kCount,
 };
@@ -122,6 +122,26 @@ class FaultInjectingBackend final : public Backend {
   absl::StatusOr<CommWindow> RegisterCommWindow(CommHandle comm, void* ptr,
                                                 std::size_t bytes) override;
   absl::Status DeregisterCommWindow(CommHandle comm, CommWindow window) override;
+  // PeerCopy, ShmemPut and ShmemGet fail as kCopy. The NVSHMEM collectives
+  // (ShmemInit, ShmemMalloc, ShmemFree) and queries pass through untouched:
+  // a PE that failed one alone, without joining it, would leave the others
+  // waiting inside NVSHMEM, which no real failure does.
+  absl::Status PeerCopy(void* dst, const void* src, std::size_t bytes, Stream stream) override;
+  absl::StatusOr<ShmemState> ShmemQueryState() override { return inner_.ShmemQueryState(); }
+  absl::StatusOr<std::string> ShmemUniqueId() override { return inner_.ShmemUniqueId(); }
+  absl::Status ShmemInit(const std::string& unique_id, int pe, int n_pes, int device) override {
+    return inner_.ShmemInit(unique_id, pe, n_pes, device);
+  }
+  absl::StatusOr<void*> ShmemMalloc(std::size_t bytes) override { return inner_.ShmemMalloc(bytes); }
+  absl::Status ShmemFree(void* ptr) override { return inner_.ShmemFree(ptr); }
+  absl::StatusOr<void*> ShmemPeerPointer(void* ptr, int pe) override {
+    return inner_.ShmemPeerPointer(ptr, pe);
+  }
+  absl::Status ShmemPut(void* dst, const void* src, std::size_t bytes, int pe,
+                        Stream stream) override;
+  absl::Status ShmemGet(void* dst, const void* src, std::size_t bytes, int pe,
+                        Stream stream) override;
+  absl::Status ShmemQuiet(Stream stream) override { return inner_.ShmemQuiet(stream); }
 
  private:
   // Counts the call; returns the injected failure, or OK to go ahead.

@@ -37,6 +37,9 @@ HostBackendOptions WithEnvironment(HostBackendOptions o) {
   if (o.fabric_domain.empty()) {
     if (const char* v = std::getenv("CMA_HOST_FABRIC_DOMAIN"); v != nullptr) o.fabric_domain = v;
   }
+  if (const char* v = std::getenv("CMA_HOST_SHMEM_UNREACHABLE"); v != nullptr && v == std::string("1")) {
+    o.shmem_unreachable = true;
+  }
   return o;
 }
 
@@ -659,8 +662,9 @@ absl::Status HostBackend::StreamWaitEvent(Stream stream, Event event) {
 // ---------------------------------------------------------------- introspection
 
 HostResourceCounts HostBackend::LiveResources() const {
-  MutexLock l(&mu_);
   HostResourceCounts c;
+  c.shmem_allocations = ShmemLiveAllocations();
+  MutexLock l(&mu_);
   c.managed_allocations = static_cast<int>(managed_.size());
   for (auto& [p, a] : managed_) c.managed_bytes += a.bytes;
   c.streams = static_cast<int>(streams_.size()) - 1;  // the default stream always exists

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,26 @@ struct HostBackendOptions {
   // made: CMA_HOST_EMULATED_HOST, CMA_HOST_FABRIC_DOMAIN.
   std::string host_id;
   std::string fabric_domain;
+  // The NVSHMEM emulation (the Shmem* calls; host_shmem.cc). The PEs of one
+  // unique id share a POSIX shared-memory object ("/cma-shmem-<32 hex
+  // digits>", mode 0600, unlinked as soon as every PE has opened it): a
+  // header where each PE posts its collective calls, then one heap of
+  // `shmem_heap_bytes` per PE (sparse: pages cost nothing until touched).
+  // ShmemInit, ShmemMalloc and ShmemFree wait, as NVSHMEM's do, until every
+  // PE has made the same call; a PE that never comes makes the others fail
+  // after `shmem_timeout_seconds` (kDeadlineExceeded, "NVSHMEM would wait
+  // here forever") and a PE that made another call (another size, another
+  // allocation: undefined behaviour in NVSHMEM) makes every PE fail naming
+  // both; either leaves the emulated NVSHMEM broken (every later call fails).
+  // Allocations are placed by the same first-fit on every PE, and checked
+  // to land at the same offset. With `shmem_unreachable` (or the
+  // environment's CMA_HOST_SHMEM_UNREACHABLE=1 when the backend is made),
+  // other PEs' heaps are not mapped here: ShmemPeerPointer returns null for
+  // them and ShmemPut/ShmemGet reach them through the object's descriptor
+  // (pwrite/pread), as NVSHMEM's put/get reach a PE over the network.
+  std::size_t shmem_heap_bytes = std::size_t{256} << 20;  // a multiple of 64 KiB
+  bool shmem_unreachable = false;
+  double shmem_timeout_seconds = 10;
 };
 
 // One recorded placement call.
@@ -114,9 +135,10 @@ struct HostResourceCounts {
   int pinned_allocations = 0;
   std::size_t pinned_bytes = 0;
   int comm_windows = 0;
+  int shmem_allocations = 0;  // live ShmemMalloc allocations of this PE
   friend bool operator==(const HostResourceCounts& a, const HostResourceCounts& b) {
     return a.pinned_allocations == b.pinned_allocations && a.pinned_bytes == b.pinned_bytes &&
-           a.comm_windows == b.comm_windows &&
+           a.comm_windows == b.comm_windows && a.shmem_allocations == b.shmem_allocations &&
            a.managed_allocations == b.managed_allocations &&
            a.managed_bytes == b.managed_bytes && a.streams == b.streams &&
            a.events == b.events && a.physical_handles == b.physical_handles &&
@@ -227,6 +249,23 @@ class HostBackend final : public Backend {
   absl::StatusOr<CommWindow> RegisterCommWindow(CommHandle comm, void* ptr,
                                                 std::size_t bytes) override;
   absl::Status DeregisterCommWindow(CommHandle comm, CommWindow window) override;
+  // One side inside one VMM mapping, managed allocation, pinned buffer or
+  // the emulated NVSHMEM heap as mapped here, the other any memory of this
+  // process (kInvalidArgument when neither); runs at once, like every copy
+  // here.
+  absl::Status PeerCopy(void* dst, const void* src, std::size_t bytes, Stream stream) override;
+  // NVSHMEM emulated across processes: HostBackendOptions::shmem_*.
+  absl::StatusOr<ShmemState> ShmemQueryState() override;
+  absl::StatusOr<std::string> ShmemUniqueId() override;
+  absl::Status ShmemInit(const std::string& unique_id, int pe, int n_pes, int device) override;
+  absl::StatusOr<void*> ShmemMalloc(std::size_t bytes) override;
+  absl::Status ShmemFree(void* ptr) override;
+  absl::StatusOr<void*> ShmemPeerPointer(void* ptr, int pe) override;
+  absl::Status ShmemPut(void* dst, const void* src, std::size_t bytes, int pe,
+                        Stream stream) override;
+  absl::Status ShmemGet(void* dst, const void* src, std::size_t bytes, int pe,
+                        Stream stream) override;
+  absl::Status ShmemQuiet(Stream stream) override;
 
   // ---- test controls ----
   // A communicator as NCCL's would be for member `rank` of `size` on
@@ -352,7 +391,22 @@ class HostBackend final : public Backend {
   void DropPhysical(absl::flat_hash_map<PhysicalHandle, PhysicalMemory>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The emulated NVSHMEM of this process (host_shmem.cc), under its own
+  // lock, taken before mu_: its collectives wait for the other PEs.
+  struct Shmem;
+  struct ShmemDeleter {
+    void operator()(Shmem* s) const;
+  };
+  // Whether [p, p + bytes) lies inside memory a copy may touch here.
+  bool InCopyable(const void* p, std::size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shmem_mu_, mu_);
+  absl::Status ShmemCheckStream(Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
+  int ShmemLiveAllocations() const ABSL_LOCKS_EXCLUDED(shmem_mu_);
+  absl::Status ShmemTransfer(bool put, void* dst, const void* src, std::size_t bytes, int pe,
+                             Stream stream);
+
   const HostBackendOptions options_;
+  mutable absl::Mutex shmem_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::unique_ptr<Shmem, ShmemDeleter> shmem_ ABSL_GUARDED_BY(shmem_mu_);
   mutable absl::Mutex mu_;
   std::vector<std::size_t> capacity_ ABSL_GUARDED_BY(mu_);
   std::vector<std::size_t> used_ ABSL_GUARDED_BY(mu_);  // AllocateManaged + populated pages

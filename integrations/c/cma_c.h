@@ -278,7 +278,11 @@ int cma_snapshot_visit(void (*on_segment)(void* ctx, const cma_segment_info* seg
  * (SymmetricOptions::non_dumpable says more); handles:fabric exports fabric
  * handles (multi-node NVLink), probed at create (NULL, cma_last_error naming
  * the device, when one cannot), and fabric_or_fd falls back to POSIX FDs
- * there (SymmetricOptions::handle_type).
+ * there (SymmetricOptions::handle_type); provider:nvshmem takes the memory
+ * from NVSHMEM's symmetric heap instead of VMM handles (one member per
+ * process, member r in process r; NVSHMEM's host library is loaded at run
+ * time: CMA_NVSHMEM_LIBRARY, else libnvshmem_host.so.3; create then fails
+ * with UNAVAILABLE naming it when absent; docs/symmetric.md, "NVSHMEM").
  * Allocation, free and empty_cache are collective (same order everywhere).
  * Memory comes from the process-wide backend (cma_init / CMA_BACKEND).
  * A cma_symmetric_allocation* is an opaque handle, not an address: a number
@@ -358,6 +362,20 @@ size_t cma_symmetric_size(const cma_symmetric_allocation* a);
 void* cma_symmetric_peer(const cma_symmetric_allocation* a, int rank);
 void* cma_symmetric_signal(const cma_symmetric_allocation* a, int rank);
 size_t cma_symmetric_signal_size(const cma_symmetric_heap* heap);
+/* Not collective: copies `bytes` from local device (or host) memory `src`
+ * into member `rank`'s buffer at byte `offset` (put), or from there into
+ * `dst` (get), in the order of `stream` (a cudaStream_t; NULL: the default
+ * stream): a direct copy when that member is mapped here
+ * (cma_symmetric_peer is not NULL), NVSHMEM's put/get otherwise (the
+ * nvshmem provider). 0, or -1 with cma_last_error naming the problem and
+ * nothing copied: a dead handle, a bad rank, [offset, offset + bytes) past
+ * cma_symmetric_size, a NULL pointer, or an unmapped member of a VMM heap
+ * (UNAVAILABLE). Thread safety: any thread; it waits while another thread
+ * is in one of the heap's collectives. */
+int cma_symmetric_put(const cma_symmetric_allocation* a, int rank, size_t offset,
+                      const void* src, size_t bytes, void* stream);
+int cma_symmetric_get(const cma_symmetric_allocation* a, int rank, size_t offset, void* dst,
+                      size_t bytes, void* stream);
 /* world_size pointers (void*[]) that kernels can read. */
 void* cma_symmetric_device_peers(const cma_symmetric_allocation* a);
 /* NCCL windows (SymmetricHeap::RegisterWindow): collective. Registers this

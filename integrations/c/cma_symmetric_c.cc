@@ -67,6 +67,8 @@ absl::StatusOr<SymmetricOptions> ParseOptions(const char* text) {
       o.multicast = kv.second == "1";
     } else if (kv.first == "non_dumpable" && (kv.second == "0" || kv.second == "1")) {
       o.non_dumpable = kv.second == "1";
+    } else if (kv.first == "provider" && (kv.second == "vmm" || kv.second == "nvshmem")) {
+      o.provider = kv.second == "vmm" ? SymmetricProvider::kVmm : SymmetricProvider::kNvshmem;
     } else if (kv.first == "handles" &&
                (kv.second == "fd" || kv.second == "fabric" || kv.second == "fabric_or_fd")) {
       o.handle_type = kv.second == "fd" ? HandleType::kPosixFd : HandleType::kFabric;
@@ -75,7 +77,7 @@ absl::StatusOr<SymmetricOptions> ParseOptions(const char* text) {
       return absl::InvalidArgumentError(absl::StrCat(
           "cma_symmetric_create: bad option '", item,
           "'; accepted: signal_bytes:N (up to 1M), multicast:0|1, non_dumpable:0|1, "
-          "handles:fd|fabric|fabric_or_fd"));
+          "handles:fd|fabric|fabric_or_fd, provider:vmm|nvshmem"));
     }
   }
   return o;
@@ -495,6 +497,43 @@ char* cma_symmetric_unreachable_json(const cma_symmetric_allocation* a) {
   }
   nlohmann::json j = {{"ranks", std::move(ranks)}, {"reason", s->unreachable}};
   return cma::capi::CopyString(j.dump());
+}
+
+}  // extern "C"
+
+namespace {
+
+int Transfer(bool put, const cma_symmetric_allocation* a, int rank, size_t offset, void* local,
+             size_t bytes, void* stream) {
+  const char* who = put ? "cma_symmetric_put" : "cma_symmetric_get";
+  cma::capi::Registry& r = cma::capi::Heaps();
+  // Held across the copy, so that neither the heap nor the handle goes
+  // meanwhile (cma_symmetric_destroy takes it first); the heap's own lock
+  // is taken after it, never before, anywhere.
+  cma::MutexLock l(&r.mu);
+  auto it = r.live.find(reinterpret_cast<std::uintptr_t>(a));
+  if (it == r.live.end()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        who, ": not a live symmetric allocation (null, freed already, or of a destroyed heap)")));
+  }
+  const cma::Stream s = reinterpret_cast<cma::Stream>(stream);
+  absl::Status st = put ? it->second.heap->heap->Put(it->second.handle, rank, offset, local, bytes, s)
+                        : it->second.heap->heap->Get(it->second.handle, rank, offset, local, bytes, s);
+  return st.ok() ? 0 : Fail(st);
+}
+
+}  // namespace
+
+extern "C" {
+
+int cma_symmetric_put(const cma_symmetric_allocation* a, int rank, size_t offset,
+                      const void* src, size_t bytes, void* stream) {
+  return Transfer(true, a, rank, offset, const_cast<void*>(src), bytes, stream);
+}
+
+int cma_symmetric_get(const cma_symmetric_allocation* a, int rank, size_t offset, void* dst,
+                      size_t bytes, void* stream) {
+  return Transfer(false, a, rank, offset, dst, bytes, stream);
 }
 
 size_t cma_symmetric_signal_size(const cma_symmetric_heap* heap) {

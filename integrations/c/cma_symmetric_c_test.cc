@@ -23,6 +23,40 @@ using ::testing::HasSubstr;
 using cma_test::Json;
 using SymmetricCApiTest = cma_test::HostCApiTest;
 
+// The NVSHMEM provider through the C ABI (the host backend's emulation):
+// one member per process, put/get with their errors, a bad provider named.
+TEST_F(SymmetricCApiTest, NvshmemProviderWithPutAndGet) {
+  const int ranks[] = {0, 1}, devices[] = {0, 1};
+  EXPECT_EQ(cma_symmetric_create(1, ranks, devices, 1, 0, 1, nullptr, nullptr, 10.0,
+                                 "provider:shmem"),
+            nullptr);
+  EXPECT_THAT(cma_last_error(), HasSubstr("provider:vmm|nvshmem"));
+  EXPECT_EQ(cma_symmetric_create(2, ranks, devices, 2, 0, 1, nullptr, nullptr, 10.0,
+                                 "provider:nvshmem"),
+            nullptr);
+  EXPECT_THAT(cma_last_error(), HasSubstr("one member (PE) per process"));
+  cma_symmetric_heap* h =
+      cma_symmetric_create(1, ranks, devices, 1, 0, 1, nullptr, nullptr, 10.0, "provider:nvshmem");
+  ASSERT_NE(h, nullptr) << cma_last_error();
+  cma_symmetric_allocation* a = cma_symmetric_alloc(h, 4096, 0);
+  ASSERT_NE(a, nullptr) << cma_last_error();
+  const char text[] = "symmetric";
+  ASSERT_EQ(cma_symmetric_put(a, 0, 100, text, sizeof(text), nullptr), 0) << cma_last_error();
+  EXPECT_STREQ(static_cast<const char*>(cma_symmetric_peer(a, 0)) + 100, text);
+  char back[sizeof(text)] = {};
+  ASSERT_EQ(cma_symmetric_get(a, 0, 100, back, sizeof(back), nullptr), 0) << cma_last_error();
+  EXPECT_STREQ(back, text);
+  EXPECT_EQ(cma_symmetric_put(a, 0, 4090, text, sizeof(text), nullptr), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("past the allocation's 4096 bytes"));
+  EXPECT_EQ(cma_symmetric_get(a, 3, 0, back, 1, nullptr), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("member 3"));
+  ASSERT_EQ(cma_symmetric_free(h, a), 0);
+  EXPECT_EQ(cma_symmetric_put(a, 0, 0, text, 1, nullptr), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("not a live symmetric allocation"));
+  ASSERT_EQ(cma_symmetric_empty_cache(h), 0) << cma_last_error();
+  cma_symmetric_destroy(h);
+}
+
 TEST_F(SymmetricCApiTest, TwoMembersInOneProcessShareBuffersAndTheCache) {
   const int ranks[] = {0, 1}, devices[] = {0, 1};
   cma_symmetric_heap* h =

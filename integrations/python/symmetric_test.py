@@ -114,6 +114,53 @@ def _rank(rank, conn, q):
         q.put((rank, repr(e), 0))
 
 
+def _nvshmem_rank(rank, conn, q, unreachable):
+    try:
+        if unreachable:
+            os.environ["CMA_HOST_SHMEM_UNREACHABLE"] = "1"  # read when the backend is made
+        cma.init("", backend="host")
+        heap = sym.Heap(PipeComm(rank, conn), provider="nvshmem")
+        buf = heap.allocate((64,), "int32")
+        other = 1 - rank
+        assert (buf.peer_ptrs[other] is None) == unreachable, buf.peer_ptrs
+        assert bool(buf.unreachable) == unreachable
+        token = numpy.array([200 + rank], dtype=numpy.int32)
+        buf.put(other, token.ctypes.data, 4, offset=4 * rank)   # into the peer's buffer
+        heap.empty_cache()                                       # collective: both have put
+        seen = int(buf.local[other])
+        back = numpy.zeros(1, dtype=numpy.int32)
+        buf.get(other, back.ctypes.data, 4, offset=4 * rank)
+        with pytest.raises(Exception, match="past the allocation's 256 bytes"):
+            buf.put(other, token.ctypes.data, 4, offset=256)
+        q.put((rank, seen, int(back[0])))
+        heap.free(buf)
+        heap.empty_cache()
+        heap.close()
+        cma.shutdown()
+    except Exception as e:  # noqa: BLE001
+        q.put((rank, repr(e), 0))
+
+
+@pytest.mark.parametrize("unreachable", [False, True])
+def test_nvshmem_provider_two_processes_put_and_get(unreachable):
+    ctx = multiprocessing.get_context("fork")
+    a, b = ctx.Pipe()
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_nvshmem_rank, args=(r, c, q, unreachable))
+             for r, c in ((0, a), (1, b))]
+    for p in procs:
+        p.start()
+    results = sorted(q.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert results == [(0, 201, 200), (1, 200, 201)], results
+
+
+def test_a_bad_provider_is_refused(host):
+    with pytest.raises(ValueError, match="provider must be 'vmm' or 'nvshmem'"):
+        sym.Heap(SoloComm(), provider="nccl")
+
+
 def test_timeouts_beyond_a_day_are_refused(host):
     # Issue 19, item 12: past 2**31 ms (24.8 days) a timeout once became a
     # wait without deadline; Python's floats reach the C ABI unchanged.

@@ -13,6 +13,7 @@
 #include "allocator/symmetric/exchange.h"
 #include "allocator/symmetric/symmetric_heap.h"
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/nvshmem_api.h"
 #include "bench/cuda/kernels.h"
 #include "gtest/gtest.h"
 
@@ -47,8 +48,15 @@ int ChildMain(int rank, const std::string& path) {
   g.world_size = 2;
   g.local_ranks = {rank};
   g.local_devices = {rank};
-  auto heap = SymmetricHeap::Create(**backend, g, std::move(*x));
-  if (!heap.ok()) return 4;
+  SymmetricOptions o;
+  const char* provider = std::getenv("CMA_SYMMETRIC_CHILD_PROVIDER");
+  const bool shmem = provider != nullptr && std::string(provider) == "nvshmem";
+  if (shmem) o.provider = SymmetricProvider::kNvshmem;
+  auto heap = SymmetricHeap::Create(**backend, g, std::move(*x), o);
+  if (!heap.ok()) {
+    fprintf(stderr, "rank %d: %s\n", rank, std::string(heap.status().message()).c_str());
+    return 4;
+  }
   auto a = (*heap)->Allocate(kBytes);
   if (!a.ok()) {
     fprintf(stderr, "rank %d: %s\n", rank, std::string(a.status().message()).c_str());
@@ -56,14 +64,34 @@ int ChildMain(int rank, const std::string& path) {
   }
   Stream s = *(*backend)->CreateStream(rank);
   const int peer = 1 - rank;
-  // Write the peer's buffer from this device, over the peer mapping.
-  if (!LaunchFill((*a)->peers[peer], kBytes, 100 + rank, s).ok()) return 6;
+  // Write the peer's buffer from this device, over the peer mapping (for
+  // NVSHMEM, nvshmem_ptr's, where the peer is reachable by load/store).
+  if ((*a)->peers[peer] != nullptr && !LaunchFill((*a)->peers[peer], kBytes, 100 + rank, s).ok()) {
+    return 6;
+  }
+  if (shmem) {
+    // And through Put: the same pattern from a local buffer (a direct copy
+    // where mapped, NVSHMEM's putmem_on_stream where not).
+    void* local = nullptr;
+    if (cudaMalloc(&local, kBytes) != cudaSuccess) return 11;
+    if (!LaunchFill(local, kBytes, 100 + rank, s).ok()) return 12;
+    absl::Status put = (*heap)->Put(*a, peer, 0, local, kBytes, s);
+    if (!put.ok()) {
+      fprintf(stderr, "rank %d: %s\n", rank, std::string(put.message()).c_str());
+      return 13;
+    }
+    if (!(*backend)->SynchronizeStream(s).ok()) return 14;
+    cudaFree(local);
+  } else if ((*a)->peers[peer] == nullptr) {
+    return 6;
+  }
   if (!(*backend)->SynchronizeStream(s).ok()) return 7;
   if (!(*heap)->EmptyCache().ok()) return 8;  // collective: both have written
   const unsigned long long bad = Mismatches(**backend, (*a)->peers[rank], 100 + peer, rank);
   (void)(*backend)->DestroyStream(s);
   if (bad != 0) return 9;
   if (!(*heap)->Free(*a).ok()) return 10;
+  if (shmem && !(*heap)->EmptyCache().ok()) return 15;  // NVSHMEM's memory back, together
   return 0;
 }
 
@@ -137,9 +165,9 @@ TEST(CudaSymmetricTest, FabricHandlesOrTheirFallbackOnThisMachine) {
   ASSERT_TRUE((*heap)->Free(*a).ok());
 }
 
-TEST(CudaSymmetricTest, TwoProcessesOneDeviceEach) {
-  if (GpuCount() < 2) GTEST_SKIP() << "needs two GPUs (" << GpuCount() << " visible)";
-  const std::string path = absl::StrFormat("/tmp/cma-gpu-sym-%d.sock", getpid());
+// Two processes, one GPU each: the VMM provider, or NVSHMEM's.
+void RunTwoProcesses(const char* provider) {
+  const std::string path = absl::StrFormat("/tmp/cma-gpu-sym-%s-%d.sock", provider, getpid());
   const std::string token = *MakeRendezvousToken();
   pid_t pids[2];
   for (int r = 0; r < 2; ++r) {
@@ -150,6 +178,7 @@ TEST(CudaSymmetricTest, TwoProcessesOneDeviceEach) {
       setenv("CMA_SYMMETRIC_CHILD_RANK", rank.c_str(), 1);
       setenv("CMA_SYMMETRIC_CHILD_PATH", path.c_str(), 1);
       setenv("CMA_SYMMETRIC_CHILD_TOKEN", token.c_str(), 1);
+      setenv("CMA_SYMMETRIC_CHILD_PROVIDER", provider, 1);
       execl("/proc/self/exe", "cuda_symmetric_test", nullptr);
       _exit(127);
     }
@@ -160,6 +189,21 @@ TEST(CudaSymmetricTest, TwoProcessesOneDeviceEach) {
     EXPECT_TRUE(WIFEXITED(status)) << "rank " << r;
     EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << r << " failed (see its exit code in the test)";
   }
+}
+
+TEST(CudaSymmetricTest, TwoProcessesOneDeviceEach) {
+  if (GpuCount() < 2) GTEST_SKIP() << "needs two GPUs (" << GpuCount() << " visible)";
+  RunTwoProcesses("vmm");
+}
+
+// NVSHMEM initialised through the heap's exchange, kernels writing through
+// nvshmem_ptr's pointers, Put, and EmptyCache freeing together. Skipped with
+// the reason where NVSHMEM's host library cannot be loaded.
+TEST(CudaSymmetricTest, TwoProcessesOneDeviceEachOnNvshmem) {
+  if (GpuCount() < 2) GTEST_SKIP() << "needs two GPUs (" << GpuCount() << " visible)";
+  absl::StatusOr<const NvshmemApi*> api = NvshmemApi::Get();
+  if (!api.ok()) GTEST_SKIP() << api.status().message();
+  RunTwoProcesses("nvshmem");
 }
 
 }  // namespace

@@ -106,6 +106,8 @@ def lib():
                 "cma_symmetric_peer": (vp, [vp, i]),
                 "cma_symmetric_signal": (vp, [vp, i]),
                 "cma_symmetric_signal_size": (sz, [vp]),
+                "cma_symmetric_put": (i, [vp, i, sz, vp, sz, vp]),
+                "cma_symmetric_get": (i, [vp, i, sz, vp, sz, vp]),
                 "cma_symmetric_device_peers": (vp, [vp]),
                 "cma_symmetric_stats_json": (vp, [vp]),
                 "cma_symmetric_register_nccl_window": (i, [vp, vp, vp, ctypes.POINTER(vp)]),

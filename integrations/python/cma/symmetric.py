@@ -55,6 +55,12 @@ class Heap:
     creation, and "handles:fabric_or_fd" falls back to POSIX FDs (one host)
     where a device cannot.
 
+    `provider` picks where the memory comes from: "vmm" (the default: VMM
+    handles shared between the processes of a host) or "nvshmem" (NVSHMEM's
+    symmetric heap, loaded at run time; one rank per process and GPU;
+    buf.put/buf.get reach ranks that have no pointer here). Same caching,
+    statistics and collective rules; ValueError for another name.
+
     Across hosts (cma_symmetric_create_multi_host): `host` names this
     process's host (the same on every rank of a host), `token` is the
     launcher's rendezvous token (the same on every rank; never through the
@@ -68,7 +74,12 @@ class Heap:
     together once the ranks have met) for everything the C ABI refuses."""
 
     def __init__(self, comm, device=0, timeout=60.0, options="", host=None, token=None,
-                 leaders=None):
+                 leaders=None, provider="vmm"):
+        if provider not in ("vmm", "nvshmem"):
+            raise ValueError(f"cma.symmetric: provider must be 'vmm' or 'nvshmem', not {provider!r}")
+        if provider != "vmm":
+            options = f"{options},provider:{provider}" if options else f"provider:{provider}"
+        self.provider = provider
         self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
         self.device = device
         lib = _lib.lib()
@@ -224,6 +235,22 @@ class SymmetricBuffer:
     def local(self):
         return self.peers[self.heap.rank]
 
+    def put(self, rank, src, nbytes, offset=0, stream=0):
+        """Copies `nbytes` from the local address `src` (an int) into rank's
+        buffer at byte `offset`, in `stream`'s order (a cudaStream_t as an
+        int; 0: the default stream): directly where rank is mapped here,
+        through NVSHMEM's put otherwise. Not collective."""
+        self._transfer(_lib.lib().cma_symmetric_put, rank, src, nbytes, offset, stream)
+
+    def get(self, rank, dst, nbytes, offset=0, stream=0):
+        """The reverse of put: rank's bytes at `offset` into local `dst`."""
+        self._transfer(_lib.lib().cma_symmetric_get, rank, dst, nbytes, offset, stream)
+
+    def _transfer(self, fn, rank, local, nbytes, offset, stream):
+        if self._a is None:
+            raise ValueError("cma.symmetric: buffer already freed")
+        _lib._check(fn(self._a, int(rank), int(offset), int(local), int(nbytes), int(stream) or None))
+
 
 def _array(ptr, shape, dtype, owner):
     n = int(numpy.prod(shape)) * dtype.itemsize
@@ -241,7 +268,7 @@ def _array(ptr, shape, dtype, owner):
 
 def heap_for(comm, device=0, **kwargs):
     """The process's heap for `comm` (created collectively on first use)."""
-    key = (id(comm), device)
+    key = (id(comm), device, kwargs.get("provider", "vmm"))
     if key not in _heaps:
         _heaps[key] = Heap(comm, device, **kwargs)
     return _heaps[key]

@@ -49,13 +49,23 @@ class _GroupComm:
 
 
 _comms = {}
+_provider = "vmm"
+
+
+def set_provider(name):
+    """Where later heaps take their memory: "vmm" (default) or "nvshmem"
+    (as torch's set_backend("NVSHMEM")). Heaps made already keep theirs."""
+    global _provider
+    if name.lower() not in ("vmm", "nvshmem"):
+        raise ValueError(f"cma.torch.symmetric: provider must be 'vmm' or 'nvshmem', not {name!r}")
+    _provider = name.lower()
 
 
 def _heap(group, device):
     key = id(group) if group is not None else None
     if key not in _comms:
         _comms[key] = _GroupComm(group)
-    return _sym.heap_for(_comms[key], device)
+    return _sym.heap_for(_comms[key], device, provider=_provider)
 
 
 def _tensor(ptr, shape, dtype, device, owner):
@@ -142,6 +152,21 @@ def rendezvous(tensor):
         raise ValueError("cma.torch.symmetric: the tensor was not made by empty()")
     buf, group = _live[tensor.data_ptr()]
     return Handle(tensor, buf, group)
+
+
+def put(tensor, rank, src, offset=0):
+    """Not collective: copies `src` (a tensor on this rank's device) into
+    rank's copy of `tensor` at byte `offset`, on the current stream."""
+    buf, _ = _live[tensor.data_ptr()]
+    stream = torch.cuda.current_stream(tensor.device).cuda_stream
+    buf.put(rank, src.data_ptr(), src.numel() * src.element_size(), offset, stream)
+
+
+def get(tensor, rank, dst, offset=0):
+    """Not collective: rank's copy of `tensor` from byte `offset` into `dst`."""
+    buf, _ = _live[tensor.data_ptr()]
+    stream = torch.cuda.current_stream(tensor.device).cuda_stream
+    buf.get(rank, dst.data_ptr(), dst.numel() * dst.element_size(), offset, stream)
 
 
 def free(tensor):
