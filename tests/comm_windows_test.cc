@@ -253,5 +253,49 @@ TEST(CommWindowsTest, MembersNamingDifferentAllocationsAreRefused) {
   EXPECT_THAT(codes, ::testing::Each(0));
 }
 
+// Members that release windows on communicators that are not each other's
+// counterparts (each process names its own) would drift apart: refused on
+// every member, nothing released. (Review.)
+TEST(CommWindowsTest, ReleasingDifferentCommunicatorsIsRefusedAndReleasesNothing) {
+  const std::string path = SocketPath("windows-release-diverge");
+  auto codes = RunProcesses(2, [&](int r) {
+    HostBackend host({.device_count = 1});
+    const CommHandle x = host.MakeEmulatedComm(r, 2, 0);
+    const CommHandle y = host.MakeEmulatedComm(r, 2, 0);
+    auto heap = ProcessHeap(host, path, r, 2);
+    if (!heap) return false;
+    auto a = heap->Allocate(1 << 20);
+    auto b = heap->Allocate(1 << 20);
+    if (!a.ok() || !b.ok() || !heap->RegisterWindow(*a, x).ok() ||
+        !heap->RegisterWindow(*b, y).ok() || !heap->RegisterWindow(*a, y).ok()) {
+      return false;
+    }
+    // Rank 0 releases x (a's window), rank 1 y (a's and b's): different sets.
+    auto released = heap->ReleaseWindows(r == 0 ? x : y);
+    if (released.ok() || !absl::StrContains(released.status().message(), "nothing is released")) {
+      return false;
+    }
+    return host.LiveResources().comm_windows == 3 && heap->GetStats().windows == 3;
+  });
+  EXPECT_THAT(codes, ::testing::Each(0));
+}
+
+// A destroyed communicator's cached window is not handed out again. (Review.)
+TEST(CommWindowsTest, ACachedWindowOfADestroyedCommunicatorIsRefused) {
+  HostBackend b({.device_count = 1});
+  const CommHandle comm = b.MakeEmulatedComm(0, 1, 0);
+  auto heap = OneMemberHeap(b);
+  auto a = heap->Allocate(1 << 20);
+  ASSERT_TRUE(heap->RegisterWindow(*a, comm).ok());
+  ASSERT_TRUE(heap->ReleaseWindows(comm).ok());
+  b.DestroyEmulatedComm(comm);
+  auto w = heap->RegisterWindow(*a, comm);
+  EXPECT_THAT(w.status().message(), HasSubstr("not a live communicator"));
+  const CommHandle other = b.MakeEmulatedComm(0, 1, 0);
+  ASSERT_TRUE(heap->RegisterWindow(*a, other).ok());
+  b.DestroyEmulatedComm(other);  // without a release first: its window is not served again
+  EXPECT_FALSE(heap->RegisterWindow(*a, other).ok());
+}
+
 }  // namespace
 }  // namespace cma

@@ -1,5 +1,6 @@
 // SymmetricHeap's communicator windows (symmetric_heap.h: RegisterWindow,
 // ReleaseWindows): the agreement around the library's own collective.
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -41,9 +42,10 @@ absl::StatusOr<CommWindow> SymmetricHeap::RegisterWindow(const SymmetricHandle& 
       }
     }
   }
-  if (local.ok() && cached == nullptr) {
-    // The communicator must be this member's: NCCL would register the
-    // buffer under another rank's place, or on another device.
+  if (local.ok()) {
+    // The communicator must be this member's (NCCL would register the
+    // buffer under another rank's place, or on another device), and still
+    // answer, cached window or not.
     absl::StatusOr<CommFacts> f = backend_.GetCommFacts(comm);
     if (!f.ok()) {
       local = f.status();
@@ -61,6 +63,7 @@ absl::StatusOr<CommWindow> SymmetricHeap::RegisterWindow(const SymmetricHandle& 
   symmetric_internal::Put(mine.bytes, static_cast<std::uint8_t>(cached != nullptr));
   absl::StatusOr<std::vector<Contribution>> all = Round(Op::kWindow, local, mine);
   if (!all.ok()) return all.status();
+  absl::Status disagree;
   for (std::size_t p = 0; p < all->size(); ++p) {
     std::size_t pos = 0;
     std::uint64_t id = 0;
@@ -76,14 +79,18 @@ absl::StatusOr<CommWindow> SymmetricHeap::RegisterWindow(const SymmetricHandle& 
           "process: %d)",
           p, id, e->a.id));
     }
-    // Registrations are made and released together, so this cannot differ
-    // unless a process lost its state.
-    if (static_cast<bool>(has) != (cached != nullptr)) {
-      return absl::InternalError(absl::StrFormat(
+    // Registrations are made and released together; members whose
+    // communicators differ (each process names its own) can still drift.
+    if (static_cast<bool>(has) != (cached != nullptr) && disagree.ok()) {
+      disagree = absl::FailedPreconditionError(absl::StrFormat(
           "symmetric heap: process %d %s a window of allocation %d on this communicator and "
-          "this process %s",
+          "this process %s; the stray windows are released: register again",
           p, has ? "holds" : "lacks", id, cached != nullptr ? "holds one" : "does not"));
     }
+  }
+  if (!disagree.ok()) {
+    if (cached != nullptr) DropWindows(*e, comm);  // every member back to none
+    return disagree;
   }
   if (cached != nullptr) return *cached;
 
@@ -111,11 +118,39 @@ absl::StatusOr<int> SymmetricHeap::ReleaseWindows(CommHandle comm) {
   const absl::Status local =
       comm == 0 ? absl::InvalidArgumentError("symmetric heap: ReleaseWindows of a null communicator")
                 : absl::OkStatus();
-  absl::StatusOr<std::vector<Contribution>> all = Round(Op::kReleaseWindows, local, {});
+  // Each member names the allocations whose windows it would release: a
+  // member that would drop others' (its communicator is not the others'
+  // counterpart, say) fails them all, and nothing is released.
+  std::vector<Entry*> holders;
+  for (auto& [a, e] : live_) {
+    for (const auto& [c, w] : e->windows) {
+      if (c == comm) holders.push_back(e.get());
+    }
+  }
+  for (auto& [key, e] : cache_) {
+    for (const auto& [c, w] : e->windows) {
+      if (c == comm) holders.push_back(e.get());
+    }
+  }
+  std::vector<std::uint64_t> ids;
+  for (const Entry* e : holders) ids.push_back(e->a.id);
+  std::sort(ids.begin(), ids.end());
+  Contribution mine;
+  symmetric_internal::Put(mine.bytes, static_cast<std::uint64_t>(ids.size()));
+  for (std::uint64_t id : ids) symmetric_internal::Put(mine.bytes, id);
+  absl::StatusOr<std::vector<Contribution>> all = Round(Op::kReleaseWindows, local, mine);
   if (!all.ok()) return all.status();
+  for (std::size_t p = 0; p < all->size(); ++p) {
+    if ((*all)[p].bytes != mine.bytes) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "symmetric heap: ReleaseWindows: process %d holds windows on its communicator for "
+          "other allocations than this process on its own (%d here); nothing is released: pass "
+          "every member's counterpart of one communicator",
+          p, ids.size()));
+    }
+  }
   int released = 0;
-  for (auto& [a, e] : live_) released += DropWindows(*e, comm);
-  for (auto& [key, e] : cache_) released += DropWindows(*e, comm);
+  for (Entry* e : holders) released += DropWindows(*e, comm);
   return released;
 }
 

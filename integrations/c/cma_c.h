@@ -383,8 +383,8 @@ void* cma_symmetric_device_peers(const cma_symmetric_allocation* a);
  * symmetric window of `nccl_comm`, an ncclComm_t of the NCCL already loaded
  * in this process (NCCL 2.27+; torch: ProcessGroupNCCL's _comm_ptr()) whose
  * rank, size and device are this heap's member's (one member per process),
- * so that NCCL's symmetric collectives run on the buffer. *window gets the
- * ncclWindow_t. Cached with the allocation: registering it again, also
+ * so that NCCL's symmetric collectives run on the buffer. *window (when
+ * `window` is not NULL) gets the ncclWindow_t. Cached with the allocation: registering it again, also
  * after a free and a cache hit, makes one exchange and no NCCL call. The
  * window is deregistered when the allocation's memory goes
  * (cma_symmetric_empty_cache, cma_symmetric_destroy), or by

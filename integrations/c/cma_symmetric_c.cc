@@ -564,11 +564,12 @@ char* cma_symmetric_stats_json(cma_symmetric_heap* heap) {
 int cma_symmetric_register_nccl_window(cma_symmetric_heap* heap,
                                        const cma_symmetric_allocation* a, void* nccl_comm,
                                        void** window) {
-  if (heap == nullptr || window == nullptr) {
-    return Fail(absl::InvalidArgumentError(
-        "cma_symmetric_register_nccl_window: null heap or window out-pointer"));
+  // Only a null heap returns before the collective: everything else a
+  // member gets wrong still joins it, so the others fail with it.
+  if (heap == nullptr) {
+    return Fail(absl::InvalidArgumentError("cma_symmetric_register_nccl_window: null heap"));
   }
-  *window = nullptr;
+  if (window != nullptr) *window = nullptr;
   // A handle this process does not know still goes to the heap, as an
   // empty one: the heap refuses it inside the collective, so the other
   // members fail with this one instead of waiting out their timeout.
@@ -582,7 +583,7 @@ int cma_symmetric_register_nccl_window(cma_symmetric_heap* heap,
   absl::StatusOr<cma::CommWindow> w =
       heap->heap->RegisterWindow(handle, reinterpret_cast<cma::CommHandle>(nccl_comm));
   if (!w.ok()) return Fail(w.status());
-  *window = reinterpret_cast<void*>(*w);
+  if (window != nullptr) *window = reinterpret_cast<void*>(*w);
   return 0;
 }
 

@@ -101,10 +101,19 @@ def empty(shape, dtype=torch.float32, group=None, device=None, nccl_window=False
     buf = heap.allocate((nbytes,), "uint8")
     t = _tensor(buf.peer_ptrs[heap.rank], shape, dtype, device, buf)
     if nccl_window:
+        # A rank that cannot name its communicator still joins the
+        # registration (with none: refused there), so that every rank fails
+        # together rather than the others waiting out their timeout.
         try:
-            heap.register_nccl_window(buf, _nccl_comm(group, device))
+            comm, why = _nccl_comm(group, device), None
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the collective
+            comm, why = 0, e
+        try:
+            heap.register_nccl_window(buf, comm)
         except BaseException:
             heap.free(buf)  # every rank failed together: every rank frees
+            if why is not None:
+                raise why
             raise
     _live[t.data_ptr()] = (buf, group)
     return t
@@ -116,6 +125,9 @@ def release_nccl_windows(group=None, device=None):
     this rank released."""
     device = torch.device("cuda", torch.cuda.current_device()) if device is None \
         else torch.device(device)
+    key = id(group) if group is not None else None
+    if key not in _comms or (id(_comms[key]), device.index, _provider) not in _sym._heaps:
+        return 0  # no heap for this group: nothing registered, none made now
     return _heap(group, device.index).release_nccl_windows(_nccl_comm(group, device))
 
 
