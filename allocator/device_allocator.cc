@@ -193,13 +193,10 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
     }
     std::size_t new_pages = 0;  // pages that `rounded` bytes of b would populate
     // A private pool's own free blocks first; else the shared cache lends:
-    // in an arena, a page-aligned chunk (CarvePoolChunk), so the shared
-    // block must hold one wherever it starts.
+    // in an arena, a chunk of the block it finds (CarvePoolChunk).
     Block* b = mempool != 0 ? FindSameStream(rounded, pool, stream, mempool, &new_pages) : nullptr;
     const bool chunked = ABSL_PREDICT_FALSE(mempool != 0) && b == nullptr && arena_mode();
-    const std::size_t chunk = chunked ? SegmentSizeFor(rounded) : 0;
-    const std::size_t want = chunked ? chunk + kPageSize : rounded;
-    if (b == nullptr) b = FindSameStream(want, pool, stream, 0, &new_pages);
+    if (b == nullptr) b = FindSameStream(rounded, pool, stream, 0, &new_pages);
     // Known to need no new page: then there is nothing to make room for.
     bool populated = b != nullptr && new_pages == 0;
     if (arena_mode()) {
@@ -208,11 +205,11 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
       // it). Other streams' free blocks, merged with this stream's, may hold
       // the request in populated pages.
       // Quiet, only streams already known idle: no query may be made.
-      if (!populated && AdoptIdleStreams(want, pool, stream, /*synchronize=*/retry && !quiet,
+      if (!populated && AdoptIdleStreams(rounded, pool, stream, /*synchronize=*/retry && !quiet,
                                          /*may_query=*/!quiet)) {
         if (b != nullptr) ReturnBlock(b);
         CoalesceUnmerged();
-        b = FindSameStream(want, pool, stream, 0, &new_pages);
+        b = FindSameStream(rounded, pool, stream, 0, &new_pages);
         populated = b != nullptr && new_pages == 0;
       }
     } else if (b == nullptr && !quiet) {
@@ -234,7 +231,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
                         SegmentSizeFor(rounded), budget_);
         if (!quiet && (retry || release > 0)) ReleaseCachedSegments(release);
       }
-      absl::StatusOr<Block*> fresh = NewSegment(want, pool, stream);
+      absl::StatusOr<Block*> fresh = NewSegment(rounded, pool, stream);
       if (!fresh.ok()) {
         if (!absl::IsResourceExhausted(fresh.status())) return fresh.status();
         cause = fresh.status();
@@ -244,7 +241,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
       made = b->segment;
     }
     if (chunked) {
-      b = CarvePoolChunk(b, chunk, mempool);  // b holds `want` bytes: the chunk fits
+      b = CarvePoolChunk(b, rounded, mempool);
       new_pages = FreshPagesFor(b, rounded);
       populated = new_pages == 0;
     }
@@ -400,17 +397,18 @@ Block* DeviceAllocator::SplitAt(Block* b, std::uintptr_t at) {
   return upper;
 }
 
-Block* DeviceAllocator::CarvePoolChunk(Block* b, std::size_t chunk, std::uint32_t mempool) {
+Block* DeviceAllocator::CarvePoolChunk(Block* b, std::size_t rounded, std::uint32_t mempool) {
   const Segment* seg = b->segment;
-  const std::uintptr_t start =
-      seg->base + (b->addr - seg->base + kPageSize - 1) / kPageSize * kPageSize;
-  if (start + chunk > b->addr + b->size) return nullptr;
+  const std::uintptr_t end = b->addr + b->size;
+  std::uintptr_t start = seg->base + (b->addr - seg->base + kPageSize - 1) / kPageSize * kPageSize;
+  if (start + rounded > end) start = b->addr;  // no page boundary leaves room: share the page
+  const std::size_t size = std::min<std::size_t>(SegmentSizeFor(rounded), end - start);
   Block* c = b;
   if (start > b->addr) {
     c = SplitAt(b, start);
     ReturnBlock(b);  // the room below the page boundary stays shared
   }
-  if (c->size > chunk) ReturnBlock(SplitAt(c, c->addr + chunk));
+  if (c->size > size) ReturnBlock(SplitAt(c, c->addr + size));
   c->mempool = mempool;
   return c;
 }

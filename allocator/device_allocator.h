@@ -374,12 +374,13 @@ class DeviceAllocator {
   // Arena mode: a private pool takes room from the shared cache as PyTorch's
   // pools take segments, in chunks of the segment size of the request
   // (policy/size_policy.h SegmentSizeFor) starting at a page boundary, so
-  // that its blocks and the shared cache's never share a page and the
-  // chunk's spare room is the pool's. Carves that chunk out of free shared
-  // block b (out of the free lists) and returns it as pool `mempool`'s, the
-  // rest of b going back to the shared cache; nullptr (b untouched) when
-  // the chunk does not fit in b.
-  Block* CarvePoolChunk(Block* b, std::size_t chunk, std::uint32_t mempool)
+  // that its blocks and the shared cache's do not share a page and the
+  // chunk's spare room is the pool's. Carves such a chunk out of free
+  // shared block b (out of the free lists; it holds `rounded` bytes), as
+  // much of one as b holds past its first page boundary, or from b's start
+  // when no boundary leaves `rounded` bytes; returns it as pool `mempool`'s,
+  // the rest of b going back to the shared cache.
+  Block* CarvePoolChunk(Block* b, std::size_t rounded, std::uint32_t mempool)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether private pool `mempool` hands its blocks out whole (no_split).
   bool NoSplit(std::uint32_t mempool) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
