@@ -472,6 +472,14 @@ absl::Status SymmetricHeap::EmptyCache() {
   return absl::OkStatus();
 }
 
+void SymmetricHeap::AddPeer(SymmetricAllocation& a, int r, void* buffer) const {
+  a.peers.push_back(buffer);
+  a.signals.push_back(buffer != nullptr
+                          ? static_cast<char*>(buffer) + a.stride - options_.signal_bytes
+                          : nullptr);
+  static_cast<void**>(a.device_peers)[r] = buffer;
+}
+
 bool SymmetricHeap::Destroy(Entry& e) {
   DropWindows(e);  // the library lets go of this memory before it is unmapped
   if (options_.provider == SymmetricProvider::kVmm) return DestroyVmm(e);

@@ -320,6 +320,10 @@ class SymmetricHeap {
   absl::StatusOr<std::unique_ptr<Entry>> BuildShmem(std::size_t bytes, std::size_t stride)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool DestroyVmm(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Member r's buffer as mapped here (null: unreachable), appended to a's
+  // peers, signals (the stride's last signal_bytes) and device table;
+  // a.stride is set.
+  void AddPeer(SymmetricAllocation& a, int r, void* buffer) const;
   // NVSHMEM at Create: agrees on NVSHMEM's state and initialises it
   // together (`local`: this process's own checks, joined to the first round).
   absl::Status StartShmem(const absl::Status& local) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

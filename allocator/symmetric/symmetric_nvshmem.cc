@@ -218,10 +218,7 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::BuildShmem(
         unreachable.push_back(q.ok() ? absl::StrCat(r) : absl::StrCat(r, " (", q.status().message(), ")"));
       }
     }
-    a.peers.push_back(peer);
-    a.signals.push_back(peer != nullptr ? static_cast<char*>(peer) + stride - options_.signal_bytes
-                                        : nullptr);
-    static_cast<void**>(a.device_peers)[r] = peer;
+    AddPeer(a, r, peer);
   }
   if (!unreachable.empty()) {
     a.unreachable = absl::StrCat(

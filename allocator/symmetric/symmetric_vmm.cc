@@ -241,10 +241,7 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::BuildVmm(st
   a.bytes = bytes;
   a.stride = stride;
   for (int r = 0; r < world; ++r) {
-    char* p = unreachable[r] ? nullptr : static_cast<char*>(a.base) + r * stride;
-    a.peers.push_back(p);
-    a.signals.push_back(p != nullptr ? p + stride - options_.signal_bytes : nullptr);
-    static_cast<void**>(a.device_peers)[r] = p;
+    AddPeer(a, r, unreachable[r] ? nullptr : static_cast<char*>(a.base) + r * stride);
   }
   if (!unreachable_why.empty()) {
     a.unreachable = absl::StrCat(
