@@ -397,22 +397,6 @@ Block* DeviceAllocator::SplitAt(Block* b, std::uintptr_t at) {
   return upper;
 }
 
-Block* DeviceAllocator::CarvePoolChunk(Block* b, std::size_t rounded, std::uint32_t mempool) {
-  const Segment* seg = b->segment;
-  const std::uintptr_t end = b->addr + b->size;
-  std::uintptr_t start = seg->base + (b->addr - seg->base + kPageSize - 1) / kPageSize * kPageSize;
-  if (start + rounded > end) start = b->addr;  // no page boundary leaves room: share the page
-  const std::size_t size = std::min<std::size_t>(SegmentSizeFor(rounded), end - start);
-  Block* c = b;
-  if (start > b->addr) {
-    c = SplitAt(b, start);
-    ReturnBlock(b);  // the room below the page boundary stays shared
-  }
-  if (c->size > size) ReturnBlock(SplitAt(c, c->addr + size));
-  c->mempool = mempool;
-  return c;
-}
-
 // ---------------------------------------------------------------- free
 
 absl::Status DeviceAllocator::Free(void* ptr) {
