@@ -85,9 +85,17 @@ absl::Status CudaShmem::Init(const std::string& unique_id, int pe, int n_pes, in
   if (int rc = (*api)->set_attr_uniqueid_args(pe, n_pes, &id, &attr); rc != 0) {
     return absl::InternalError(absl::StrCat("nvshmemx_set_attr_uniqueid_args returned ", rc));
   }
-  // NVSHMEM binds the PE to the device current at initialisation.
+  // NVSHMEM binds the PE to the context current at initialisation: the
+  // device's primary context is made current even when the device already
+  // is the current one, because a thread that has made no CUDA call yet has
+  // no context at all (NVSHMEM's init then fails: seen on an H200 pair with
+  // two plain processes, where torch's processes had one).
   ScopedDevice d(device);
   if (!d.status().ok()) return d.status();
+  if (absl::Status s = CudaStatus(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
+  if (absl::Status s = CudaStatus(cudaFree(nullptr), "cudaFree(nullptr) (context)"); !s.ok()) {
+    return s;
+  }
   if (int rc = (*api)->hostlib_init_attr(nvshmem_abi::kInitWithUniqueId, &attr); rc != 0) {
     return absl::InternalError(absl::StrFormat(
         "nvshmemx_hostlib_init_attr (PE %d of %d, device %d, %s) returned %d", pe, n_pes, device,
@@ -135,6 +143,8 @@ absl::StatusOr<void*> CudaShmem::PeerPointer(void* ptr, int pe) {
 absl::Status CudaShmem::Put(void* dst, const void* src, std::size_t bytes, int pe, Stream stream) {
   absl::StatusOr<const NvshmemApi*> api = NvshmemApi::Get();
   if (!api.ok()) return api.status();
+  ScopedDevice d(device_);  // the PE's device, as NVSHMEM's calls expect
+  if (!d.status().ok()) return d.status();
   (*api)->putmem_on_stream(dst, src, bytes, pe, AsStream(stream));
   return absl::OkStatus();
 }
@@ -142,6 +152,8 @@ absl::Status CudaShmem::Put(void* dst, const void* src, std::size_t bytes, int p
 absl::Status CudaShmem::Get(void* dst, const void* src, std::size_t bytes, int pe, Stream stream) {
   absl::StatusOr<const NvshmemApi*> api = NvshmemApi::Get();
   if (!api.ok()) return api.status();
+  ScopedDevice d(device_);  // the PE's device, as NVSHMEM's calls expect
+  if (!d.status().ok()) return d.status();
   (*api)->getmem_on_stream(dst, src, bytes, pe, AsStream(stream));
   return absl::OkStatus();
 }
@@ -149,12 +161,22 @@ absl::Status CudaShmem::Get(void* dst, const void* src, std::size_t bytes, int p
 absl::Status CudaShmem::Quiet(Stream stream) {
   absl::StatusOr<const NvshmemApi*> api = NvshmemApi::Get();
   if (!api.ok()) return api.status();
+  ScopedDevice d(device_);  // the PE's device, as NVSHMEM's calls expect
+  if (!d.status().ok()) return d.status();
   (*api)->quiet_on_stream(AsStream(stream));
   return absl::OkStatus();
 }
 
 absl::Status CudaPeerCopy(void* dst, const void* src, std::size_t bytes, Stream stream) {
   if (bytes == 0) return absl::OkStatus();
+  // In the stream's device: a peer's buffer is mapped for that device only
+  // (nvshmem_ptr, an imported VMM handle), whatever device is current.
+  int device = -1;
+  if (stream != kDefaultStream) {
+    CMA_CUDA_RETURN_IF_ERROR(cudaStreamGetDevice(AsStream(stream), &device));
+  }
+  ScopedDevice d(device);
+  if (!d.status().ok()) return d.status();
   return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, AsStream(stream)),
                     "cudaMemcpyAsync (PeerCopy)");
 }

@@ -38,6 +38,9 @@ unsigned long long Mismatches(Backend& b, const void* p, std::uint32_t seed, int
 
 // The child side of TwoProcessesOneDeviceEach, run in a fresh process.
 int ChildMain(int rank, const std::string& path) {
+  // This process's GPU, as a program of one GPU per process makes it (the
+  // Put's source buffer below is cudaMalloc'ed on the current device).
+  if (cudaSetDevice(rank) != cudaSuccess) return 16;
   auto backend = MakeCudaBackend();
   if (!backend.ok()) return 2;
   const char* token = std::getenv("CMA_SYMMETRIC_CHILD_TOKEN");
