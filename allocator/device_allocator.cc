@@ -195,7 +195,15 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
     // A private pool's own free blocks first; else the shared cache lends:
     // in an arena, a chunk of the block it finds (CarvePoolChunk).
     Block* b = mempool != 0 ? FindSameStream(rounded, pool, stream, mempool, &new_pages) : nullptr;
-    const bool chunked = ABSL_PREDICT_FALSE(mempool != 0) && b == nullptr && arena_mode();
+    const bool no_split = NoSplit(mempool);
+    if (ABSL_PREDICT_FALSE(no_split) && b != nullptr && b->size > SegmentSizeFor(rounded)) {
+      ReturnBlock(b);  // a whole block far larger than a chunk for this request: not for it
+      b = nullptr;
+    }
+    // Classic segments too for no_split: a whole shared segment would be the
+    // pool's for good.
+    const bool chunked = ABSL_PREDICT_FALSE(mempool != 0) && b == nullptr &&
+                         (arena_mode() || no_split);
     if (b == nullptr) b = FindSameStream(rounded, pool, stream, 0, &new_pages);
     // Known to need no new page: then there is nothing to make room for.
     bool populated = b != nullptr && new_pages == 0;
@@ -246,7 +254,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
       populated = new_pages == 0;
     }
     const std::size_t take =
-        !NoSplit(mempool) && ShouldSplit(b->size, rounded, pool, *config_) ? rounded : b->size;
+        !no_split && ShouldSplit(b->size, rounded, pool, *config_) ? rounded : b->size;
     // The steady state (a reused block, all pages populated) skips this.
     if (b->segment->arena && !(populated && take == rounded)) {
       // Pages the block needs that hold nothing yet must fit the budget.
@@ -389,6 +397,7 @@ Block* DeviceAllocator::SplitAt(Block* b, std::uintptr_t at) {
   upper->free_seq = b->free_seq;
   upper->location = b->location;
   upper->mempool = b->mempool;
+  upper->no_split = b->no_split;  // a checkpoint's carve leaves the pool's pieces as they were
   upper->prev = b;
   upper->next = b->next;
   if (b->next != nullptr) b->next->prev = upper;

@@ -187,6 +187,10 @@ Block* DeviceAllocator::CarvePoolChunk(Block* b, std::size_t rounded, std::uint3
 void* DeviceAllocator::TakeFromUseOnOomPools(std::size_t rounded, std::size_t requested,
                                              PoolKind pool, Stream stream, std::uint32_t mempool,
                                              const AllocationHints* hints) {
+  // An allocation routed to a pool (a capture, a MemPool context) is not
+  // lent another pool's block: freed, it would go back to the lender while
+  // the borrower's graph still replays into it (PyTorch refuses it too).
+  if (mempool != 0) return nullptr;
   std::vector<std::uint32_t> lenders;
   for (const auto& [index, p] : mempools_) {
     if (p.use_on_oom && p.use_count > 0 && index != mempool) lenders.push_back(index);

@@ -74,7 +74,7 @@ TEST_F(MemPoolOptionsTest, NoSplitHandsOutWholeChunksThatNeverMerge) {
   ASSERT_TRUE(alloc_->Free(b).ok());
   ExpectInvariants();  // two free neighbours of one stream and pool, unmerged on purpose
   EXPECT_EQ(BlockAt(a).size, 20 * kMiB);
-  void* c = InPool(kMiB, s1_);  // a cached block serves whole, unsplit
+  void* c = InPool(3 * kMiB, s1_);  // a cached block of this size's chunk serves whole
   EXPECT_TRUE(c == a || c == b);
   EXPECT_EQ(BlockAt(c).size, 20 * kMiB);
   void* d = InPool(30 * kMiB, s1_);  // too big for either: a chunk of its own
@@ -119,6 +119,65 @@ TEST_F(MemPoolOptionsTest, UseOnOomSkipsAReleasedPool) {
   EXPECT_EQ(alloc_->Allocate(100 * kMiB, 0, s1_).status().code(),
             absl::StatusCode::kResourceExhausted);
   for (void* x : {held, big}) ASSERT_TRUE(alloc_->Free(x).ok());
+  ExpectInvariants();
+}
+
+// An allocation routed to a pool (a capture into another pool) is never lent
+// a use_on_oom pool's block: freed, it would go back to the lender while the
+// borrower's graph replays into it (PyTorch: "just oom"). (Review.)
+TEST_F(MemPoolOptionsTest, UseOnOomLendsNothingToAnotherPoolsCapture) {
+  constexpr MemPoolId kOther{2, 0};
+  ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->SetPoolOptions(0, kPool, {.use_on_oom = true}).ok());
+  void* cached = InPool(200 * kMiB, s1_);
+  ASSERT_TRUE(alloc_->Free(cached).ok());
+  void* big = Alloc(800 * kMiB, 0, s1_);
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kOther, Only(s1_)).ok());
+  const std::int64_t calls = UncapturableCalls();
+  absl::StatusOr<void*> got = alloc_->Allocate(100 * kMiB, 0, s1_);
+  EXPECT_EQ(UncapturableCalls(), calls);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kOther).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kOther).ok());
+  // A stream no context takes still borrows, while quiet too, with no call.
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kOther, Only(s2_)).ok());
+  absl::StatusOr<void*> lent = alloc_->Allocate(100 * kMiB, 0, s1_);
+  EXPECT_EQ(UncapturableCalls(), calls);
+  ASSERT_TRUE(lent.ok()) << lent.status();
+  EXPECT_EQ(*lent, cached);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kOther).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kOther).ok());
+  for (void* x : {*lent, big}) ASSERT_TRUE(alloc_->Free(x).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+  ExpectInvariants();
+}
+
+// no_split never takes more than a chunk's worth: not a whole cached shared
+// segment (classic segments), nor a far larger block of its own for a tiny
+// request. (Review.)
+TEST_F(MemPoolOptionsTest, NoSplitTakesAChunkNotAWholeSegment) {
+  Remake("segments:classic");
+  void* shared = Alloc(500 * kMiB, 0, s1_);
+  ASSERT_TRUE(alloc_->Free(shared).ok());  // a 500 MiB cached shared segment
+  ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->SetPoolOptions(0, kPool, {.no_split = true}).ok());
+  void* p = InPool(12 * kMiB, s1_);
+  EXPECT_EQ(BlockAt(p).size, 12 * kMiB);  // the request's segment size, as PyTorch's
+  ASSERT_TRUE(alloc_->Free(p).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+  ExpectInvariants();
+}
+
+TEST_F(MemPoolOptionsTest, NoSplitServesATinyRequestFromAChunkOfItsSize) {
+  ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->SetPoolOptions(0, kPool, {.no_split = true}).ok());
+  void* a = InPool(300 * kMiB, s1_);
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  void* t = InPool(512, s1_);
+  EXPECT_NE(t, a);
+  EXPECT_EQ(BlockAt(t).size, 2 * kMiB);
+  for (void* x : {t}) ASSERT_TRUE(alloc_->Free(x).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
   ExpectInvariants();
 }
 

@@ -58,10 +58,7 @@ int cma_snapshot_visit(void (*on_segment)(void* ctx, const cma_segment_info* seg
     if (seg.is_arena) {
       end = 0;
       for (const cma::BlockSnapshot& b : seg.blocks) {
-        // A private pool's free blocks are its cached room (PyTorch's pool
-        // segments), whatever is populated.
-        const bool pools = b.pool != cma::MemPoolId{0, 0};
-        const std::size_t used = b.state != "inactive" || pools ? b.size : b.populated_end;
+        const std::size_t used = b.state != "inactive" ? b.size : b.populated_end;
         if (used > 0) end = std::max(end, b.address + used - seg.address);
       }
       end = (end + cma::kPageSize - 1) / cma::kPageSize * cma::kPageSize;
