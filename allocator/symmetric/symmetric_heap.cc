@@ -480,6 +480,14 @@ void SymmetricHeap::AddPeer(SymmetricAllocation& a, int r, void* buffer) const {
   static_cast<void**>(a.device_peers)[r] = buffer;
 }
 
+absl::Status SymmetricHeap::AllocatePeerTable(SymmetricAllocation& a) const {
+  absl::StatusOr<void*> table =
+      backend_.AllocateManaged(group_.local_devices[0], group_.world_size * sizeof(void*));
+  if (!table.ok()) return table.status();
+  a.device_peers = *table;
+  return absl::OkStatus();
+}
+
 bool SymmetricHeap::Destroy(Entry& e) {
   DropWindows(e);  // the library lets go of this memory before it is unmapped
   if (options_.provider == SymmetricProvider::kVmm) return DestroyVmm(e);

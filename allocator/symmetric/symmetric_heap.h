@@ -324,6 +324,9 @@ class SymmetricHeap {
   // peers, signals (the stride's last signal_bytes) and device table;
   // a.stride is set.
   void AddPeer(SymmetricAllocation& a, int r, void* buffer) const;
+  // a.device_peers: a table of one pointer per member, in managed memory
+  // of this process's first device (the caller frees it on failure).
+  absl::Status AllocatePeerTable(SymmetricAllocation& a) const;
   // NVSHMEM at Create: agrees on NVSHMEM's state and initialises it
   // together (`local`: this process's own checks, joined to the first round).
   absl::Status StartShmem(const absl::Status& local) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -154,15 +154,7 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::BuildShmem(
 
   // 1. Everything local that can fail, before NVSHMEM's collective.
   absl::Status local = HoldNonDumpable();
-  if (local.ok()) {
-    absl::StatusOr<void*> table =
-        backend_.AllocateManaged(group_.local_devices[0], world * sizeof(void*));
-    if (table.ok()) {
-      a.device_peers = *table;
-    } else {
-      local = table.status();
-    }
-  }
+  if (local.ok()) local = AllocatePeerTable(a);
   // 2. Every member ready, or none enters nvshmem_malloc.
   absl::StatusOr<std::vector<Contribution>> ready = Round(Op::kShmemReady, local, {});
   if (!ready.ok()) return undo(ready.status());

@@ -210,15 +210,7 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::BuildVmm(st
   }
 
   // 5. Pointers for the host and, in managed memory, for kernels.
-  if (local.ok()) {
-    absl::StatusOr<void*> table =
-        backend_.AllocateManaged(group_.local_devices[0], world * sizeof(void*));
-    if (table.ok()) {
-      a.device_peers = *table;
-    } else {
-      local = table.status();
-    }
-  }
+  if (local.ok()) local = AllocatePeerTable(a);
 
   // 6. Everyone mapped everything, or everyone undoes it: a member that
   // failed to import or map says so, and no member keeps an allocation that
