@@ -15,7 +15,7 @@ with set_backend("NCCL"): ncclMemAlloc and a symmetric window) and
 `eager`, dist.all_reduce called `iters` times back to back (what a Python
 loop gets: at these sizes ProcessGroupNCCL's per-call CPU cost, about 35 us
 on an H200 host, hides the kernel), and `graph`, the same `iters` calls
-captured once in a CUDA graph and replayed (the collective itself). Each
+captured in a CUDA graph (afresh every round) and replayed (the collective itself). Each
 timing is the mean over the `iters` calls between CUDA events; rounds
 interleave the three buffers in a rotating order, and the figure is the
 median over rounds; ratios are medians of each round's cma/peer pair. Rank 0 writes OUT.json; the exit code is the check.
@@ -35,6 +35,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 SIZES = [8 << 10, 32 << 10, 128 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+# CMA_BENCH_MAX_BYTES: only the sizes up to it (more rounds of the small ones).
+SIZES = [s for s in SIZES if s <= int(os.environ.get("CMA_BENCH_MAX_BYTES", str(SIZES[-1])))]
 ROUNDS = int(os.environ.get("CMA_BENCH_ROUNDS", "15"))
 
 
@@ -61,7 +63,12 @@ _graphs = {}
 
 def time_allreduce_graph(name, buf, iters):
     key = (name, buf.numel())
-    if key not in _graphs:  # captured once per buffer and size, replayed every round
+    # A capture fixes what its replays cost (run 4 of bench/results/h200x2_nccl_windows: the
+    # same buffer's graph differed by a quarter between captures, steady across replays), so
+    # each round captures afresh unless CMA_BENCH_CAPTURE_ONCE is set.
+    if os.environ.get("CMA_BENCH_CAPTURE_ONCE") is None:
+        _graphs.pop(key, None)
+    if key not in _graphs:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -133,6 +140,12 @@ def main(out_path, probe=False):
         y = tsm.empty((largest,), dtype=torch.float32, device=device)
         tsm.rendezvous(y, group)
         buffers["torch_symm"] = y
+        if os.environ.get("CMA_BENCH_CONTROL"):
+            # A second window of torch's: torch_symm_b/torch_symm is an A/A ratio, the spread
+            # two identical windows show on this machine.
+            z = tsm.empty((largest,), dtype=torch.float32, device=device)
+            tsm.rendezvous(z, group)
+            buffers["torch_symm_b"] = z
     except Exception as e:  # noqa: BLE001 - reported beside cma's figures
         results["torch_symm_error"] = repr(e)[:400]
     for name, buf in buffers.items():  # every buffer computes the same sum
@@ -168,6 +181,10 @@ def main(out_path, probe=False):
             str(s): {f"cma_window/{n}": statistics.median(
                 c / p for c, p in zip(samples["cma_window"][s], samples[n][s]))
                 for n in names if n != "cma_window"} for s in SIZES}
+        if "torch_symm_b" in samples:
+            for s in SIZES:
+                results[f"ratios_{mode}"][str(s)]["torch_symm_b/torch_symm"] = statistics.median(
+                    b / a for b, a in zip(samples["torch_symm_b"][s], samples["torch_symm"][s]))
     _graphs.clear()
 
     # ---- release before the communicator goes
