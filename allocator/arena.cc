@@ -93,6 +93,12 @@ absl::Status DeviceAllocator::MakeRoomForPages(const Block* b, std::size_t bytes
                  : IdlePagesToDiscard(*config_, populated_pages(), idle_pages_ - reused, fresh,
                                       live_after, peak_live_pages_, budget_pages);
   if (discard > 0 && !quiet()) DiscardIdlePages(discard, keep_lo, keep_hi, &stream);
+  // Wholly free segments of released pools, which rejoined the shared
+  // cache, hold reserved memory whole: out of room, they go too.
+  if (everything && !quiet() && populated_pages() + fresh > budget_pages) {
+    ReleaseIdleSegments((populated_pages() + fresh - budget_pages) * kPageSize, 0,
+                        /*classic_only=*/true);
+  }
   if (populated_pages() + fresh > budget_pages) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "populating %s more would exceed the managed budget of device %d (%s populated of %s)",
@@ -110,8 +116,9 @@ void DeviceAllocator::AcquirePages(Block* b, bool all_populated) {
   const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + b->size - 1);
   populate_.clear();
   std::size_t fresh = 0, reused_idle = 0;
+  const bool by_small = b->size_class == PoolKind::kSmall;
   auto populate = [&](std::size_t p) {
-    pages.set_populated(p);
+    pages.set_populated(p, by_small);
     ++fresh;
     AddPage(populate_, seg, p);
   };
@@ -138,7 +145,7 @@ void DeviceAllocator::AcquirePages(Block* b, bool all_populated) {
   stats_.idle_populated_bytes -= static_cast<std::int64_t>(reused_idle * kPageSize);
   if (fresh != 0) {
     stats_.num_pages_populated += static_cast<std::int64_t>(fresh);
-    UpdateStat(stats_.reserved_bytes, seg->pool, static_cast<std::int64_t>(fresh * kPageSize));
+    UpdateStat(stats_.reserved_bytes, b->size_class, static_cast<std::int64_t>(fresh * kPageSize));
   }
   peak_live_pages_ = std::max(peak_live_pages_, populated_pages() - idle_pages_);
 }
@@ -264,12 +271,13 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
 }
 
 void DeviceAllocator::ForgetIdlePage(Segment* seg, std::size_t page) {
+  const PoolKind kind = seg->pages.small(page) ? PoolKind::kSmall : PoolKind::kLarge;
   seg->pages.clear_populated(page);
   // Discarded again on some stream: Wake leaves it to whoever populates it next.
   if (ABSL_PREDICT_FALSE(!slept_edge_pages_.empty())) {
     slept_edge_pages_.erase(seg->base + page * kPageSize);
   }
-  UpdateStat(stats_.reserved_bytes, seg->pool, -static_cast<std::int64_t>(kPageSize));
+  UpdateStat(stats_.reserved_bytes, kind, -static_cast<std::int64_t>(kPageSize));
   --idle_pages_;
   stats_.idle_populated_bytes -= static_cast<std::int64_t>(kPageSize);
   ++stats_.num_pages_discarded;

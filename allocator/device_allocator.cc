@@ -144,7 +144,10 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   BoundUnmerged();
 
   const std::size_t rounded = RoundRequest(bytes, *config_);
-  const PoolKind pool = BlockPoolFor(rounded, *config_);
+  // A private pool's segments keep small and large blocks apart as
+  // PyTorch's do, in arena mode too (NewPoolSegment).
+  const PoolKind pool = ABSL_PREDICT_FALSE(mempool != 0) ? PoolFor(rounded)
+                                                          : BlockPoolFor(rounded, *config_);
   // Oversubscription: what the caller routes to the host, and what can never
   // fit the device's part, goes to the host at once.
   // (A budget of 0, PyTorch's memory fraction 0, refuses everything.)
@@ -192,22 +195,28 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
       CoalesceUnmerged();
     }
     std::size_t new_pages = 0;  // pages that `rounded` bytes of b would populate
-    // A private pool's own free blocks first; else the shared cache lends:
-    // in an arena, a chunk of the block it finds (CarvePoolChunk).
+    // A private pool's own free blocks first; else it grows by a segment of
+    // its own (PoolSegment), never by the shared cache's room.
     Block* b = mempool != 0 ? FindSameStream(rounded, pool, stream, mempool, &new_pages) : nullptr;
     const bool no_split = NoSplit(mempool);
     if (ABSL_PREDICT_FALSE(no_split) && b != nullptr && b->size > SegmentSizeFor(rounded)) {
-      ReturnBlock(b);  // a whole block far larger than a chunk for this request: not for it
+      ReturnBlock(b);  // a whole block far larger than a segment for this request: not for it
       b = nullptr;
     }
-    // Classic segments too for no_split: a whole shared segment would be the
-    // pool's for good.
-    const bool chunked = ABSL_PREDICT_FALSE(mempool != 0) && b == nullptr &&
-                         (arena_mode() || no_split);
+    Segment* made = nullptr;  // a segment made for this request, if any
+    if (ABSL_PREDICT_FALSE(mempool != 0) && b == nullptr) {
+      absl::StatusOr<Block*> fresh = NewPoolSegment(rounded, pool, stream, mempool);
+      if (!fresh.ok()) {
+        if (!absl::IsResourceExhausted(fresh.status())) return fresh.status();
+        cause = fresh.status();
+        continue;
+      }
+      b = *fresh;
+    }
     if (b == nullptr) b = FindSameStream(rounded, pool, stream, 0, &new_pages);
     // Known to need no new page: then there is nothing to make room for.
     bool populated = b != nullptr && new_pages == 0;
-    if (arena_mode()) {
+    if (arena_mode() && mempool == 0) {
       // New pages raise the device's high-water mark for good (the driver
       // keeps discarded memory with its pages until something else needs
       // it). Other streams' free blocks, merged with this stream's, may hold
@@ -223,7 +232,6 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
     } else if (b == nullptr && !quiet) {
       b = FindCrossStream(rounded, pool, stream, /*synchronize=*/retry);
     }
-    Segment* made = nullptr;  // a segment made for this request, if any
     if (b == nullptr && spill && !retry && !DeviceHasRoomFor(rounded)) {
       // No new arena whose pages could not be populated anyway.
       cause = absl::ResourceExhaustedError("the device's part of the budget is full");
@@ -248,18 +256,12 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
       b = *fresh;
       made = b->segment;
     }
-    if (chunked) {
-      b = CarvePoolChunk(b, rounded, mempool);
-      new_pages = FreshPagesFor(b, rounded);
-      populated = new_pages == 0;
-    }
     const std::size_t take =
         !no_split && ShouldSplit(b->size, rounded, pool, *config_) ? rounded : b->size;
     // The steady state (a reused block, all pages populated) skips this.
     if (b->segment->arena && !(populated && take == rounded)) {
       // Pages the block needs that hold nothing yet must fit the budget.
       if (absl::Status s = MakeRoomForPages(b, take, stream, /*everything=*/retry); !s.ok()) {
-        if (chunked) b->mempool = 0;  // the chunk goes back to the shared cache
         ReturnBlock(b);  // unchanged: back into its pool
         // The arena made for this request holds nothing and no stream has
         // used it: give its address range back rather than keep an empty
@@ -282,7 +284,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
     }
     return p;
   }
-  if (void* p = TakeFromUseOnOomPools(rounded, bytes, pool, stream, mempool, hints)) return p;
+  if (void* p = TakeFromUseOnOomPools(rounded, bytes, stream, mempool, hints)) return p;
   if (spill) {
     absl::StatusOr<void*> h = AllocateOnHost(rounded, bytes, pool, stream);
     if (h.ok()) {
@@ -317,12 +319,17 @@ absl::Status DeviceAllocator::DiagnoseBadFree(void* ptr) {
 absl::StatusOr<Block*> DeviceAllocator::NewSegment(std::size_t rounded, PoolKind pool,
                                                    Stream stream) {
   if (arena_mode()) return NewArena(rounded, pool, stream);
-  const std::size_t size = SegmentSizeFor(rounded);
+  return NewClassicSegment(SegmentSizeFor(rounded), pool, stream);
+}
+
+absl::StatusOr<Block*> DeviceAllocator::NewClassicSegment(std::size_t size, PoolKind pool,
+                                                          Stream stream, std::size_t borrowed) {
   const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
-  if (reserved + size > budget_) {
+  if (reserved + size > budget_ + borrowed) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "a new %s segment would exceed the managed budget of device %d (%s reserved of %s)",
-        FormatBytes(size), device_, FormatBytes(reserved), FormatBytes(budget_)));
+        "a new %s segment would exceed the managed budget of device %d (%s reserved of %s%s)",
+        FormatBytes(size), device_, FormatBytes(reserved), FormatBytes(budget_),
+        borrowed == 0 ? "" : absl::StrCat(", ", FormatBytes(borrowed), " of it idle")));
   }
   absl::StatusOr<void*> mem = backend_->AllocateManaged(device_, size);
   if (!mem.ok()) return mem.status();
@@ -376,9 +383,9 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
   b->sleep_dropped = false;
   b->stream_uses.clear();
   if (ABSL_PREDICT_FALSE(recording_)) RecordAllocation(b);
+  const PoolKind size_class = b->size_class = PoolFor(rounded);
   if (b->segment->arena) AcquirePages(b, all_populated);
   allocated_[b->addr] = b;
-  const PoolKind size_class = b->size_class = PoolFor(rounded);
   UpdateStat(stats_.allocation, size_class, 1);
   UpdateStat(stats_.allocated_bytes, size_class, b->size);
   UpdateStat(stats_.requested_bytes, size_class, requested);

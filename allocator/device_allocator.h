@@ -371,17 +371,24 @@ class DeviceAllocator {
   // b keeps the lower part; the upper part, returned, is a new block with
   // b's stream, pool and placement, not yet in any list.
   Block* SplitAt(Block* b, std::uintptr_t at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Arena mode: a private pool takes room from the shared cache as PyTorch's
-  // pools take segments, in chunks of the segment size of the request
-  // (policy/size_policy.h SegmentSizeFor) starting at a page boundary, so
-  // that its blocks and the shared cache's do not share a page and the
-  // chunk's spare room is the pool's. Carves such a chunk out of free
-  // shared block b (out of the free lists; it holds `rounded` bytes), as
-  // much of one as b holds past its first page boundary, or from b's start
-  // when no boundary leaves `rounded` bytes; returns it as pool `mempool`'s,
-  // the rest of b going back to the shared cache.
-  Block* CarvePoolChunk(Block* b, std::size_t rounded, std::uint32_t mempool)
+  // A private pool grows as PyTorch's pools do, by a segment of its own of
+  // the request's segment size (policy/size_policy.h SegmentSizeFor), in
+  // arena mode too: PyTorch's tools count a pool's segments, and a pool's
+  // memory goes back whole once it is wholly free and the pool released
+  // (ReleaseIdleSegments). Pools are allocated to only while quiet, when no
+  // idle page may be discarded: past the budget, the segment may borrow
+  // the room of idle arena pages, discarded when the last context ends
+  // (trim_after_quiet_). Returns the segment's one block, pool `mempool`'s.
+  absl::StatusOr<Block*> NewPoolSegment(std::size_t rounded, PoolKind pool, Stream stream,
+                                        std::uint32_t mempool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One backend allocation of `size` bytes, reserved whole, refused when it
+  // would take reserved bytes past the budget plus `borrowed`.
+  absl::StatusOr<Block*> NewClassicSegment(std::size_t size, PoolKind pool, Stream stream,
+                                           std::size_t borrowed = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether private pool `index` is released (no reference, no context) and
+  // waits only for its blocks in use: its wholly free segments may go.
+  bool PoolReleased(std::uint32_t index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether private pool `mempool` hands its blocks out whole (no_split).
   bool NoSplit(std::uint32_t mempool) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (ABSL_PREDICT_TRUE(mempool == 0)) return false;
@@ -391,8 +398,8 @@ class DeviceAllocator {
   // Out of memory: a free block of a live use_on_oom pool other than
   // `mempool` that serves the request, handed out as that pool's; nullptr
   // if none.
-  void* TakeFromUseOnOomPools(std::size_t rounded, std::size_t requested, PoolKind pool,
-                              Stream stream, std::uint32_t mempool, const AllocationHints* hints)
+  void* TakeFromUseOnOomPools(std::size_t rounded, std::size_t requested, Stream stream,
+                              std::uint32_t mempool, const AllocationHints* hints)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Merges b->next, a free block of b's stream, into b (b is out of the pool).
   void AbsorbNext(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -410,8 +417,10 @@ class DeviceAllocator {
   // first, `goal` bytes of address space; all when 0) after synchronising
   // their streams.
   // With `mempool` (a pool with no reference), only segments that hold some
-  // of its free blocks and otherwise only the shared cache's.
-  std::size_t ReleaseIdleSegments(std::size_t goal, std::uint32_t mempool = 0)
+  // of its free blocks and otherwise only the shared cache's or released
+  // pools'. With `classic_only`, no arena.
+  std::size_t ReleaseIdleSegments(std::size_t goal, std::uint32_t mempool = 0,
+                                  bool classic_only = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string OomMessage(std::size_t bytes, const absl::Status& cause)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -581,6 +590,9 @@ class DeviceAllocator {
   // Segments made while quiet: their config advice waits for the last pool
   // context's end.
   std::vector<std::uintptr_t> unadvised_ ABSL_GUARDED_BY(mu_);  // segment bases
+  // A pool's segment borrowed idle pages' room past the budget while quiet:
+  // they are discarded when the last pool context ends (NewPoolSegment).
+  bool trim_after_quiet_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace cma

@@ -94,11 +94,18 @@ absl::Status DeviceAllocator::CheckInvariants() {
     if (base != seg->base) return Broken("segment map key differs from segment base");
     if (base < previous_end) return Broken(absl::StrFormat("segment %#x overlaps its predecessor", base));
     previous_end = base + seg->size;
-    // An arena reserves only its populated pages.
-    // An arena reserves only its populated pages; the host tier none (its
-    // bytes are counted apart).
-    segments.Add(seg->pool, seg->arena ? seg->pages.populated_count() * kPageSize
-                            : seg->host_tier ? 0 : seg->size);
+    // An arena reserves only its populated pages, each under the size
+    // class that populated it; the host tier none (its bytes are counted
+    // apart).
+    if (seg->arena) {
+      const std::size_t small = seg->pages.small_count();
+      segments.Add(seg->pool, 0);  // the segment itself
+      segments.bytes[static_cast<int>(PoolKind::kSmall)] += static_cast<std::int64_t>(small * kPageSize);
+      segments.bytes[static_cast<int>(PoolKind::kLarge)] +=
+          static_cast<std::int64_t>((seg->pages.populated_count() - small) * kPageSize);
+    } else {
+      segments.Add(seg->pool, seg->host_tier ? 0 : seg->size);
+    }
     if (seg->host_tier) host_bytes += static_cast<std::int64_t>(seg->size);
     if (seg->arena) {
       if (absl::Status s = CheckArenaPages(seg, &idle_pages); !s.ok()) return s;

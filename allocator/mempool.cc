@@ -71,7 +71,14 @@ absl::Status DeviceAllocator::EndAllocateToPool(MemPoolId id) {
   const std::uint32_t index = it->index;
   ended_filter = std::move(it->filter);
   contexts_.erase(it);
-  if (contexts_.empty()) RecordDeferredFrees();
+  if (contexts_.empty()) {
+    RecordDeferredFrees();
+    if (trim_after_quiet_) {
+      trim_after_quiet_ = false;
+      const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
+      if (reserved > budget_) ReleaseCachedSegments(reserved - budget_);
+    }
+  }
   DissolveIfUnused(index);  // released while it was being allocated to
   // The context's own reference goes with ReleasePool, as in PyTorch.
   return absl::OkStatus();
@@ -168,24 +175,31 @@ void DeviceAllocator::DissolveIfUnused(std::uint32_t index) {
   if (!quiet()) CoalesceUnmerged();
 }
 
-Block* DeviceAllocator::CarvePoolChunk(Block* b, std::size_t rounded, std::uint32_t mempool) {
-  const Segment* seg = b->segment;
-  const std::uintptr_t end = b->addr + b->size;
-  std::uintptr_t start = seg->base + (b->addr - seg->base + kPageSize - 1) / kPageSize * kPageSize;
-  if (start + rounded > end) start = b->addr;  // no page boundary leaves room: share the page
-  const std::size_t size = std::min<std::size_t>(SegmentSizeFor(rounded), end - start);
-  Block* c = b;
-  if (start > b->addr) {
-    c = SplitAt(b, start);
-    ReturnBlock(b);  // the room below the page boundary stays shared
+absl::StatusOr<Block*> DeviceAllocator::NewPoolSegment(std::size_t rounded, PoolKind pool,
+                                                       Stream stream, std::uint32_t mempool) {
+  // While quiet no idle page may be discarded, but nothing a capture records
+  // runs before it ends: the room of idle arena pages is lent until then.
+  const std::size_t idle = arena_mode() ? idle_pages_ * kPageSize : 0;
+  absl::StatusOr<Block*> b = NewClassicSegment(SegmentSizeFor(rounded), pool, stream, idle);
+  if (!b.ok()) return b;
+  if (static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current) > budget_) {
+    trim_after_quiet_ = true;
   }
-  if (c->size > size) ReturnBlock(SplitAt(c, c->addr + size));
-  c->mempool = mempool;
-  return c;
+  (*b)->mempool = mempool;  // what a split of it leaves is the pool's too
+  return b;
+}
+
+bool DeviceAllocator::PoolReleased(std::uint32_t index) const {
+  auto it = mempools_.find(index);
+  if (it == mempools_.end() || it->second.use_count > 0) return false;
+  for (const PoolContext& c : contexts_) {
+    if (c.index == index) return false;
+  }
+  return true;
 }
 
 void* DeviceAllocator::TakeFromUseOnOomPools(std::size_t rounded, std::size_t requested,
-                                             PoolKind pool, Stream stream, std::uint32_t mempool,
+                                             Stream stream, std::uint32_t mempool,
                                              const AllocationHints* hints) {
   // An allocation routed to a pool (a capture, a MemPool context) is not
   // lent another pool's block: freed, it would go back to the lender while
@@ -196,17 +210,18 @@ void* DeviceAllocator::TakeFromUseOnOomPools(std::size_t rounded, std::size_t re
     if (p.use_on_oom && p.use_count > 0 && index != mempool) lenders.push_back(index);
   }
   std::sort(lenders.begin(), lenders.end());  // the oldest pool first, whatever the map's order
+  const PoolKind kind = PoolFor(rounded);  // pools' segments keep PyTorch's kinds, arenas or not
   for (std::uint32_t index : lenders) {
-    Block* b = FindSameStream(rounded, pool, stream, index);
+    Block* b = FindSameStream(rounded, kind, stream, index);
     if (b == nullptr) continue;
     const std::size_t take =
-        !NoSplit(index) && ShouldSplit(b->size, rounded, pool, *config_) ? rounded : b->size;
+        !NoSplit(index) && ShouldSplit(b->size, rounded, kind, *config_) ? rounded : b->size;
     if (b->segment->arena && FreshPagesFor(b, take) > 0 &&
         !MakeRoomForPages(b, take, stream, /*everything=*/true).ok()) {
       ReturnBlock(b);
       continue;
     }
-    void* p = HandOut(b, rounded, requested, pool, stream, index);
+    void* p = HandOut(b, rounded, requested, kind, stream, index);
     if (!quiet()) {
       PlaceForAllocation(b, stream, hints);
     } else {

@@ -8,6 +8,11 @@
 // not free (allocated, or freed but awaiting other streams) whose first or
 // last page is p.
 //
+// Each populated page also records whether a small request (PyTorch's size
+// class, at most 1 MiB) populated it, so that reserved_bytes.small_pool and
+// .large_pool split an arena's pages as PyTorch's small and large segments
+// split its memory.
+//
 // Internal to allocator/; guarded by the owning DeviceAllocator's mutex.
 #ifndef CMA_ALLOCATOR_PAGE_MAP_H_
 #define CMA_ALLOCATOR_PAGE_MAP_H_
@@ -22,18 +27,34 @@ class PageMap {
  public:
   PageMap() = default;
   explicit PageMap(std::size_t pages)
-      : pages_(pages), bits_((pages + 63) / 64, 0), edge_users_(pages, 0) {}
+      : pages_(pages),
+        bits_((pages + 63) / 64, 0),
+        small_bits_((pages + 63) / 64, 0),
+        edge_users_(pages, 0) {}
 
   std::size_t size() const { return pages_; }
   std::size_t populated_count() const { return populated_; }
+  std::size_t small_count() const { return small_; }
   bool populated(std::size_t p) const { return (bits_[p / 64] >> (p % 64)) & 1; }
-  void set_populated(std::size_t p) {
-    if (!populated(p)) ++populated_;
+  // Whether a small request populated page p (false when not populated).
+  bool small(std::size_t p) const { return (small_bits_[p / 64] >> (p % 64)) & 1; }
+  void set_populated(std::size_t p, bool by_small = false) {
+    if (populated(p)) return;
+    ++populated_;
     bits_[p / 64] |= std::uint64_t{1} << (p % 64);
+    if (by_small) {
+      ++small_;
+      small_bits_[p / 64] |= std::uint64_t{1} << (p % 64);
+    }
   }
   void clear_populated(std::size_t p) {
-    if (populated(p)) --populated_;
+    if (!populated(p)) return;
+    --populated_;
     bits_[p / 64] &= ~(std::uint64_t{1} << (p % 64));
+    if (small(p)) {
+      --small_;
+      small_bits_[p / 64] &= ~(std::uint64_t{1} << (p % 64));
+    }
   }
   // Populated pages in [lo, hi).
   std::size_t CountPopulated(std::size_t lo, std::size_t hi) const {
@@ -71,7 +92,9 @@ class PageMap {
  private:
   std::size_t pages_ = 0;
   std::size_t populated_ = 0;
+  std::size_t small_ = 0;
   std::vector<std::uint64_t> bits_;
+  std::vector<std::uint64_t> small_bits_;
   std::vector<std::uint32_t> edge_users_;
 };
 

@@ -21,14 +21,18 @@ std::size_t DeviceAllocator::ReleaseCachedSegments(std::size_t goal,
   return ReleaseIdleSegments(goal);
 }
 
-std::size_t DeviceAllocator::ReleaseIdleSegments(std::size_t goal, std::uint32_t mempool) {
+std::size_t DeviceAllocator::ReleaseIdleSegments(std::size_t goal, std::uint32_t mempool,
+                                                 bool classic_only) {
   std::vector<Segment*> idle;
   for (auto& [base, seg] : segments_) {
+    if (classic_only && seg->arena) continue;
     // Fully free, though possibly in pieces of different streams, and none
-    // of it a private pool's (a graph replays into those) but `mempool`'s.
+    // of it a live private pool's (a graph replays into those) but
+    // `mempool`'s: a released pool's go, as PyTorch frees them.
     bool all_free = true, has_pool = mempool == 0;
     for (const Block* b = seg->first; b != nullptr && all_free; b = b->next) {
-      all_free = b->is_free() && (b->mempool == 0 || b->mempool == mempool);
+      all_free = b->is_free() &&
+                 (b->mempool == 0 || b->mempool == mempool || PoolReleased(b->mempool));
       has_pool = has_pool || b->mempool == mempool;
     }
     if (all_free && has_pool) idle.push_back(seg);
@@ -67,7 +71,9 @@ void DeviceAllocator::ReleaseSegment(Segment* seg) {
   UpdateStat(stats_.segment, seg->pool, -1);
   if (seg->arena) {
     const std::size_t populated = seg->pages.populated_count() * kPageSize;
-    UpdateStat(stats_.reserved_bytes, seg->pool, -static_cast<std::int64_t>(populated));
+    const std::size_t small = seg->pages.small_count() * kPageSize;
+    UpdateStat(stats_.reserved_bytes, PoolKind::kSmall, -static_cast<std::int64_t>(small));
+    UpdateStat(stats_.reserved_bytes, PoolKind::kLarge, -static_cast<std::int64_t>(populated - small));
     idle_pages_ -= seg->pages.populated_count();  // fully free: every populated page is idle
     stats_.idle_populated_bytes -= static_cast<std::int64_t>(populated);
     stats_.virtual_bytes -= static_cast<std::int64_t>(seg->size);

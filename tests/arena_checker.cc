@@ -293,6 +293,9 @@ void ArenaChecker::Prune() {
 absl::Status ArenaChecker::CheckResident(std::uintptr_t p, std::size_t size) const {
   if (!check_placement_) return absl::OkStatus();
   for (std::uintptr_t page = PageUp(p); page + kPageSize <= p + size; page += kPageSize) {
+    // A private pool's own segment (AllocateManaged, not an arena): the
+    // backend does not track its pages.
+    if (!backend_->InReservedRange(reinterpret_cast<void*>(page))) continue;
     const int where = backend_->PageLocation(reinterpret_cast<void*>(page));
     if (where != 0) {
       return Violation(absl::StrFormat("page %#x of allocation %#x (+%d) is at %d, not on "
@@ -627,7 +630,10 @@ absl::Status ArenaChecker::AfterStep() {
           if (b.state != "active_pending_free") continue;
           for (std::uintptr_t page = PageUp(b.address); page + kPageSize <= b.address + b.size;
                page += kPageSize) {
-            held += backend_->PageLocation(reinterpret_cast<void*>(page)) == kPageUnpopulated
+            // (A pool's own segment is not an arena: the backend counts it whole.)
+            const void* at = reinterpret_cast<void*>(page);
+            held += backend_->InReservedRange(at) &&
+                            backend_->PageLocation(at) == kPageUnpopulated
                         ? kPageSize
                         : 0;
           }

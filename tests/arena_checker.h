@@ -160,8 +160,8 @@ class ArenaChecker {
   // The pool an allocation on `s` goes to now (the latest context whose
   // filter takes it), as the allocator must route it.
   std::uint32_t Route(Stream s) const;
-  // Forgets the free ranges of pools that are gone (released, empty and not
-  // being allocated to).
+  // Forgets the free ranges of released pools (no reference, not being
+  // allocated to), whose free memory may be given back.
   void ForgetDissolvedPools();
   absl::Status AfterStep();
 
@@ -220,6 +220,10 @@ class ArenaChecker {
   std::vector<Context> contexts_;
   std::map<std::uint32_t, int> pool_refs_;
   std::map<std::uint32_t, std::vector<std::pair<std::uintptr_t, std::uintptr_t>>> pool_free_;
+  // No reference and no context: no graph replays into the pool's free
+  // ranges any more, and its wholly free segments may be given back (and
+  // their addresses handed out again), as PyTorch frees a released pool's.
+  bool Released(std::uint32_t pool) const;
   bool pool_checkpoints_ = false;
   std::map<std::uint32_t, PoolCheckpoint> checkpoints_;  // the latest taken, per pool
   bool asleep_ = false;

@@ -34,13 +34,21 @@ std::uint32_t ArenaChecker::Route(Stream s) const {
   return 0;
 }
 
+bool ArenaChecker::Released(std::uint32_t pool) const {
+  auto refs = pool_refs_.find(pool);
+  if (refs != pool_refs_.end() && refs->second > 0) return false;
+  for (const Context& c : contexts_) {
+    if (c.pool == pool) return false;
+  }
+  return true;
+}
+
 void ArenaChecker::ForgetDissolvedPools() {
+  // A released pool's free ranges are its no longer, even while some of its
+  // blocks live on: its wholly free segments may be given back and handed
+  // out again (and a pool revived under the same id starts afresh).
   for (auto it = pool_free_.begin(); it != pool_free_.end();) {
-    const std::uint32_t pool = it->first;
-    bool alive = pool_refs_[pool] > 0;
-    for (const Context& c : contexts_) alive = alive || c.pool == pool;
-    for (const auto& [p, l] : live_) alive = alive || l.pool == pool;
-    it = alive ? std::next(it) : pool_free_.erase(it);
+    it = Released(it->first) ? pool_free_.erase(it) : std::next(it);
   }
 }
 

@@ -174,24 +174,24 @@ TEST_P(PoolCheckpointTest, AnIdenticalAllocationStaysInPlaceWithTheCheckpointsSi
 // A checkpoint allocation over free blocks of two streams becomes one block
 // of its stream, whose work waits (on the GPU) for the other stream's.
 TEST_P(PoolCheckpointTest, CarvingAcrossStreamsOrdersAfterTheStreamsThatFreed) {
-  if (std::string(GetParam()) == "segments:classic") {
-    GTEST_SKIP() << "classic segments: while quiet no other stream's block is lent, so two "
-                    "streams' pool blocks are not neighbours";
-  }
   ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
-  // Each stream's first pool block takes a chunk of its own (a segment's
-  // worth, page-aligned): blocks of a chunk's size make the two neighbours.
-  std::vector<void*> p = InPool({{20 * kMiB, s1_}, {20 * kMiB, s2_}});
-  ASSERT_EQ(static_cast<char*>(p[1]), static_cast<char*>(p[0]) + 20 * kMiB);
+  // A pool's blocks of one segment share its stream, unless a restore
+  // hands one out on another: two 8 MiB neighbours in one 20 MiB segment,
+  // the upper one restored onto s2.
+  std::vector<void*> p = InPool({{8 * kMiB, s1_}, {8 * kMiB, s1_}});
+  ASSERT_EQ(static_cast<char*>(p[1]), static_cast<char*>(p[0]) + 8 * kMiB);
+  for (void* x : p) ASSERT_TRUE(alloc_->Free(x).ok());
+  PoolCheckpoint split{0, kPool, {{p[0], 8 * kMiB, 8 * kMiB, s1_}, {p[1], 8 * kMiB, 8 * kMiB, s2_}}};
+  ASSERT_TRUE(alloc_->RestorePoolCheckpoint(split).ok());
   for (void* x : p) ASSERT_TRUE(alloc_->Free(x).ok());
   ASSERT_TRUE(backend_->EnqueueWork(s2_).ok());  // s2 still runs: s1 must wait for it
-  PoolCheckpoint cp{0, kPool, {{p[0], 40 * kMiB, 40 * kMiB - 7, s1_}}};
+  PoolCheckpoint cp{0, kPool, {{p[0], 16 * kMiB, 16 * kMiB - 7, s1_}}};
   const std::int64_t waits = backend_->CallCount("StreamWaitEvent");
   absl::StatusOr<PoolRestoreResult> r = alloc_->RestorePoolCheckpoint(cp);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(backend_->CallCount("StreamWaitEvent"), waits + 1);
   const BlockSnapshot* b = BlockAt(p[0]);
-  EXPECT_EQ(b->size, 40 * kMiB);
+  EXPECT_EQ(b->size, 16 * kMiB);
   EXPECT_EQ(b->stream, s1_);
   ExpectInvariants();
   ASSERT_TRUE(alloc_->Free(p[0]).ok());

@@ -34,28 +34,36 @@ class MemPoolOptionsTest : public MemPoolFixture {
   }
 };
 
-// A pool's first block starts a page of its own, in a chunk of a segment's
-// size (2 MiB for a small request), so the shared cache's blocks stay
-// together around it and the chunk's rest serves the pool.
-TEST_F(MemPoolOptionsTest, APoolTakesAPageAlignedChunkOfItsOwn) {
+// A pool grows by a segment of its own of the request's segment size (2 MiB
+// for a small request), as PyTorch's pools do: the shared cache's blocks
+// stay together, the segment's rest serves the pool, and once the pool is
+// released and empty the segment is the shared cache's until empty_cache
+// gives it back whole.
+TEST_F(MemPoolOptionsTest, APoolTakesASegmentOfItsOwn) {
   ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
   void* a = Alloc(kMiB, 0, s1_);
+  const std::int64_t segments = Stats().segment[kAllPools].current;
   void* p = InPool(kMiB, s1_);
   void* b = Alloc(kMiB, 0, s1_);
   EXPECT_EQ(static_cast<char*>(b), static_cast<char*>(a) + kMiB);  // the shared run goes on
-  const auto pa = reinterpret_cast<std::uintptr_t>(p), aa = reinterpret_cast<std::uintptr_t>(a);
-  EXPECT_EQ((pa - aa) % kPageSize, 0u);  // arenas start on a page
-  EXPECT_GE(pa, aa + kPageSize);
-  void* q = InPool(kMiB, s1_);  // the chunk's rest
+  void* q = InPool(kMiB, s1_);  // the segment's rest
   EXPECT_EQ(static_cast<char*>(q), static_cast<char*>(p) + kMiB);
   EXPECT_EQ(BlockAt(p).pool, kPool);
+  EXPECT_EQ(Stats().segment[kSmallPool].current, 1);  // the pool's, a small one
+  EXPECT_EQ(Stats().segment[kAllPools].current, segments + 1);
+  std::int64_t pool_segment_bytes = 0;
+  for (const SegmentSnapshot& s : alloc_->Snapshot()) {
+    if (s.address == reinterpret_cast<std::uintptr_t>(p)) pool_segment_bytes = s.total_size;
+  }
+  EXPECT_EQ(pool_segment_bytes, static_cast<std::int64_t>(2 * kMiB));
   ExpectInvariants();
   for (void* x : {a, b, p, q}) ASSERT_TRUE(alloc_->Free(x).ok());
-  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());  // dissolves: the chunk is shared again
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());  // dissolves: the segment is shared now
+  EXPECT_EQ(BlockAt(p).pool, (MemPoolId{0, 0}));
   ExpectInvariants();
-  void* whole = Alloc(4 * kMiB, 0, s1_);  // everything merged back into one free run
-  EXPECT_EQ(whole, a);
-  ASSERT_TRUE(alloc_->Free(whole).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Stats().segment[kSmallPool].current, 0);
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 0);
 }
 
 // no_split: each allocation is a whole chunk (a 4 MiB request gets a 20 MiB
@@ -116,9 +124,14 @@ TEST_F(MemPoolOptionsTest, UseOnOomSkipsAReleasedPool) {
   ASSERT_TRUE(alloc_->Free(cached).ok());
   ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());  // no reference left (PyTorch: deleted)
   void* big = Alloc(700 * kMiB, 0, s1_);
-  EXPECT_EQ(alloc_->Allocate(100 * kMiB, 0, s1_).status().code(),
-            absl::StatusCode::kResourceExhausted);
-  for (void* x : {held, big}) ASSERT_TRUE(alloc_->Free(x).ok());
+  // Not lent: the released pool's wholly free segment is given back
+  // instead, as PyTorch frees a released pool's cached segments.
+  const std::int64_t frees = Stats().num_device_free;
+  absl::StatusOr<void*> p = alloc_->Allocate(100 * kMiB, 0, s1_);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(Stats().num_device_free, frees + 1);
+  EXPECT_TRUE(*alloc_->CheckPoolLiveAllocations(0, kPool, {held}));
+  for (void* x : {held, big, *p}) ASSERT_TRUE(alloc_->Free(x).ok());
   ExpectInvariants();
 }
 

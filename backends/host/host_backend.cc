@@ -347,6 +347,15 @@ int HostBackend::PageLocation(const void* ptr) const {
   return it->second.page_device[(p - it->first) / kHostPage];
 }
 
+bool HostBackend::InReservedRange(const void* ptr) const {
+  MutexLock l(&mu_);
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = managed_.upper_bound(p);
+  if (it == managed_.begin()) return false;
+  --it;
+  return p < it->first + it->second.bytes && it->second.reserved;
+}
+
 std::size_t HostBackend::PopulatedBytes(int device) const {
   MutexLock l(&mu_);
   std::size_t bytes = 0;

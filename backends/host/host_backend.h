@@ -292,6 +292,9 @@ class HostBackend final : public Backend {
   // A device number, kPageOnHost or kPageUnpopulated for the 2 MiB page
   // holding `ptr` of a ReserveManaged range; kPageUnpopulated elsewhere.
   int PageLocation(const void* ptr) const;
+  // Whether `ptr` lies in a ReserveManaged range (whose pages are tracked;
+  // an AllocateManaged range counts as populated whole).
+  bool InReservedRange(const void* ptr) const;
   // Bytes `device`'s managed memory holds populated on the device or moved
   // to the host: what a caching allocator's reserved bytes should count.
   std::size_t PopulatedBytes(int device) const;

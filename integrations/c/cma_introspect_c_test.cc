@@ -146,9 +146,9 @@ TEST_F(HostCApiTest, SnapshotVisitReportsAPoolsBlocks) {
 // PyTorch's snapshot readers compute each block's address as its segment's
 // plus the sizes of the blocks before it, and read one owner pool per
 // segment. The visitor's blocks must therefore tile their segment from its
-// address; and since one arena holds blocks of several pools side by side,
-// cma/torch_allocator.cc reports each run of one pool as a segment.
-TEST_F(HostCApiTest, SnapshotVisitBlocksTileTheirSegmentAcrossPools) {
+// address; a pool's blocks lie in segments of its own (as PyTorch's pools'
+// do), while one arena holds the shared cache's blocks of every size.
+TEST_F(HostCApiTest, SnapshotVisitBlocksTileTheirSegmentAndPoolsOwnTheirs) {
   void* shared = cma_malloc(kMiB, 0, nullptr);
   ASSERT_NE(shared, nullptr) << cma_last_error();
   ASSERT_EQ(cma_pool_create_or_incref(0, 7, 0), 0) << cma_last_error();
@@ -159,7 +159,7 @@ TEST_F(HostCApiTest, SnapshotVisitBlocksTileTheirSegmentAcrossPools) {
   void* after = cma_malloc(kMiB, 0, nullptr);
   ASSERT_NE(after, nullptr) << cma_last_error();
   const Seen seen = Visit();
-  bool mixed = false;
+  int pool_segments = 0;
   for (size_t i = 0; i < seen.segments.size(); ++i) {
     size_t address = seen.segments[i].address;
     bool pool_seen = false, shared_seen = false;
@@ -168,9 +168,11 @@ TEST_F(HostCApiTest, SnapshotVisitBlocksTileTheirSegmentAcrossPools) {
       address += b.size;
       (b.pool0 == 7 ? pool_seen : shared_seen) = true;
     }
-    mixed = mixed || (pool_seen && shared_seen);
+    EXPECT_EQ(address, seen.segments[i].address + seen.segments[i].total_size) << "segment " << i;
+    EXPECT_FALSE(pool_seen && shared_seen) << "segment " << i << " mixes pool (7, 0) with the shared cache";
+    pool_segments += pool_seen;
   }
-  EXPECT_TRUE(mixed) << "expected one segment to hold pool (7, 0) and shared-cache blocks";
+  EXPECT_EQ(pool_segments, 1);
   for (void* p : {shared, pooled, after}) ASSERT_EQ(cma_free(p), 0);
   ASSERT_EQ(cma_pool_release(0, 7, 0), 0);
 }
