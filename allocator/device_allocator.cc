@@ -323,13 +323,12 @@ absl::StatusOr<Block*> DeviceAllocator::NewSegment(std::size_t rounded, PoolKind
 }
 
 absl::StatusOr<Block*> DeviceAllocator::NewClassicSegment(std::size_t size, PoolKind pool,
-                                                          Stream stream, std::size_t borrowed) {
+                                                          Stream stream) {
   const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
-  if (reserved + size > budget_ + borrowed) {
+  if (reserved + size > budget_) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "a new %s segment would exceed the managed budget of device %d (%s reserved of %s%s)",
-        FormatBytes(size), device_, FormatBytes(reserved), FormatBytes(budget_),
-        borrowed == 0 ? "" : absl::StrCat(", ", FormatBytes(borrowed), " of it idle")));
+        "a new %s segment would exceed the managed budget of device %d (%s reserved of %s)",
+        FormatBytes(size), device_, FormatBytes(reserved), FormatBytes(budget_)));
   }
   absl::StatusOr<void*> mem = backend_->AllocateManaged(device_, size);
   if (!mem.ok()) return mem.status();

@@ -376,16 +376,17 @@ class DeviceAllocator {
   // arena mode too: PyTorch's tools count a pool's segments, and a pool's
   // memory goes back whole once it is wholly free and the pool released
   // (ReleaseIdleSegments). Pools are allocated to only while quiet, when no
-  // idle page may be discarded: past the budget, the segment may borrow
-  // the room of idle arena pages, discarded when the last context ends
-  // (trim_after_quiet_). Returns the segment's one block, pool `mempool`'s.
+  // cached memory may be given back: the segment must fit the budget as it
+  // is. Returns the segment's one block, pool `mempool`'s.
   absl::StatusOr<Block*> NewPoolSegment(std::size_t rounded, PoolKind pool, Stream stream,
                                         std::uint32_t mempool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One backend allocation of `size` bytes, reserved whole, refused when it
-  // would take reserved bytes past the budget plus `borrowed`.
-  absl::StatusOr<Block*> NewClassicSegment(std::size_t size, PoolKind pool, Stream stream,
-                                           std::size_t borrowed = 0)
+  // would take reserved bytes past the budget.
+  absl::StatusOr<Block*> NewClassicSegment(std::size_t size, PoolKind pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Arena mode, outside quiet: gives back the wholly free segments of
+  // dissolved and released pools (their streams synchronised first).
+  void ReleaseDissolvedSegments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether private pool `index` is released (no reference, no context) and
   // waits only for its blocks in use: its wholly free segments may go.
   bool PoolReleased(std::uint32_t index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -418,7 +419,8 @@ class DeviceAllocator {
   // their streams.
   // With `mempool` (a pool with no reference), only segments that hold some
   // of its free blocks and otherwise only the shared cache's or released
-  // pools'. With `classic_only`, no arena.
+  // pools'. With `classic_only`, no arena nor host-tier segment (the device
+  // memory classic segments hold, nothing else).
   std::size_t ReleaseIdleSegments(std::size_t goal, std::uint32_t mempool = 0,
                                   bool classic_only = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -590,9 +592,6 @@ class DeviceAllocator {
   // Segments made while quiet: their config advice waits for the last pool
   // context's end.
   std::vector<std::uintptr_t> unadvised_ ABSL_GUARDED_BY(mu_);  // segment bases
-  // A pool's segment borrowed idle pages' room past the budget while quiet:
-  // they are discarded when the last pool context ends (NewPoolSegment).
-  bool trim_after_quiet_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace cma

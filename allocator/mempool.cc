@@ -18,6 +18,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/device_allocator.h"
 #include "backends/mutex_lock.h"
@@ -71,15 +72,9 @@ absl::Status DeviceAllocator::EndAllocateToPool(MemPoolId id) {
   const std::uint32_t index = it->index;
   ended_filter = std::move(it->filter);
   contexts_.erase(it);
-  if (contexts_.empty()) {
-    RecordDeferredFrees();
-    if (trim_after_quiet_) {
-      trim_after_quiet_ = false;
-      const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
-      if (reserved > budget_) ReleaseCachedSegments(reserved - budget_);
-    }
-  }
+  if (contexts_.empty()) RecordDeferredFrees();
   DissolveIfUnused(index);  // released while it was being allocated to
+  ReleaseDissolvedSegments();
   // The context's own reference goes with ReleasePool, as in PyTorch.
   return absl::OkStatus();
 }
@@ -95,6 +90,7 @@ absl::Status DeviceAllocator::ReleasePool(MemPoolId id) {
   const std::uint32_t index = known->second;
   --mempools_[index].use_count;
   DissolveIfUnused(index);
+  ReleaseDissolvedSegments();
   return absl::OkStatus();
 }
 
@@ -177,16 +173,25 @@ void DeviceAllocator::DissolveIfUnused(std::uint32_t index) {
 
 absl::StatusOr<Block*> DeviceAllocator::NewPoolSegment(std::size_t rounded, PoolKind pool,
                                                        Stream stream, std::uint32_t mempool) {
-  // While quiet no idle page may be discarded, but nothing a capture records
-  // runs before it ends: the room of idle arena pages is lent until then.
-  const std::size_t idle = arena_mode() ? idle_pages_ * kPageSize : 0;
-  absl::StatusOr<Block*> b = NewClassicSegment(SegmentSizeFor(rounded), pool, stream, idle);
-  if (!b.ok()) return b;
-  if (static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current) > budget_) {
-    trim_after_quiet_ = true;
+  absl::StatusOr<Block*> b = NewClassicSegment(SegmentSizeFor(rounded), pool, stream);
+  if (!b.ok()) {
+    // Quiet, the cache's idle memory cannot be given back (a discard or a
+    // free would break a capture).
+    return absl::Status(b.status().code(),
+                        absl::StrCat(b.status().message(),
+                                     "; while a pool is being allocated to, cached memory cannot "
+                                     "be given back: empty_cache before the capture makes room"));
   }
   (*b)->mempool = mempool;  // what a split of it leaves is the pool's too
   return b;
+}
+
+void DeviceAllocator::ReleaseDissolvedSegments() {
+  // Arena mode serves the shared cache from arenas: a pool's segments that
+  // rejoined it would only hold memory (its small ones are never looked
+  // up), so they go at once, outside quiet; while quiet, with the next
+  // release of cached memory.
+  if (arena_mode() && !quiet()) ReleaseIdleSegments(0, 0, /*classic_only=*/true);
 }
 
 bool DeviceAllocator::PoolReleased(std::uint32_t index) const {

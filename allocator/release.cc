@@ -16,7 +16,13 @@ std::size_t DeviceAllocator::ReleaseCachedSegments(std::size_t goal,
                                                    absl::flat_hash_set<Stream>* queued_on) {
   if (arena_mode()) {
     const std::size_t pages = goal == 0 ? idle_pages_ : (goal + kPageSize - 1) / kPageSize;
-    return DiscardIdlePages(pages, 0, 0, nullptr, queued_on) * kPageSize;
+    std::size_t released = DiscardIdlePages(pages, 0, 0, nullptr, queued_on) * kPageSize;
+    // Pools' segments (classic ones) hold their memory whole: the wholly
+    // free ones of dissolved and released pools go too.
+    if (goal == 0 || released < goal) {
+      released += ReleaseIdleSegments(goal == 0 ? 0 : goal - released, 0, /*classic_only=*/true);
+    }
+    return released;
   }
   return ReleaseIdleSegments(goal);
 }
@@ -25,7 +31,7 @@ std::size_t DeviceAllocator::ReleaseIdleSegments(std::size_t goal, std::uint32_t
                                                  bool classic_only) {
   std::vector<Segment*> idle;
   for (auto& [base, seg] : segments_) {
-    if (classic_only && seg->arena) continue;
+    if (classic_only && (seg->arena || seg->host_tier)) continue;
     // Fully free, though possibly in pieces of different streams, and none
     // of it a live private pool's (a graph replays into those) but
     // `mempool`'s: a released pool's go, as PyTorch frees them.
