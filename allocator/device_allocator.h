@@ -384,9 +384,6 @@ class DeviceAllocator {
   // would take reserved bytes past the budget.
   absl::StatusOr<Block*> NewClassicSegment(std::size_t size, PoolKind pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Arena mode, outside quiet: gives back the wholly free segments of
-  // dissolved and released pools (their streams synchronised first).
-  void ReleaseDissolvedSegments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether private pool `index` is released (no reference, no context) and
   // waits only for its blocks in use: its wholly free segments may go.
   bool PoolReleased(std::uint32_t index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -6,6 +6,9 @@
 // the pool (keyed by the pool first in the free-block order, so it serves
 // and merges with no one else) until the pool is released and empty; then
 // its blocks rejoin the shared cache and merge with their neighbours there.
+// A released pool's memory is given back only when cached memory is (never
+// at the release itself, as in PyTorch): a block freed during another
+// graph's capture may still be written by that graph's replays.
 // While any pool is being allocated to, a CUDA graph capture may be under way
 // on some stream, so the allocator is quiet: no query, event, sync,
 // placement or discard call (PyTorch's allocator likewise stops processing
@@ -74,7 +77,6 @@ absl::Status DeviceAllocator::EndAllocateToPool(MemPoolId id) {
   contexts_.erase(it);
   if (contexts_.empty()) RecordDeferredFrees();
   DissolveIfUnused(index);  // released while it was being allocated to
-  ReleaseDissolvedSegments();
   // The context's own reference goes with ReleasePool, as in PyTorch.
   return absl::OkStatus();
 }
@@ -90,7 +92,6 @@ absl::Status DeviceAllocator::ReleasePool(MemPoolId id) {
   const std::uint32_t index = known->second;
   --mempools_[index].use_count;
   DissolveIfUnused(index);
-  ReleaseDissolvedSegments();
   return absl::OkStatus();
 }
 
@@ -184,14 +185,6 @@ absl::StatusOr<Block*> DeviceAllocator::NewPoolSegment(std::size_t rounded, Pool
   }
   (*b)->mempool = mempool;  // what a split of it leaves is the pool's too
   return b;
-}
-
-void DeviceAllocator::ReleaseDissolvedSegments() {
-  // Arena mode serves the shared cache from arenas: a pool's segments that
-  // rejoined it would only hold memory (its small ones are never looked
-  // up), so they go at once, outside quiet; while quiet, with the next
-  // release of cached memory.
-  if (arena_mode() && !quiet()) ReleaseIdleSegments(0, 0, /*classic_only=*/true);
 }
 
 bool DeviceAllocator::PoolReleased(std::uint32_t index) const {

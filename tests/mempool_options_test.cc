@@ -38,7 +38,7 @@ class MemPoolOptionsTest : public MemPoolFixture {
 // for a small request), as PyTorch's pools do: the shared cache's blocks
 // stay together, the segment's rest serves the pool, and once the pool is
 // released and empty the segment is the shared cache's until empty_cache
-// gives it back whole (at once in arena mode).
+// gives it back whole.
 TEST_F(MemPoolOptionsTest, APoolTakesASegmentOfItsOwn) {
   ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
   void* a = Alloc(kMiB, 0, s1_);
@@ -58,12 +58,11 @@ TEST_F(MemPoolOptionsTest, APoolTakesASegmentOfItsOwn) {
   EXPECT_EQ(pool_segment_bytes, static_cast<std::int64_t>(2 * kMiB));
   ExpectInvariants();
   for (void* x : {a, b, p, q}) ASSERT_TRUE(alloc_->Free(x).ok());
-  // Dissolved: in arena mode the segment goes back at once (the shared
-  // cache lives in arenas).
-  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
-  EXPECT_EQ(Stats().segment[kSmallPool].current, 0);
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());  // dissolves: the segment is shared now
+  EXPECT_EQ(BlockAt(p).pool, (MemPoolId{0, 0}));
   ExpectInvariants();
   ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Stats().segment[kSmallPool].current, 0);
   EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 0);
 }
 
