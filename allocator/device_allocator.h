@@ -573,6 +573,9 @@ class DeviceAllocator {
   absl::flat_hash_map<MemPoolId, std::uint32_t> mempool_index_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::uint32_t, PrivatePool> mempools_ ABSL_GUARDED_BY(mu_);
   std::uint32_t next_mempool_ ABSL_GUARDED_BY(mu_) = 1;
+  // Arena mode: the free blocks of a dissolved pool's own segments, which
+  // no allocation takes; they go back whole with the cache's memory.
+  static constexpr std::uint32_t kRetiredPool = ~std::uint32_t{0};
   struct PoolContext {
     std::uint32_t index;
     StreamFilter filter;

@@ -163,7 +163,11 @@ void DeviceAllocator::DissolveIfUnused(std::uint32_t index) {
   }
   for (Block* b : blocks) {
     EraseFree(b);
-    b->mempool = 0;
+    // In arena mode the shared cache lives in arenas: the pool's own
+    // segments only wait to be given back with the cache's memory (PyTorch
+    // frees a released pool's segments, never lends them to the default
+    // pool, whose allocations would keep them from being freed whole).
+    b->mempool = arena_mode() && !b->segment->arena ? kRetiredPool : 0;
     b->no_split = false;  // the shared cache splits and merges it again
     ReturnBlock(b);
   }

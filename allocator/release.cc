@@ -37,8 +37,8 @@ std::size_t DeviceAllocator::ReleaseIdleSegments(std::size_t goal, std::uint32_t
     // `mempool`'s: a released pool's go, as PyTorch frees them.
     bool all_free = true, has_pool = mempool == 0;
     for (const Block* b = seg->first; b != nullptr && all_free; b = b->next) {
-      all_free = b->is_free() &&
-                 (b->mempool == 0 || b->mempool == mempool || PoolReleased(b->mempool));
+      all_free = b->is_free() && (b->mempool == 0 || b->mempool == mempool ||
+                                  b->mempool == kRetiredPool || PoolReleased(b->mempool));
       has_pool = has_pool || b->mempool == mempool;
     }
     if (all_free && has_pool) idle.push_back(seg);

@@ -39,7 +39,10 @@ TEST_F(MemPoolTest, APoolsBlocksServeOnlyThatPool) {
   EXPECT_EQ(alloc_->ReleasePool(0, kPool).code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST_F(MemPoolTest, AReleasedPoolGivesItsBlocksToTheSharedCacheOnceEmpty) {
+// Once released and empty a pool is gone; in arena mode its segment waits to
+// be given back with the cache's memory (never lent to the shared cache,
+// which lives in arenas), in classic mode it joins the shared cache.
+TEST_F(MemPoolTest, AReleasedPoolIsGoneOnceEmptyAndItsSegmentWaitsForEmptyCache) {
   ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());  // a MemPool
   ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, nullptr).ok());
   void* a = Alloc(6 * kMiB, 0, s1_);
@@ -48,13 +51,28 @@ TEST_F(MemPoolTest, AReleasedPoolGivesItsBlocksToTheSharedCacheOnceEmpty) {
   ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());  // the context's reference
   ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());  // the MemPool's: b still lives
   ASSERT_TRUE(alloc_->Free(a).ok());
-  EXPECT_NE(Alloc(6 * kMiB, 0, s1_), a);  // still the pool's
-  ASSERT_TRUE(alloc_->Free(b).ok());       // the last: the pool dissolves
+  void* other = Alloc(6 * kMiB, 0, s1_);
+  EXPECT_NE(other, a);  // still the pool's
+  ASSERT_TRUE(alloc_->Free(other).ok());
+  ASSERT_TRUE(alloc_->Free(b).ok());  // the last: the pool dissolves
   ExpectInvariants();
-  // a and b merged back into the shared cache: one 12 MiB request fits there.
-  void* merged = Alloc(12 * kMiB, 0, s1_);
-  EXPECT_EQ(merged, a);
   EXPECT_FALSE(alloc_->CheckPoolLiveAllocations(0, kPool, {}).ok());  // gone
+  void* shared = Alloc(12 * kMiB, 0, s1_);
+  EXPECT_NE(shared, a);  // not the pool's old segment
+  EXPECT_EQ(Stats().segment[kLargePool].current, 2);  // an arena and the waiting segment
+  ASSERT_TRUE(alloc_->Free(shared).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Stats().segment[kAllPools].current, 0);
+  ExpectInvariants();
+  Remake("segments:classic");  // classic: the shared cache takes it, a and b merged
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, nullptr).ok());
+  a = Alloc(6 * kMiB, 0, s1_);
+  b = Alloc(6 * kMiB, 0, s1_);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+  for (void* x : {a, b}) ASSERT_TRUE(alloc_->Free(x).ok());
+  EXPECT_EQ(Alloc(12 * kMiB, 0, s1_), a);
+  ExpectInvariants();
 }
 
 TEST_F(MemPoolTest, CheckPoolLiveAllocationsComparesTheExactSet) {
@@ -185,3 +203,4 @@ TEST_F(MemPoolTest, BadCallsAreClearErrorsAndChangeNothing) {
 
 }  // namespace
 }  // namespace cma
+
