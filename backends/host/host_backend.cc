@@ -337,23 +337,28 @@ absl::Status HostBackend::Place(PlacementRecord::Op op, absl::Span<const Range> 
   return absl::OkStatus();
 }
 
+const HostBackend::ManagedAllocation* HostBackend::ReservedAt(std::uintptr_t p,
+                                                              std::uintptr_t* base) const {
+  auto it = managed_.upper_bound(p);
+  if (it == managed_.begin()) return nullptr;
+  --it;
+  if (p >= it->first + it->second.bytes || !it->second.reserved) return nullptr;
+  *base = it->first;
+  return &it->second;
+}
+
 int HostBackend::PageLocation(const void* ptr) const {
   MutexLock l(&mu_);
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
-  auto it = managed_.upper_bound(p);
-  if (it == managed_.begin()) return kPageUnpopulated;
-  --it;
-  if (p >= it->first + it->second.bytes || !it->second.reserved) return kPageUnpopulated;
-  return it->second.page_device[(p - it->first) / kHostPage];
+  std::uintptr_t base = 0;
+  const ManagedAllocation* a = ReservedAt(p, &base);
+  return a == nullptr ? kPageUnpopulated : a->page_device[(p - base) / kHostPage];
 }
 
 bool HostBackend::InReservedRange(const void* ptr) const {
   MutexLock l(&mu_);
-  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
-  auto it = managed_.upper_bound(p);
-  if (it == managed_.begin()) return false;
-  --it;
-  return p < it->first + it->second.bytes && it->second.reserved;
+  std::uintptr_t base = 0;
+  return ReservedAt(reinterpret_cast<std::uintptr_t>(ptr), &base) != nullptr;
 }
 
 std::size_t HostBackend::PopulatedBytes(int device) const {

@@ -370,6 +370,9 @@ class HostBackend final : public Backend {
   void Count(const char* method) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckDevice(int device) const;
   absl::StatusOr<StreamState*> FindStream(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The ReserveManaged range holding p (its start in *base), or nullptr.
+  const ManagedAllocation* ReservedAt(std::uintptr_t p, std::uintptr_t* base) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<ManagedAllocation*> FindManaged(void* ptr, std::size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckRanges(absl::Span<const Range> ranges, const char* call)
