@@ -15,6 +15,7 @@
 #include "absl/container/btree_set.h"
 #include "absl/container/inlined_vector.h"
 #include "allocator/page_map.h"
+#include "allocator/segment_source.h"
 #include "backends/backend.h"
 #include "policy/placement_policy.h"
 #include "policy/size_policy.h"
@@ -99,7 +100,17 @@ struct Segment {
   // pages live on the host, mapped for the device; one block, never split.
   // Counted in host_resident_bytes, not reserved_bytes (device memory).
   bool host_tier = false;
+  // A private pool's segment from another allocator (allocator/
+  // segment_source.h), given back to it; null for the backend's managed
+  // memory.
+  std::shared_ptr<SegmentSource> source;
+  std::uint32_t source_pool = 0;  // with a source: the private pool it serves
   PageMap pages;
+
+  // Whether the allocator places this memory (advice, prefetch, discard,
+  // Sleep): managed memory on the device, not the host tier's nor another
+  // allocator's.
+  bool placeable() const { return !host_tier && source == nullptr; }
 
   std::size_t PageOf(std::uintptr_t addr) const { return (addr - base) / kPageSize; }
 

@@ -318,6 +318,13 @@ absl::Status CachingManagedAllocator::CreateOrIncrefPool(int device, MemPoolId i
   return absl::OkStatus();
 }
 
+absl::Status CachingManagedAllocator::CreatePoolWithSource(int device, MemPoolId id,
+                                                           std::shared_ptr<SegmentSource> source) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->CreatePoolWithSource(id, std::move(source));
+}
+
 absl::Status CachingManagedAllocator::BeginAllocateToPool(int device, MemPoolId id,
                                                           StreamFilter filter,
                                                           PoolContextOptions options) {

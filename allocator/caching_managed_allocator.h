@@ -34,6 +34,7 @@
 #include "allocator/device_allocator.h"
 #include "allocator/host_pool.h"
 #include "allocator/mempool.h"
+#include "allocator/segment_source.h"
 #include "allocator/snapshot.h"
 #include "allocator/stats.h"
 #include "backends/backend.h"
@@ -148,6 +149,12 @@ class CachingManagedAllocator {
   // replays into them). Errors: kInvalidArgument for a bad device, an end
   // without a begin, a release without a reference, an unknown pool.
   absl::Status CreateOrIncrefPool(int device, MemPoolId id);
+  // A new pool (one reference) whose segments come from another allocator
+  // (allocator/segment_source.h): PyTorch's MemPool(allocator=...). From
+  // then on it is a pool like any other. kInvalidArgument, changing
+  // nothing, if the pool exists or `source` is null.
+  absl::Status CreatePoolWithSource(int device, MemPoolId id,
+                                    std::shared_ptr<SegmentSource> source);
   // `options` (allocator/mempool.h): how frees during the context are reused.
   absl::Status BeginAllocateToPool(int device, MemPoolId id, StreamFilter filter,
                                    PoolContextOptions options = {});

@@ -50,7 +50,7 @@ DeviceAllocator::~DeviceAllocator() {
     (void)staging_.Release(*backend_);
   }
   for (auto& [base, seg] : segments_) {
-    (void)backend_->FreeManaged(seg->ptr_base());
+    (void)FreeSegmentMemory(*seg);
     if (seg->host_tier && host_ledger_ != nullptr) host_ledger_->Give(seg->size);
     for (Block* b = seg->first; b != nullptr;) {
       Block* next = b->next;
@@ -322,19 +322,22 @@ absl::StatusOr<Block*> DeviceAllocator::NewSegment(std::size_t rounded, PoolKind
   return NewClassicSegment(SegmentSizeFor(rounded), pool, stream);
 }
 
-absl::StatusOr<Block*> DeviceAllocator::NewClassicSegment(std::size_t size, PoolKind pool,
-                                                          Stream stream) {
+absl::StatusOr<Block*> DeviceAllocator::NewClassicSegment(
+    std::size_t size, PoolKind pool, Stream stream, const std::shared_ptr<SegmentSource>& source) {
   const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
   if (reserved + size > budget_) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "a new %s segment would exceed the managed budget of device %d (%s reserved of %s)",
         FormatBytes(size), device_, FormatBytes(reserved), FormatBytes(budget_)));
   }
-  absl::StatusOr<void*> mem = backend_->AllocateManaged(device_, size);
+  absl::StatusOr<void*> mem = source == nullptr ? backend_->AllocateManaged(device_, size)
+                                                : source->Allocate(device_, size, stream);
   if (!mem.ok()) return mem.status();
   Block* b = AddSegment(*mem, size, pool, stream);
   UpdateStat(stats_.reserved_bytes, pool, size);
-  if (quiet()) {
+  if (source != nullptr) {
+    b->segment->source = source;  // another allocator's memory: nothing to advise or place
+  } else if (quiet()) {
     unadvised_.push_back(b->segment->base);  // advised when the last pool context ends
   } else {
     PrepareSegment(b, stream);

@@ -8,6 +8,7 @@
 #define CMA_ALLOCATOR_DEVICE_ALLOCATOR_H_
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "absl/container/btree_map.h"
@@ -21,6 +22,7 @@
 #include "allocator/capture_reuse.h"
 #include "allocator/discard_fence.h"
 #include "allocator/mempool.h"
+#include "allocator/segment_source.h"
 #include "allocator/snapshot.h"
 #include "allocator/sleep_plan.h"
 #include "allocator/staging.h"
@@ -74,6 +76,11 @@ class DeviceAllocator {
   absl::Status ForgetStream(Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
   // ---- private pools (mempool.cc); see CachingManagedAllocator ----
   void CreateOrIncrefPool(MemPoolId id) ABSL_LOCKS_EXCLUDED(mu_);
+  // A new pool, with one reference, whose segments come from `source`
+  // (allocator/segment_source.h). kInvalidArgument if the pool exists or
+  // `source` is null.
+  absl::Status CreatePoolWithSource(MemPoolId id, std::shared_ptr<SegmentSource> source)
+      ABSL_LOCKS_EXCLUDED(mu_);
   bool AllocatingToPool() ABSL_LOCKS_EXCLUDED(mu_);
   void BeginAllocateToPool(MemPoolId id, StreamFilter filter, PoolContextOptions options = {})
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -377,12 +384,15 @@ class DeviceAllocator {
   // memory goes back whole once it is wholly free and the pool released
   // (ReleaseIdleSegments). Pools are allocated to only while quiet, when no
   // cached memory may be given back: the segment must fit the budget as it
-  // is. Returns the segment's one block, pool `mempool`'s.
+  // is. A pool with a SegmentSource takes its segments from it. Returns the
+  // segment's one block, pool `mempool`'s.
   absl::StatusOr<Block*> NewPoolSegment(std::size_t rounded, PoolKind pool, Stream stream,
                                         std::uint32_t mempool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One backend allocation of `size` bytes, reserved whole, refused when it
-  // would take reserved bytes past the budget.
-  absl::StatusOr<Block*> NewClassicSegment(std::size_t size, PoolKind pool, Stream stream)
+  // One allocation of `size` bytes from the backend (or from `source`),
+  // reserved whole, refused when it would take reserved bytes past the
+  // budget.
+  absl::StatusOr<Block*> NewClassicSegment(std::size_t size, PoolKind pool, Stream stream,
+                                           const std::shared_ptr<SegmentSource>& source = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether private pool `index` is released (no reference, no context) and
   // waits only for its blocks in use: its wholly free segments may go.
@@ -411,6 +421,9 @@ class DeviceAllocator {
                                     absl::flat_hash_set<Stream>* queued_on = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseSegment(Segment* seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives a segment's memory back to where it came from: its source, or
+  // the backend.
+  absl::Status FreeSegmentMemory(const Segment& seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Classic segments and arenas alike: frees the fully-free ones (largest
   // first, `goal` bytes of address space; all when 0) after synchronising
   // their streams.
@@ -569,12 +582,16 @@ class DeviceAllocator {
     std::size_t live = 0;  // blocks handed out and not yet free again
     bool no_split = false;    // PoolOptions
     bool use_on_oom = false;
+    std::shared_ptr<SegmentSource> source;  // null: the backend's managed memory
+    std::size_t segments = 0;  // with a source: the segments it made that are held
   };
   absl::flat_hash_map<MemPoolId, std::uint32_t> mempool_index_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::uint32_t, PrivatePool> mempools_ ABSL_GUARDED_BY(mu_);
   std::uint32_t next_mempool_ ABSL_GUARDED_BY(mu_) = 1;
-  // Arena mode: the free blocks of a dissolved pool's own segments, which
-  // no allocation takes; they go back whole with the cache's memory.
+  // The free blocks of a dissolved pool's own segments that the shared
+  // cache must not take: in arena mode every such segment, and another
+  // allocator's (a SegmentSource's) in any mode. No allocation takes them;
+  // they go back whole with the cache's memory.
   static constexpr std::uint32_t kRetiredPool = ~std::uint32_t{0};
   struct PoolContext {
     std::uint32_t index;

@@ -42,6 +42,24 @@ void DeviceAllocator::CreateOrIncrefPool(MemPoolId id) {
   ++mempools_[PoolIndex(id)].use_count;
 }
 
+absl::Status DeviceAllocator::CreatePoolWithSource(MemPoolId id,
+                                                   std::shared_ptr<SegmentSource> source) {
+  if (source == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cma: pool (%d, %d) of device %d: no segment source given", id.first, id.second, device_));
+  }
+  MutexLock l(&mu_);
+  if (mempool_index_.contains(id)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cma: pool (%d, %d) of device %d exists already; it cannot be given another allocator",
+        id.first, id.second, device_));
+  }
+  PrivatePool& pool = mempools_[PoolIndex(id)];
+  pool.use_count = 1;
+  pool.source = std::move(source);
+  return absl::OkStatus();
+}
+
 bool DeviceAllocator::AllocatingToPool() {
   MutexLock l(&mu_);
   return quiet();
@@ -151,6 +169,17 @@ void DeviceAllocator::DissolveIfUnused(std::uint32_t index) {
   for (const PoolContext& c : contexts_) {
     if (c.index == index) return;  // still being allocated to
   }
+  // Another allocator's memory never serves the shared cache: the pool
+  // stays, released, until its last segment has gone back (ReleaseSegment),
+  // so that emptying its cache by its id (what PyTorch's MemPool does as it
+  // goes) still finds it.
+  if (it->second.source != nullptr) {
+    if (it->second.segments == 0) {
+      mempool_index_.erase(it->second.id);
+      mempools_.erase(it);
+    }
+    return;
+  }
   // Its free blocks rejoin the shared cache, on their streams.
   FlushRecent();
   std::vector<Block*> blocks;
@@ -178,7 +207,12 @@ void DeviceAllocator::DissolveIfUnused(std::uint32_t index) {
 
 absl::StatusOr<Block*> DeviceAllocator::NewPoolSegment(std::size_t rounded, PoolKind pool,
                                                        Stream stream, std::uint32_t mempool) {
-  absl::StatusOr<Block*> b = NewClassicSegment(SegmentSizeFor(rounded), pool, stream);
+  PrivatePool& owner = mempools_[mempool];
+  absl::StatusOr<Block*> b = NewClassicSegment(SegmentSizeFor(rounded), pool, stream, owner.source);
+  if (b.ok() && owner.source != nullptr) {
+    (*b)->segment->source_pool = mempool;
+    ++owner.segments;
+  }
   if (!b.ok()) {
     // Quiet, the cache's idle memory cannot be given back (a discard or a
     // free would break a capture).
@@ -209,7 +243,12 @@ void* DeviceAllocator::TakeFromUseOnOomPools(std::size_t rounded, std::size_t re
   if (mempool != 0) return nullptr;
   std::vector<std::uint32_t> lenders;
   for (const auto& [index, p] : mempools_) {
-    if (p.use_on_oom && p.use_count > 0 && index != mempool) lenders.push_back(index);
+    // Advice cannot apply to another allocator's memory: such a pool lends
+    // only to allocations without it.
+    if (p.use_on_oom && p.use_count > 0 && index != mempool &&
+        (hints == nullptr || p.source == nullptr)) {
+      lenders.push_back(index);
+    }
   }
   std::sort(lenders.begin(), lenders.end());  // the oldest pool first, whatever the map's order
   const PoolKind kind = PoolFor(rounded);  // pools' segments keep PyTorch's kinds, arenas or not

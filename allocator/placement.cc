@@ -74,6 +74,7 @@ void DeviceAllocator::PrepareSegment(Block* whole, Stream stream) {
 }
 
 void DeviceAllocator::PlaceForAllocation(Block* b, Stream stream, const AllocationHints* hints) {
+  if (ABSL_PREDICT_FALSE(b->segment->source != nullptr)) return;  // not managed memory
   const Location target = Location::Device(device_);
   if (b->segment->arena) {
     PlaceArenaBlock(b, stream, target);
@@ -120,7 +121,7 @@ void DeviceAllocator::PlaceSegmentBlock(Block* b, Stream stream, Location target
 void DeviceAllocator::OnFreed(Block* b) {
   // A private pool keeps its blocks' contents: a graph replays into them.
   // A host-tier block's pages stay populated on the host for its next user.
-  if (!config_->discard_on_free || quiet() || b->mempool != 0 || b->segment->host_tier) return;
+  if (!config_->discard_on_free || quiet() || b->mempool != 0 || !b->segment->placeable()) return;
   if (b->segment->arena) {
     DiscardPagesInside(b);
     return;
@@ -170,6 +171,10 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
             p, device_, target.device));
       }
       continue;
+    }
+    if (ABSL_PREDICT_FALSE(b->segment->source != nullptr)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "cma: %p is memory of a pool's own allocator, not managed memory: it cannot move", p));
     }
     blocks.push_back(b);
   }
@@ -265,6 +270,11 @@ absl::Status DeviceAllocator::SetHints(void* ptr, const AllocationHints& hints) 
     return absl::FailedPreconditionError(
         "cma: the allocation lives on the host (oversubscription): its placement is the host "
         "tier's, which advice would undo");
+  }
+  if (b->segment->source != nullptr) {
+    return absl::FailedPreconditionError(
+        "cma: the allocation is memory of a pool's own allocator, not managed memory: advice "
+        "does not apply to it");
   }
   if (b->hints) ApplyAdvice(WithdrawHintAdvice(*b->hints), b->ptr(), b->size);
   ApplyAdvice(HintAdvice(hints), b->ptr(), b->size);

@@ -67,7 +67,7 @@ std::size_t DeviceAllocator::ReleaseIdleSegments(std::size_t goal, std::uint32_t
 
 void DeviceAllocator::ReleaseSegment(Segment* seg) {
   // On failure the blocks stay cached rather than lost.
-  if (!backend_->FreeManaged(seg->ptr_base()).ok()) return;
+  if (!FreeSegmentMemory(*seg).ok()) return;
   for (Block* b = seg->first; b != nullptr;) {
     Block* next = b->next;
     EraseFree(b);
@@ -91,7 +91,17 @@ void DeviceAllocator::ReleaseSegment(Segment* seg) {
   }
   ++stats_.num_device_free;
   segments_.erase(seg->base);
+  const std::uint32_t source_pool = seg->source_pool;
   delete seg;
+  if (source_pool != 0) {  // a released pool of another allocator goes with its last segment
+    --mempools_[source_pool].segments;
+    DissolveIfUnused(source_pool);
+  }
+}
+
+absl::Status DeviceAllocator::FreeSegmentMemory(const Segment& seg) {
+  if (seg.source != nullptr) return seg.source->Free(device_, seg.ptr_base(), seg.size);
+  return backend_->FreeManaged(seg.ptr_base());
 }
 
 absl::Status DeviceAllocator::EmptyCache() {

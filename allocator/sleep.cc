@@ -136,9 +136,10 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
   // bytes on pages that must stay (allocator/sleep_plan.h) migrate too.
   std::vector<Block*> blocks;
   blocks.reserve(allocated_.size());
-  // (The host tier's allocations hold nothing on the device: they stay.)
+  // (The host tier's allocations hold nothing on the device, and another
+  // allocator's memory is not managed: they stay.)
   for (auto& [addr, b] : allocated_) {
-    if (!b->segment->host_tier) blocks.push_back(b);
+    if (b->segment->placeable()) blocks.push_back(b);
   }
   // Address order: the same state stages the same way every cycle.
   std::sort(blocks.begin(), blocks.end(), [](const Block* a, const Block* b) {
@@ -433,7 +434,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
   std::vector<StagedPart> parts;
   std::size_t bytes = 0;
   for (auto& [addr, b] : allocated_) {
-    if ((b->placed && b->location == here) || b->segment->host_tier) continue;
+    if ((b->placed && b->location == here) || !b->segment->placeable()) continue;
     bytes += b->size;
     const Range r{b->ptr(), b->size};
     auto st = staged_.find(addr);
@@ -462,7 +463,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
   // streams too before it populates.
   absl::flat_hash_set<Stream> owners;
   for (auto& [addr, b] : allocated_) {
-    if (!(b->placed && b->location == here) && !b->segment->host_tier && b->stream != stream) {
+    if (!(b->placed && b->location == here) && b->segment->placeable() && b->stream != stream) {
       owners.insert(b->stream);
     }
   }
@@ -486,7 +487,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
   staging_.Reset();
   std::size_t woken = 0;
   for (auto& [addr, b] : allocated_) {
-    if (b->segment->host_tier) continue;  // it stays on the host
+    if (!b->segment->placeable()) continue;  // it stays where it is
     woken += !(b->placed && b->location == here);
     b->placed = true;
     b->location = here;

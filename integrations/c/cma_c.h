@@ -97,6 +97,30 @@ int cma_forget_stream(void* stream);
  * must call none. */
 typedef int (*cma_stream_filter_fn)(void* ctx, void* stream);
 int cma_pool_create_or_incref(int device, unsigned long long id0, unsigned long long id1);
+/* Where a pool's memory comes from when it is another allocator's (PyTorch's
+ * MemPool(allocator=...)): `alloc` returns `bytes` of memory of `device`
+ * usable on `stream`, or NULL when out of memory; `free` gives back what
+ * `alloc` returned and returns 0 (else the memory stays cached and is
+ * offered again later). Both run while cma holds the device's lock: they
+ * must call no cma_* function. `release_ctx`, if not NULL, is called exactly
+ * once: when the pool is gone and its last segment given back (possibly
+ * under cma's lock: it too must call no cma_* function), by
+ * cma_pool_create_with_source when it fails, or by cma_shutdown. */
+typedef struct cma_segment_source {
+  void* (*alloc)(void* ctx, int device, size_t bytes, void* stream);
+  int (*free)(void* ctx, int device, void* ptr, size_t bytes);
+  void (*release_ctx)(void* ctx);
+  void* ctx;
+} cma_segment_source;
+/* A new pool with one reference whose segments come from `source` (copied);
+ * from then on it is a pool like any other (cma_pool_begin, _release,
+ * _set_options, _empty_cache, checkpoints, statistics and snapshots). Its
+ * memory is not managed memory: cma never advises, prefetches, discards or
+ * moves it (cma_move and cma_advise refuse it; a Sleep leaves it alone).
+ * 0, or -1 (cma_last_error) for a bad device, a NULL source or callback, or
+ * a pool that exists already. */
+int cma_pool_create_with_source(int device, unsigned long long id0, unsigned long long id1,
+                                const cma_segment_source* source);
 int cma_pool_begin(int device, unsigned long long id0, unsigned long long id1,
                    cma_stream_filter_fn filter, void* ctx, void (*release_ctx)(void* ctx));
 /* cma_pool_begin with flags: CMA_POOL_REUSE_AFTER_JOIN is PyTorch's

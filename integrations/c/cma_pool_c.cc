@@ -1,5 +1,7 @@
 // The C ABI's pool queries and checkpoints (cma_c.h): use counts, a pool's
 // empty_cache, and the checkpoint/restore of torch.compile's cudagraph trees.
+#include <cstddef>
+#include <memory>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -13,6 +15,35 @@ struct cma_pool_checkpoint {
   cma::PoolCheckpoint state;
 };
 
+namespace {
+
+// A cma_segment_source as the core's SegmentSource; releases the caller's
+// context when the last reference (the pool's or a segment's) goes.
+class CallbackSource final : public cma::SegmentSource {
+ public:
+  explicit CallbackSource(const cma_segment_source& s) : s_(s) {}
+  ~CallbackSource() override {
+    if (s_.release_ctx != nullptr) s_.release_ctx(s_.ctx);
+  }
+  absl::StatusOr<void*> Allocate(int device, std::size_t bytes, cma::Stream stream) override {
+    void* p = s_.alloc(s_.ctx, device, bytes, reinterpret_cast<void*>(stream));
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the pool's own allocator returned no memory for a segment of ", bytes, " bytes"));
+    }
+    return p;
+  }
+  absl::Status Free(int device, void* ptr, std::size_t bytes) override {
+    if (s_.free(s_.ctx, device, ptr, bytes) == 0) return absl::OkStatus();
+    return absl::InternalError("the pool's own allocator did not take its memory back");
+  }
+
+ private:
+  const cma_segment_source s_;
+};
+
+}  // namespace
+
 using cma::CachingManagedAllocator;
 using cma::capi::Fail;
 using cma::capi::Get;
@@ -20,6 +51,22 @@ using cma::capi::Get;
 using cma::capi::WithAllocator;
 
 extern "C" {
+
+int cma_pool_create_with_source(int device, unsigned long long id0, unsigned long long id1,
+                                const cma_segment_source* source) {
+  if (source == nullptr) {
+    return Fail(absl::InvalidArgumentError("cma_pool_create_with_source: null source"));
+  }
+  // From here the context is owned: released on every path.
+  auto owned = std::make_shared<CallbackSource>(*source);
+  if (source->alloc == nullptr || source->free == nullptr) {
+    return Fail(absl::InvalidArgumentError(
+        "cma_pool_create_with_source: the source needs both alloc and free"));
+  }
+  return WithAllocator([&](CachingManagedAllocator& a) {
+    return a.CreatePoolWithSource(device, {id0, id1}, std::move(owned));
+  });
+}
 
 int cma_pool_use_count(int device, unsigned long long id0, unsigned long long id1) {
   CachingManagedAllocator* a = Get();

@@ -2,6 +2,7 @@
 // a pool's empty_cache, checkpoint/restore with its callbacks, the
 // accumulated-stat reset and the pool in the snapshot.
 #include <algorithm>
+#include <cstdlib>
 #include <utility>
 #include <vector>
 
@@ -282,6 +283,95 @@ TEST_F(PoolCApiTest, EmptyCacheInsideAPoolContextFailsWithFailedPrecondition) {
   ASSERT_EQ(cma_pool_end(0, 9, 0), 0);
   EXPECT_EQ(cma_empty_cache(), 0) << cma_last_error();
   ASSERT_EQ(cma_pool_release(0, 9, 0), 0);
+}
+
+}  // namespace
+
+namespace {
+
+// A cma_segment_source over malloc: what PyTorch's glue passes for
+// MemPool(allocator=...).
+struct MallocSource {
+  int allocs = 0, frees = 0, released = 0;
+  bool out_of_memory = false;
+};
+void* SourceAlloc(void* ctx, int, size_t bytes, void*) {
+  auto* s = static_cast<MallocSource*>(ctx);
+  if (s->out_of_memory) return nullptr;
+  ++s->allocs;
+  return aligned_alloc(4096, bytes);
+}
+int SourceFree(void* ctx, int, void* p, size_t) {
+  ++static_cast<MallocSource*>(ctx)->frees;
+  free(p);
+  return 0;
+}
+void SourceRelease(void* ctx) { ++static_cast<MallocSource*>(ctx)->released; }
+
+TEST_F(PoolCApiTest, APoolWithAnotherAllocatorIsCachedCountedAndGivenBack) {
+  MallocSource src;
+  const cma_segment_source source{&SourceAlloc, &SourceFree, &SourceRelease, &src};
+  ASSERT_EQ(cma_pool_create_with_source(0, 7, 0, &source), 0) << cma_last_error();
+  const long long segments = Json(cma_stats_json(0))["segment.all.current"].get<long long>();
+  std::vector<void*> p = InPool({512, 4096, 5 << 20});
+  EXPECT_EQ(src.allocs, 2);  // one 2 MiB segment for the small two, one 20 MiB
+  EXPECT_EQ(Json(cma_stats_json(0))["segment.all.current"].get<long long>(), segments + 2);
+  // cma does not move another allocator's memory.
+  EXPECT_EQ(cma_move(p[2], -1, nullptr, 0), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("not managed memory"));
+  for (void* q : p) ASSERT_EQ(cma_free(q), 0);
+  p = InPool({512});  // from the pool's cache
+  EXPECT_EQ(src.allocs, 2);
+  ASSERT_EQ(cma_free(p[0]), 0);
+  // The MemPool goes (PyTorch's releasePool, then emptyCache of its id).
+  ASSERT_EQ(cma_pool_release(0, 7, 0), 0);
+  EXPECT_EQ(src.released, 0);  // its segments still hold the source
+  ASSERT_EQ(cma_pool_empty_cache(0, 7, 0), 0) << cma_last_error();
+  EXPECT_EQ(src.frees, 2);
+  EXPECT_EQ(src.released, 1);
+  EXPECT_EQ(cma_pool_use_count(0, 7, 0), -1);  // gone
+}
+
+TEST_F(PoolCApiTest, ARefusedSourceIsReleasedOnceAndChangesNothing) {
+  MallocSource src;
+  cma_segment_source source{&SourceAlloc, &SourceFree, &SourceRelease, &src};
+  EXPECT_EQ(cma_pool_create_with_source(0, 7, 0, nullptr), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("null source"));
+  EXPECT_EQ(cma_pool_create_with_source(5, 7, 0, &source), -1);  // no device 5
+  EXPECT_EQ(src.released, 1);
+  source.free = nullptr;
+  EXPECT_EQ(cma_pool_create_with_source(0, 7, 0, &source), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("both alloc and free"));
+  EXPECT_EQ(src.released, 2);
+  source.free = &SourceFree;
+  ASSERT_EQ(cma_pool_create_or_incref(0, 7, 0), 0);
+  EXPECT_EQ(cma_pool_create_with_source(0, 7, 0, &source), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("exists already"));
+  EXPECT_EQ(src.released, 3);
+  EXPECT_EQ(cma_pool_use_count(0, 7, 0), 1);
+  ASSERT_EQ(cma_pool_release(0, 7, 0), 0);
+  // Out of memory in the source: cma_malloc fails as out of memory.
+  src.out_of_memory = true;
+  ASSERT_EQ(cma_pool_create_with_source(0, 8, 0, &source), 0) << cma_last_error();
+  ASSERT_EQ(cma_pool_begin(0, 8, 0, nullptr, nullptr, nullptr), 0);
+  EXPECT_EQ(cma_malloc(4096, 0, nullptr), nullptr);
+  EXPECT_EQ(cma_last_error_code(), 8);  // absl::StatusCode::kResourceExhausted
+  EXPECT_THAT(cma_last_error(), HasSubstr("own allocator returned no memory"));
+  ASSERT_EQ(cma_pool_end(0, 8, 0), 0);
+  ASSERT_EQ(cma_pool_release(0, 8, 0), 0);
+  ASSERT_EQ(cma_pool_release(0, 8, 0), 0);
+  EXPECT_EQ(src.released, 4);
+}
+
+TEST_F(PoolCApiTest, ShutdownGivesASourcesSegmentsBackAndReleasesIt) {
+  MallocSource src;
+  const cma_segment_source source{&SourceAlloc, &SourceFree, &SourceRelease, &src};
+  ASSERT_EQ(cma_pool_create_with_source(0, 7, 0, &source), 0) << cma_last_error();
+  std::vector<void*> p = InPool({512});
+  cma_shutdown();  // with the allocation live
+  EXPECT_EQ(src.frees, 1);
+  EXPECT_EQ(src.released, 1);
+  ASSERT_EQ(cma_init("", "host"), 0) << cma_last_error();  // for TearDown
 }
 
 }  // namespace

@@ -1,0 +1,309 @@
+// Pools whose segments come from another allocator (allocator/
+// segment_source.h, PyTorch's MemPool(allocator=...)): served by the same
+// caching engine as cma's own pools, in arena mode (the default) and
+// classic, on the host backend.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "tests/mempool_test_util.h"
+
+namespace cma {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+// Host memory handed out as "another allocator's": every call is logged.
+struct SourceLog {
+  std::vector<std::size_t> allocs;  // sizes asked for
+  std::vector<std::size_t> frees;
+  std::map<std::uintptr_t, std::size_t> live;
+  bool fail_alloc = false;  // out of memory
+  bool fail_free = false;
+  bool destroyed = false;
+};
+
+class FakeSource final : public SegmentSource {
+ public:
+  explicit FakeSource(SourceLog* log) : log_(log) {}
+  ~FakeSource() override { log_->destroyed = true; }
+  absl::StatusOr<void*> Allocate(int, std::size_t bytes, Stream) override {
+    if (log_->fail_alloc) return absl::ResourceExhaustedError("fake allocator: out of memory");
+    void* p = std::aligned_alloc(4096, bytes);
+    log_->allocs.push_back(bytes);
+    log_->live[reinterpret_cast<std::uintptr_t>(p)] = bytes;
+    return p;
+  }
+  absl::Status Free(int, void* ptr, std::size_t bytes) override {
+    if (log_->fail_free) return absl::InternalError("fake allocator: refused");
+    auto it = log_->live.find(reinterpret_cast<std::uintptr_t>(ptr));
+    EXPECT_NE(it, log_->live.end());
+    if (it == log_->live.end()) return absl::InternalError("not ours");
+    EXPECT_EQ(it->second, bytes);
+    log_->live.erase(it);
+    log_->frees.push_back(bytes);
+    std::free(ptr);
+    return absl::OkStatus();
+  }
+
+ private:
+  SourceLog* log_;
+};
+
+class PoolSourceTest : public MemPoolFixture, public ::testing::WithParamInterface<const char*> {
+ protected:
+  void SetUp() override { Remake(GetParam()); }
+  void TearDown() override {
+    MemPoolFixture::TearDown();  // destroys the allocator: every segment goes back
+    EXPECT_TRUE(log_.live.empty());
+    EXPECT_TRUE(log_.destroyed);
+  }
+  void MakePool(MemPoolId id) {
+    ASSERT_TRUE(alloc_->CreatePoolWithSource(0, id, std::make_shared<FakeSource>(&log_)).ok());
+  }
+  // The end of a pool context, as PyTorch's use_mem_pool ends it: the
+  // context's reference goes too.
+  void EndContext(MemPoolId id) {
+    ASSERT_TRUE(alloc_->EndAllocateToPool(0, id).ok());
+    ASSERT_TRUE(alloc_->ReleasePool(0, id).ok());
+  }
+  bool InSource(void* p) const {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    auto it = log_.live.upper_bound(a);
+    if (it == log_.live.begin()) return false;
+    --it;
+    return a < it->first + it->second;
+  }
+  // Backend calls that place or give back managed memory.
+  std::int64_t PlacementCalls() {
+    std::int64_t n = 0;
+    for (const char* m : {"Prefetch", "PrefetchBatch", "DiscardBatch", "DiscardAndPrefetchBatch",
+                          "Advise", "FreeManaged"}) {
+      n += backend_->CallCount(m);
+    }
+    return n;
+  }
+  SourceLog log_;
+};
+
+TEST_P(PoolSourceTest, SegmentsComeFromTheSourceWithPyTorchsSizesAndAreCachedPerPool) {
+  const MemPoolId pool{5, 0};
+  MakePool(pool);
+  const DeviceStats before = Stats();
+  const std::int64_t managed = backend_->CallCount("AllocateManaged") +
+                               backend_->CallCount("ReserveManaged");
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
+  void* a = Alloc(512, 0, s1_);
+  void* b = Alloc(1000, 0, s1_);        // the same 2 MiB segment, split
+  void* c = Alloc(5 * kMiB, 0, s1_);    // a 20 MiB one
+  void* d = Alloc(31 * kMiB, 0, s1_);   // the request rounded to 2 MiB
+  const DeviceStats in = Stats();
+  void* shared = Alloc(512, 0, s2_);    // another stream: the shared cache
+  for (void* p : {a, b, c, d}) EXPECT_TRUE(InSource(p));
+  EXPECT_FALSE(InSource(shared));
+  EXPECT_THAT(log_.allocs, ::testing::ElementsAre(2 * kMiB, 20 * kMiB, 32 * kMiB));
+  EXPECT_EQ(in.segment[kSmallPool].current - before.segment[kSmallPool].current, 1);
+  EXPECT_EQ(in.segment[kLargePool].current - before.segment[kLargePool].current, 2);
+  EXPECT_GE(in.reserved_bytes[kAllPools].current - before.reserved_bytes[kAllPools].current,
+            static_cast<std::int64_t>(54 * kMiB));
+  // Freed and allocated again in the pool: the cache serves, no new segment.
+  ASSERT_TRUE(alloc_->Free(c).ok());
+  void* c2 = Alloc(5 * kMiB, 0, s1_);
+  EXPECT_EQ(c2, c);
+  EXPECT_EQ(log_.allocs.size(), 3u);
+  EndContext(pool);
+  // Nothing was placed, advised or discarded; no managed memory was taken
+  // for the pool.
+  EXPECT_EQ(backend_->CallCount("AllocateManaged") + backend_->CallCount("ReserveManaged") -
+                managed,
+            1);  // the shared cache's one segment or arena
+  ExpectInvariants();
+  for (void* p : {a, b, c2, d, shared}) ASSERT_TRUE(alloc_->Free(p).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_TRUE(log_.live.empty());
+  EXPECT_EQ(log_.frees.size(), 3u);
+  EXPECT_TRUE(log_.destroyed);  // the pool is gone and so are its segments
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 0);
+}
+
+TEST_P(PoolSourceTest, NoPlacementCallTouchesTheSourcesMemory) {
+  const MemPoolId pool{5, 0};
+  MakePool(pool);
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
+  void* a = Alloc(3 * kMiB, 0, s1_);
+  EndContext(pool);
+  std::memset(a, 0x5a, 3 * kMiB);
+  const std::int64_t calls = PlacementCalls();
+  // Move and advice are refused, naming why; nothing changes.
+  const std::string fingerprint = Fingerprint(*alloc_);
+  absl::Status m = alloc_->Move(a, Location::Host(), s1_);
+  EXPECT_EQ(m.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(m.message(), HasSubstr("not managed memory"));
+  AllocationHints hints;
+  hints.read_mostly = true;
+  absl::Status h = alloc_->SetHints(a, hints);
+  EXPECT_EQ(h.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(h.message(), HasSubstr("not managed memory"));
+  EXPECT_EQ(Fingerprint(*alloc_), fingerprint);
+  // A Sleep, even one that discards everything, leaves it where it is.
+  ASSERT_TRUE(alloc_->Sleep(0, s1_, SleepLevel::kDiscard).ok());
+  ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+  EXPECT_EQ(PlacementCalls(), calls);
+  EXPECT_EQ(static_cast<unsigned char*>(a)[3 * kMiB - 1], 0x5a);
+  ASSERT_TRUE(backend_->CompleteWork(s1_).ok());
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  ExpectInvariants();
+}
+
+TEST_P(PoolSourceTest, ADissolvedPoolsMemoryNeverServesTheSharedCache) {
+  const MemPoolId pool{5, 0};
+  MakePool(pool);
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
+  void* a = Alloc(4 * kMiB, 0, s1_);
+  EndContext(pool);
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  ASSERT_TRUE(alloc_->Free(a).ok());  // dissolved: its segment waits to go back
+  EXPECT_FALSE(log_.destroyed);
+  for (int i = 0; i < 4; ++i) {
+    void* p = Alloc(4 * kMiB, 0, s1_);
+    EXPECT_FALSE(InSource(p));
+    ASSERT_TRUE(alloc_->Free(p).ok());
+  }
+  ExpectInvariants();
+  // Released, the pool is known until its memory has gone back: its id
+  // cannot be given another allocator meanwhile.
+  SourceLog other;
+  EXPECT_EQ(alloc_->CreatePoolWithSource(0, pool, std::make_shared<FakeSource>(&other)).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_TRUE(log_.live.empty());
+  EXPECT_TRUE(log_.destroyed);
+  // Then the id is free: a new pool, with a new source.
+  SourceLog third;
+  ASSERT_TRUE(alloc_->CreatePoolWithSource(0, pool, std::make_shared<FakeSource>(&third)).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  EXPECT_TRUE(third.destroyed);
+}
+
+TEST_P(PoolSourceTest, ALivePoolKeepsItsSegmentsThroughEmptyCache) {
+  const MemPoolId pool{5, 0};
+  MakePool(pool);
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
+  void* a = Alloc(4 * kMiB, 0, s1_);
+  EndContext(pool);
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  ASSERT_TRUE(alloc_->EmptyPoolCache(0, pool).ok());  // referenced: kept
+  EXPECT_EQ(log_.live.size(), 1u);
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  EXPECT_FALSE(log_.destroyed);  // its segment still holds it
+  ASSERT_TRUE(alloc_->EmptyPoolCache(0, pool).ok());
+  EXPECT_TRUE(log_.live.empty());
+  EXPECT_TRUE(log_.destroyed);
+}
+
+TEST_P(PoolSourceTest, OutOfMemoryFromTheSourceOrTheBudgetChangesNothing) {
+  const MemPoolId pool{5, 0};
+  MakePool(pool);
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
+  void* a = Alloc(512, 0, s1_);
+  const DeviceStats before = Stats();
+  log_.fail_alloc = true;
+  absl::StatusOr<void*> b = alloc_->Allocate(4 * kMiB, 0, s1_);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(b.status().message(), HasSubstr("fake allocator: out of memory"));
+  log_.fail_alloc = false;
+  EndContext(pool);
+  // The source's memory counts against the budget (a memory fraction).
+  ASSERT_TRUE(alloc_->SetMemoryFraction(8.0 * kMiB / (std::size_t{1} << 30), 0).ok());
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
+  absl::StatusOr<void*> c = alloc_->Allocate(12 * kMiB, 0, s1_);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(c.status().message(), HasSubstr("budget"));
+  EXPECT_EQ(log_.allocs.size(), 1u);  // the budget refused before the source was asked
+  EndContext(pool);
+  // Only the out-of-memory counters moved.
+  const DeviceStats after = Stats();
+  EXPECT_EQ(after.num_ooms - before.num_ooms, 2);
+  EXPECT_EQ(after.segment[kAllPools].current, before.segment[kAllPools].current);
+  EXPECT_EQ(after.reserved_bytes[kAllPools].current, before.reserved_bytes[kAllPools].current);
+  EXPECT_EQ(after.allocated_bytes[kAllPools].current, before.allocated_bytes[kAllPools].current);
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  ExpectInvariants();
+}
+
+TEST_P(PoolSourceTest, AFailedFreeKeepsTheSegmentCachedUntilTheNextRelease) {
+  const MemPoolId pool{5, 0};
+  MakePool(pool);
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
+  void* a = Alloc(4 * kMiB, 0, s1_);
+  EndContext(pool);
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  log_.fail_free = true;
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(log_.live.size(), 1u);
+  EXPECT_EQ(Stats().segment[kAllPools].current >= 1, true);
+  ExpectInvariants();
+  log_.fail_free = false;
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_TRUE(log_.live.empty());
+}
+
+TEST_P(PoolSourceTest, AUseOnOomPoolLendsItsFreeBlockAndGetsItBack) {
+  const MemPoolId pool{5, 0};
+  MakePool(pool);
+  ASSERT_TRUE(alloc_->SetPoolOptions(0, pool, {.no_split = false, .use_on_oom = true}).ok());
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
+  void* a = Alloc(12 * kMiB, 0, s1_);
+  EndContext(pool);
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  // The shared cache has no room left: the pool's free block serves.
+  ASSERT_TRUE(alloc_->SetMemoryFraction(12.0 * kMiB / (std::size_t{1} << 30), 0).ok());
+  absl::StatusOr<void*> b = alloc_->Allocate(12 * kMiB, 0, s1_);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(*b, a);
+  ASSERT_TRUE(alloc_->Free(*b).ok());
+  EXPECT_EQ(log_.allocs.size(), 1u);
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  ExpectInvariants();
+}
+
+TEST_P(PoolSourceTest, BadInputIsRefusedAndChangesNothing) {
+  const MemPoolId pool{5, 0};
+  EXPECT_EQ(alloc_->CreatePoolWithSource(0, pool, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(alloc_->CreatePoolWithSource(3, pool, std::make_shared<FakeSource>(&log_)).code(),
+            absl::StatusCode::kInvalidArgument);  // no device 3
+  EXPECT_TRUE(log_.destroyed);  // the refused source was dropped
+  log_.destroyed = false;
+  MakePool(pool);
+  SourceLog other;
+  absl::Status again =
+      alloc_->CreatePoolWithSource(0, pool, std::make_shared<FakeSource>(&other));
+  EXPECT_EQ(again.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(again.message(), HasSubstr("exists already"));
+  EXPECT_TRUE(other.destroyed);
+  EXPECT_EQ(*alloc_->GetPoolUseCount(0, pool), 1);
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  EXPECT_TRUE(log_.destroyed);  // no segment: gone with its pool
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, PoolSourceTest,
+                         ::testing::Values("", "segments:classic"),
+                         [](const auto& info) {
+                           return std::string(info.param[0] == '\0' ? "Arena" : "Classic");
+                         });
+
+}  // namespace
+}  // namespace cma
