@@ -1,6 +1,6 @@
-// Private pools take the shared cache's room in chunks of their own, and
-// PyTorch's MemPool(no_split=True, use_on_oom=True) (allocator/mempool.h
-// PoolOptions), on the host backend.
+// Private pools grow by segments of their own, and PyTorch's
+// MemPool(no_split=True, use_on_oom=True) (allocator/mempool.h PoolOptions),
+// on the host backend.
 #include <cstdint>
 
 #include "gmock/gmock.h"
@@ -66,11 +66,11 @@ TEST_F(MemPoolOptionsTest, APoolTakesASegmentOfItsOwn) {
   EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 0);
 }
 
-// no_split: each allocation is a whole chunk (a 4 MiB request gets a 20 MiB
-// block, as PyTorch's 20 MiB segment), is reused whole, never merges with
-// its free neighbours while the pool lives, and rejoins the shared cache
-// (merging there) once the pool is gone.
-TEST_F(MemPoolOptionsTest, NoSplitHandsOutWholeChunksThatNeverMerge) {
+// no_split: each allocation is a whole segment of its own of the request's
+// segment size (a 4 MiB request gets a 20 MiB block, as PyTorch's 20 MiB
+// segment), is reused whole, and is never split: once the pool is gone no
+// free block is left split.
+TEST_F(MemPoolOptionsTest, NoSplitHandsOutWholeSegmentsAndReusesThemWhole) {
   ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
   ASSERT_TRUE(alloc_->SetPoolOptions(0, kPool, {.no_split = true}).ok());
   void* a = InPool(4 * kMiB, s1_);
@@ -80,18 +80,18 @@ TEST_F(MemPoolOptionsTest, NoSplitHandsOutWholeChunksThatNeverMerge) {
   EXPECT_EQ(BlockAt(a).requested, 4 * kMiB);
   ASSERT_TRUE(alloc_->Free(a).ok());
   ASSERT_TRUE(alloc_->Free(b).ok());
-  ExpectInvariants();  // two free neighbours of one stream and pool, unmerged on purpose
+  ExpectInvariants();  // two free blocks of one stream and pool, each a whole segment
   EXPECT_EQ(BlockAt(a).size, 20 * kMiB);
-  void* c = InPool(3 * kMiB, s1_);  // a cached block of this size's chunk serves whole
+  void* c = InPool(3 * kMiB, s1_);  // a cached 20 MiB segment (its segment size too) serves whole
   EXPECT_TRUE(c == a || c == b);
   EXPECT_EQ(BlockAt(c).size, 20 * kMiB);
-  void* d = InPool(30 * kMiB, s1_);  // too big for either: a chunk of its own
+  void* d = InPool(30 * kMiB, s1_);  // too big for either: a segment of its own
   EXPECT_EQ(BlockAt(d).size, 30 * kMiB);
   for (void* x : {c, d}) ASSERT_TRUE(alloc_->Free(x).ok());
   ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
   ExpectInvariants();
   const std::int64_t split = alloc_->GetStats(0)->inactive_split[kAllPools].current;
-  EXPECT_EQ(split, 0);  // all merged back into the shared cache
+  EXPECT_EQ(split, 0);  // every segment the pool had is still one whole block
 }
 
 // use_on_oom: when the device is full, a live pool's free block serves an
@@ -165,10 +165,10 @@ TEST_F(MemPoolOptionsTest, UseOnOomLendsNothingToAnotherPoolsCapture) {
   ExpectInvariants();
 }
 
-// no_split never takes more than a chunk's worth: not a whole cached shared
-// segment (classic segments), nor a far larger block of its own for a tiny
-// request. (Review.)
-TEST_F(MemPoolOptionsTest, NoSplitTakesAChunkNotAWholeSegment) {
+// no_split never takes more than the request's segment size: a segment of
+// its own of that size, not a whole cached shared segment (classic
+// segments). (Review.)
+TEST_F(MemPoolOptionsTest, NoSplitTakesASegmentOfTheRequestsSizeNotACachedSharedOne) {
   Remake("segments:classic");
   void* shared = Alloc(500 * kMiB, 0, s1_);
   ASSERT_TRUE(alloc_->Free(shared).ok());  // a 500 MiB cached shared segment
@@ -181,7 +181,9 @@ TEST_F(MemPoolOptionsTest, NoSplitTakesAChunkNotAWholeSegment) {
   ExpectInvariants();
 }
 
-TEST_F(MemPoolOptionsTest, NoSplitServesATinyRequestFromAChunkOfItsSize) {
+// Nor a far larger free segment of the pool's own for a tiny request: a new
+// segment of the tiny request's segment size (2 MiB) serves it. (Review.)
+TEST_F(MemPoolOptionsTest, NoSplitServesATinyRequestFromASegmentOfItsSizeNotALargeFreeOne) {
   ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
   ASSERT_TRUE(alloc_->SetPoolOptions(0, kPool, {.no_split = true}).ok());
   void* a = InPool(300 * kMiB, s1_);
