@@ -25,6 +25,13 @@ class MemPoolOptionsTest : public MemPoolFixture {
     ADD_FAILURE() << "no block at " << p;
     return {};
   }
+  // Creates kPool and sets its options, as PyTorch's MemPool(no_split=,
+  // use_on_oom=) does.
+  absl::Status PoolWith(PoolOptions options) {
+    absl::Status created = alloc_->CreateOrIncrefPool(0, kPool);
+    if (!created.ok()) return created;
+    return alloc_->SetPoolOptions(0, kPool, options);
+  }
   void* InPool(std::size_t bytes, Stream s) {
     EXPECT_TRUE(alloc_->BeginAllocateToPool(0, kPool, nullptr).ok());
     void* p = Alloc(bytes, 0, s);
@@ -71,8 +78,7 @@ TEST_F(MemPoolOptionsTest, APoolTakesASegmentOfItsOwn) {
 // segment), is reused whole, and is never split: once the pool is gone no
 // free block is left split.
 TEST_F(MemPoolOptionsTest, NoSplitHandsOutWholeSegmentsAndReusesThemWhole) {
-  ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
-  ASSERT_TRUE(alloc_->SetPoolOptions(0, kPool, {.no_split = true}).ok());
+  ASSERT_TRUE(PoolWith({.no_split = true}).ok());
   void* a = InPool(4 * kMiB, s1_);
   void* b = InPool(4 * kMiB, s1_);
   EXPECT_EQ(BlockAt(a).size, 20 * kMiB);
@@ -97,8 +103,7 @@ TEST_F(MemPoolOptionsTest, NoSplitHandsOutWholeSegmentsAndReusesThemWhole) {
 // use_on_oom: when the device is full, a live pool's free block serves an
 // allocation from elsewhere, as that pool's; a released pool's never does.
 TEST_F(MemPoolOptionsTest, UseOnOomLendsALivePoolsFreeBlockAndOnlyThen) {
-  ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
-  ASSERT_TRUE(alloc_->SetPoolOptions(0, kPool, {.use_on_oom = true}).ok());
+  ASSERT_TRUE(PoolWith({.use_on_oom = true}).ok());
   void* cached = InPool(200 * kMiB, s1_);
   ASSERT_TRUE(alloc_->Free(cached).ok());  // the pool's, populated, kept
   void* big = Alloc(800 * kMiB, 0, s1_);  // the 1 GiB device is now nearly full
@@ -117,8 +122,7 @@ TEST_F(MemPoolOptionsTest, UseOnOomLendsALivePoolsFreeBlockAndOnlyThen) {
 }
 
 TEST_F(MemPoolOptionsTest, UseOnOomSkipsAReleasedPool) {
-  ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
-  ASSERT_TRUE(alloc_->SetPoolOptions(0, kPool, {.use_on_oom = true}).ok());
+  ASSERT_TRUE(PoolWith({.use_on_oom = true}).ok());
   void* held = InPool(100 * kMiB, s1_);  // keeps the pool alive after its release
   void* cached = InPool(200 * kMiB, s1_);
   ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());  // no reference left (PyTorch: deleted)
@@ -140,8 +144,7 @@ TEST_F(MemPoolOptionsTest, UseOnOomSkipsAReleasedPool) {
 // borrower's graph replays into it (PyTorch: "just oom"). (Review.)
 TEST_F(MemPoolOptionsTest, UseOnOomLendsNothingToAnotherPoolsCapture) {
   constexpr MemPoolId kOther{2, 0};
-  ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
-  ASSERT_TRUE(alloc_->SetPoolOptions(0, kPool, {.use_on_oom = true}).ok());
+  ASSERT_TRUE(PoolWith({.use_on_oom = true}).ok());
   void* cached = InPool(200 * kMiB, s1_);
   ASSERT_TRUE(alloc_->Free(cached).ok());
   void* big = Alloc(800 * kMiB, 0, s1_);
@@ -172,8 +175,7 @@ TEST_F(MemPoolOptionsTest, NoSplitTakesASegmentOfTheRequestsSizeNotACachedShared
   Remake("segments:classic");
   void* shared = Alloc(500 * kMiB, 0, s1_);
   ASSERT_TRUE(alloc_->Free(shared).ok());  // a 500 MiB cached shared segment
-  ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
-  ASSERT_TRUE(alloc_->SetPoolOptions(0, kPool, {.no_split = true}).ok());
+  ASSERT_TRUE(PoolWith({.no_split = true}).ok());
   void* p = InPool(12 * kMiB, s1_);
   EXPECT_EQ(BlockAt(p).size, 12 * kMiB);  // the request's segment size, as PyTorch's
   ASSERT_TRUE(alloc_->Free(p).ok());
@@ -184,8 +186,7 @@ TEST_F(MemPoolOptionsTest, NoSplitTakesASegmentOfTheRequestsSizeNotACachedShared
 // Nor a far larger free segment of the pool's own for a tiny request: a new
 // segment of the tiny request's segment size (2 MiB) serves it. (Review.)
 TEST_F(MemPoolOptionsTest, NoSplitServesATinyRequestFromASegmentOfItsSizeNotALargeFreeOne) {
-  ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
-  ASSERT_TRUE(alloc_->SetPoolOptions(0, kPool, {.no_split = true}).ok());
+  ASSERT_TRUE(PoolWith({.no_split = true}).ok());
   void* a = InPool(300 * kMiB, s1_);
   ASSERT_TRUE(alloc_->Free(a).ok());
   void* t = InPool(512, s1_);
