@@ -58,29 +58,37 @@ def time_allreduce(buf, iters):
     return start.elapsed_time(end) * 1e3 / iters  # microseconds per all-reduce
 
 
-_graphs = {}
+def capture_allreduce(buf, iters):
+    """`iters` in-place all-reduces of `buf` captured in a CUDA graph, after a warm-up."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            dist.all_reduce(buf)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(iters):
+            dist.all_reduce(buf)
+    return g
+
+
+# A capture fixes what its replays cost (run 4 of bench/results/h200x2_nccl_windows: the same
+# buffer's graph differed by a quarter between captures, steady across replays), so each round
+# captures afresh. CMA_BENCH_CAPTURE_ONCE restores the old way (runs 2-4): one capture per buffer
+# and size, kept in _captured_once and replayed every round.
+CAPTURE_ONCE = os.environ.get("CMA_BENCH_CAPTURE_ONCE") is not None
+_captured_once = {}  # (buffer name, elements) -> its graph; filled only under CAPTURE_ONCE
 
 
 def time_allreduce_graph(name, buf, iters):
-    key = (name, buf.numel())
-    # A capture fixes what its replays cost (run 4 of bench/results/h200x2_nccl_windows: the
-    # same buffer's graph differed by a quarter between captures, steady across replays), so
-    # each round captures afresh unless CMA_BENCH_CAPTURE_ONCE is set.
-    if os.environ.get("CMA_BENCH_CAPTURE_ONCE") is None:
-        _graphs.pop(key, None)
-    if key not in _graphs:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                dist.all_reduce(buf)
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(iters):
-                dist.all_reduce(buf)
-        _graphs[key] = g
-    g = _graphs[key]
+    if CAPTURE_ONCE:
+        key = (name, buf.numel())
+        if key not in _captured_once:
+            _captured_once[key] = capture_allreduce(buf, iters)
+        g = _captured_once[key]
+    else:
+        g = capture_allreduce(buf, iters)
     g.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
@@ -185,7 +193,7 @@ def main(out_path, probe=False):
             for s in SIZES:
                 results[f"ratios_{mode}"][str(s)]["torch_symm_b/torch_symm"] = statistics.median(
                     b / a for b, a in zip(samples["torch_symm_b"][s], samples["torch_symm"][s]))
-    _graphs.clear()
+    _captured_once.clear()  # CMA_BENCH_CAPTURE_ONCE's graphs, freed before the windows' release
 
     # ---- release before the communicator goes
     released = sm.release_nccl_windows()
