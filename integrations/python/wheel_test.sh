@@ -37,9 +37,7 @@ for name, digest, size in rows:
     assert digest == want and int(size) == len(data), ("bad RECORD entry", name)
 for must in ("cma/__init__.py", "cma/_lib.py", "cma/torch.py", "cma/torch_allocator.py",
              "cma/torch_allocator.cc", "cma/torch_allocator_history.cc",
-             "cma/torch_allocator.h", "cma/torch_foreign_pool.cc",
-             "cma/torch_foreign_pool_stats.cc",
-             "cma/torch_foreign_pool.h", "cma/torch_capture_watch.cc",
+             "cma/torch_allocator.h", "cma/torch_capture_watch.cc",
              "cma/torch_capture_watch.h", "cma/torch_cpu_allocator.cc", "cma/cupy.py",
              "cma/numba.py", "cma/symmetric.py", "cma/libcma.so", "cma/include/cma_c.h"):
     assert must in names, must

@@ -11,8 +11,8 @@ caching_allocator_alloc, set_per_process_memory_fraction (cma's managed
 budget), OOM observers, and torch.OutOfMemoryError on out-of-memory.
 A MemPool with another allocator (MemPool(allocator), e.g. a
 CUDAPluggableAllocator or NCCL's mem_allocator) takes its memory from that
-allocator, cached per pool as PyTorch's native allocator does
-(torch_foreign_pool.h). MemPool(no_split=True) and MemPool(use_on_oom=True)
+allocator: it is one of cma's pools whose segments that allocator makes
+(cma_pool_create_with_source), cached as every pool is. MemPool(no_split=True) and MemPool(use_on_oom=True)
 work on cma's own pools too (allocator/mempool.h PoolOptions).
 Not supported, with an error naming cma: CUDA IPC of tensors
 (torch.multiprocessing sharing: managed memory has no cudaIpc handle).

@@ -62,30 +62,52 @@ void FillStatArray(const StatMap& m, const std::string& name, c10::CachingAlloca
 CmaCudaAllocator* g_allocator = nullptr;
 
 void Delete(void* ptr) { g_allocator->DeleteFromDataPtr(ptr); }
-void DeleteForeign(void* ptr) { g_allocator->DeleteForeignFromDataPtr(ptr); }
 
-// ---- private pools (torch_allocator.h): cma's core pools, and MemPools with
-// their own allocator (torch_foreign_pool.h) ----
+// ---- private pools (torch_allocator.h): all of them cma's core pools ----
+
+namespace {
+
+// MemPool(allocator): the pool's segments come from that allocator, through
+// cma's C ABI (cma_segment_source). The callbacks run under cma's lock and
+// must not throw across it.
+struct ForeignSource {
+  std::shared_ptr<cca::CUDAAllocator> allocator;
+};
+
+void* ForeignAlloc(void* ctx, int device, size_t bytes, void* stream) {
+  try {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    return static_cast<ForeignSource*>(ctx)->allocator->raw_alloc_with_stream(
+        bytes, static_cast<cudaStream_t>(stream));
+  } catch (...) {  // cma reports it as out of memory (no warning: its handler may want the GIL)
+    return nullptr;
+  }
+}
+
+int ForeignFree(void* ctx, int device, void* ptr, size_t) {
+  try {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    static_cast<ForeignSource*>(ctx)->allocator->raw_delete(ptr);
+    return 0;
+  } catch (...) {  // the segment stays cached; cma offers it again
+    return -1;
+  }
+}
+
+void ForeignRelease(void* ctx) { delete static_cast<ForeignSource*>(ctx); }
+
+}  // namespace
 
 void CmaCudaAllocator::createOrIncrefPool(c10::DeviceIndex device, Pool pool,
                                           std::shared_ptr<cca::CUDAAllocator> allocator) {
   if (allocator != nullptr && allocator.get() != this) {
-    // MemPool(allocator): the pool's memory comes from that allocator.
-    size_t free_bytes = 0, total = 0;
-    if (api.mem_info(device, &free_bytes, &total) != 0) Fail("createOrIncrefPool");
-    if (api.pool_use_count(device, pool.first, pool.second) >= 0) {
-      char msg[200];
-      std::snprintf(msg, sizeof(msg),
-                    "caching_managed_allocator: createOrIncrefPool: pool (%llu, %llu) exists "
-                    "already as one of cma's pools; another allocator cannot be given to it",
-                    static_cast<unsigned long long>(pool.first),
-                    static_cast<unsigned long long>(pool.second));
-      TORCH_CHECK(false, std::string(msg));
+    const cma_segment_source source{&ForeignAlloc, &ForeignFree, &ForeignRelease,
+                                    new ForeignSource{std::move(allocator)}};
+    if (api.pool_create_with_source(device, pool.first, pool.second, &source) != 0) {
+      Fail("createOrIncrefPool");  // cma released the source
     }
-    foreign_.Create(device, pool, std::move(allocator));
     return;
   }
-  if (foreign_.Incref(device, pool)) return;
   if (api.pool_create_or_incref(device, pool.first, pool.second) != 0) {
     Fail("createOrIncrefPool");
   }
@@ -94,23 +116,7 @@ void CmaCudaAllocator::createOrIncrefPool(c10::DeviceIndex device, Pool pool,
 void CmaCudaAllocator::beginAllocateToPool(c10::DeviceIndex device, Pool pool,
                                            std::function<bool(cudaStream_t)> filter) {
   auto shared = std::make_shared<const std::function<bool(cudaStream_t)>>(std::move(filter));
-  if (foreign_.Knows(device, pool)) {
-    // cma's core keeps a context open beside it that routes nothing there
-    // but keeps the core quiet, as any open context does (a CUDA graph may
-    // be captured into this pool). Opened first: a failure changes nothing.
-    if (api.pool_begin_flags(device, pool.first, pool.second, &RejectAll, nullptr, nullptr, 0) !=
-        0) {
-      Fail("beginAllocateToPool");
-    }
-    if (foreign_.Begin(device, pool, shared)) {
-      captures_.Begin(device, pool, shared, c10::cuda::getCurrentCUDAStream(device).stream());
-      return;
-    }
-    // Released and emptied meanwhile by another thread: the pool is cma's now.
-    (void)api.pool_end(device, pool.first, pool.second);
-    (void)api.pool_release(device, pool.first, pool.second);
-  }
-  auto* ctx = new ForeignPools::Filter(shared);  // cma's core deletes it (DeleteFilter)
+  auto* ctx = new Filter(shared);  // cma's core deletes it (DeleteFilter)
   // PyTorch's setting as it stands when the capture begins
   // (torch.cuda.memory._set_allocator_settings changes it between captures).
   const unsigned flags = cca::CUDAAllocatorConfig::graph_capture_record_stream_reuse()
@@ -120,8 +126,8 @@ void CmaCudaAllocator::beginAllocateToPool(c10::DeviceIndex device, Pool pool,
                            flags) != 0) {
     Fail("beginAllocateToPool");
   }
-  captures_.Begin(device, pool, shared, c10::cuda::getCurrentCUDAStream(device).stream());
-  foreign_.NoteCmaBegin(device, pool, std::move(shared));
+  captures_.Begin(device, pool, std::move(shared),
+                  c10::cuda::getCurrentCUDAStream(device).stream());
 }
 
 void CmaCudaAllocator::endAllocateToPool(c10::DeviceIndex device, Pool pool) {
@@ -144,30 +150,18 @@ void CmaCudaAllocator::EndFailedCaptures() {
 }
 
 void CmaCudaAllocator::EndContext(c10::DeviceIndex device, Pool pool) {
-  if (foreign_.End(device, pool, /*foreign=*/true)) {
-    // The core's quiet context, and the reference its begin took.
-    if (api.pool_end(device, pool.first, pool.second) != 0 ||
-        api.pool_release(device, pool.first, pool.second) != 0) {
-      Fail("endAllocateToPool");
-    }
-    return;
-  }
   if (api.pool_end(device, pool.first, pool.second) != 0) Fail("endAllocateToPool");
-  foreign_.End(device, pool, /*foreign=*/false);
 }
 
 void CmaCudaAllocator::releasePool(c10::DeviceIndex device, Pool pool) {
   // Called from CUDAGraph's and MemPool's destructors: it must not throw.
-  if (foreign_.Release(device, pool)) return;
   if (api.pool_release(device, pool.first, pool.second) != 0) {
     TORCH_WARN("caching_managed_allocator: releasePool: ", LastError());
   }
 }
 
 int CmaCudaAllocator::getPoolUseCount(c10::DeviceIndex device, Pool pool) {
-  int n = 0;
-  if (foreign_.UseCount(device, pool, &n)) return n;
-  n = api.pool_use_count(device, pool.first, pool.second);
+  const int n = api.pool_use_count(device, pool.first, pool.second);
   return n < 0 ? 0 : n;  // a released, empty pool has no users (PyTorch's answer too)
 }
 
@@ -176,7 +170,6 @@ int CmaCudaAllocator::getPoolUseCount(c10::DeviceIndex device, Pool pool) {
 // destructor never runs, so the reference just taken is given back first
 // (else the pool would never be released).
 void CmaCudaAllocator::setUseOnOOM(c10::DeviceIndex device, Pool pool, bool use_on_oom) {
-  if (foreign_.SetUseOnOOM(device, pool, use_on_oom)) return;
   // MemPool's destructor turns it off once the pool may be gone: no error then.
   if (api.pool_set_options(device, pool.first, pool.second, -1, use_on_oom ? 1 : 0) != 0 &&
       use_on_oom) {
@@ -186,7 +179,6 @@ void CmaCudaAllocator::setUseOnOOM(c10::DeviceIndex device, Pool pool, bool use_
 }
 
 void CmaCudaAllocator::setNoSplit(c10::DeviceIndex device, Pool pool) {
-  if (foreign_.SetNoSplit(device, pool)) return;
   if (api.pool_set_options(device, pool.first, pool.second, 1, -1) != 0) {
     (void)api.pool_release(device, pool.first, pool.second);
     Fail("setNoSplit");
@@ -195,8 +187,6 @@ void CmaCudaAllocator::setNoSplit(c10::DeviceIndex device, Pool pool) {
 
 bool CmaCudaAllocator::checkPoolLiveAllocations(c10::DeviceIndex device, Pool pool,
                                                 const std::unordered_set<void*>& expected) {
-  bool same = false;
-  if (foreign_.CheckLive(device, pool, expected, &same)) return same;
   std::vector<void*> ptrs(expected.begin(), expected.end());
   const int r = api.pool_check_live(device, pool.first, pool.second, ptrs.data(), ptrs.size());
   if (r < 0) Fail("checkPoolLiveAllocations");
@@ -244,6 +234,7 @@ void install(const std::string& library) {
   Resolve(h, "cma_stats_pairs", api.stats_pairs);
   Resolve(h, "cma_snapshot_visit", api.snapshot_visit);
   Resolve(h, "cma_pool_create_or_incref", api.pool_create_or_incref);
+  Resolve(h, "cma_pool_create_with_source", api.pool_create_with_source);
   Resolve(h, "cma_pool_begin_flags", api.pool_begin_flags);
   Resolve(h, "cma_pool_end", api.pool_end);
   Resolve(h, "cma_pool_release", api.pool_release);

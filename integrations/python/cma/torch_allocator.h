@@ -8,17 +8,15 @@
 // Every virtual of the interface is served by cma through its C ABI
 // (cma_c.h, resolved from the libcma.so that cma._lib loaded) or raises an
 // error naming cma and the method. A MemPool given another allocator
-// (MemPool(allocator=...)) is served from that allocator, cached per pool
-// here in the glue (torch_foreign_pool.h). PyTorch's own Python functions
+// (MemPool(allocator=...)) is one of cma's pools whose segments come from
+// that allocator (cma_pool_create_with_source). PyTorch's own Python functions
 // (torch.cuda.memory_stats, _snapshot, _record_memory_history, MemPool,
 // torch.cuda.graph, caching_allocator_alloc, OOM observers) then reach cma
 // unpatched.
 //
 // Thread safety: every method may be called from any thread. The allocation
 // and free paths take no lock of this file unless history recording, a trace
-// tracker or the memory profiler is on, or a context of a foreign-allocator
-// pool is open (then allocations consult its routing; cma's own frees never
-// do: foreign blocks have their own deleter).
+// tracker or the memory profiler is on.
 //
 // Formatting: numbers are formatted with snprintf and only strings reach
 // c10's message builders (formatting a number through an iostream in this
@@ -52,7 +50,6 @@
 
 #include "cma_c.h"
 #include "torch_capture_watch.h"
-#include "torch_foreign_pool.h"
 
 namespace cma_torch {
 namespace internal {
@@ -86,6 +83,8 @@ struct Api {
   int (*snapshot_visit)(void (*)(void*, const cma_segment_info*),
                         void (*)(void*, const cma_block_info*), void*);
   int (*pool_create_or_incref)(int, unsigned long long, unsigned long long);
+  int (*pool_create_with_source)(int, unsigned long long, unsigned long long,
+                                 const cma_segment_source*);
   int (*pool_begin_flags)(int, unsigned long long, unsigned long long, cma_stream_filter_fn,
                           void*, void (*)(void*), unsigned);
   int (*pool_end)(int, unsigned long long, unsigned long long);
@@ -122,7 +121,6 @@ struct Live {
 };
 
 void Delete(void* ptr);
-void DeleteForeign(void* ptr);  // the deleter of blocks of foreign-allocator pools
 
 class CmaCudaAllocator final : public cca::CUDAAllocator {
  public:
@@ -131,9 +129,8 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     c10::DeviceIndex device = 0;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-    bool foreign = false;
-    void* p = Allocate(nbytes, device, stream, "allocate", &foreign);
-    return {p, p, foreign ? &DeleteForeign : &Delete, c10::Device(c10::DeviceType::CUDA, device)};
+    void* p = Allocate(nbytes, device, stream, "allocate");
+    return {p, p, &Delete, c10::Device(c10::DeviceType::CUDA, device)};
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
@@ -154,7 +151,6 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   void raw_delete(void* ptr) override {
     if (ptr == nullptr) return;
     if (Tracking()) RecordFree(ptr);
-    if (C10_UNLIKELY(foreign_.AnyLive()) && foreign_.Free(ptr)) return;
     if (api.free(ptr) != 0) Fail("raw_delete");
   }
 
@@ -166,13 +162,6 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     if (Tracking()) RecordFree(ptr);
     if (api.free(ptr) != 0) {
       TORCH_WARN("caching_managed_allocator: freeing a tensor's memory failed: ", LastError());
-    }
-  }
-  void DeleteForeignFromDataPtr(void* ptr) {
-    if (ptr == nullptr) return;
-    if (Tracking()) RecordFree(ptr);
-    if (!foreign_.Free(ptr)) {
-      TORCH_WARN("caching_managed_allocator: a MemPool's block to free is unknown");
     }
   }
 
@@ -193,14 +182,16 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   std::string name() override { return "caching_managed_allocator"; }
 
   // PyTorch's fraction as the user set it (1.0 until then). It covers every
-  // pool: cma's budget is that fraction of the device's total memory less
-  // the bytes held from MemPools' own allocators (torch_foreign_pool.h).
+  // pool, MemPools' own allocators' segments included: cma counts them in
+  // its reserved bytes.
   double getMemoryFraction(c10::DeviceIndex device) override {
     double f = 1.0;
-    return foreign_.Fraction(device, &f) ? f : 1.0;
+    return Fraction(device, &f) ? f : 1.0;
   }
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
-    foreign_.SetFraction(fraction, device);
+    std::lock_guard<std::mutex> l(mu_);
+    if (api.set_memory_fraction(fraction, device) != 0) Fail("setMemoryFraction");
+    fractions_[device] = fraction;
   }
 
   std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override {
@@ -219,11 +210,6 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
       } else if (api.empty_cache() != 0 && api.last_error_code() != kFailedPrecondition) {
         Fail("emptyCache");
       }
-      if (foreign_.AnyPools()) foreign_.EmptyCache(pool);  // released pools' free segments
-      return;
-    }
-    if (foreign_.AnyPools() && foreign_.KnowsAnyDevice(pool)) {
-      foreign_.EmptyCache(pool);
       return;
     }
     // A pool's idle blocks (MemPool's destructor calls this after releasing
@@ -253,7 +239,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
       if (x->in_device && !b->active && b->size > x->largest) x->largest = b->size;
     };
     if (api.snapshot_visit(on_segment, on_block, &ctx) != 0) Fail("cacheInfo");
-    *largest_block = std::max(ctx.largest, foreign_.LargestFree(device));
+    *largest_block = ctx.largest;
   }
 
   void* getBaseAllocation(void*, size_t*) override {
@@ -261,10 +247,6 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   }
 
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
-    if (ptr.get() != nullptr && ptr.get_deleter() == &DeleteForeign) {
-      if (!foreign_.RecordStream(ptr.get(), stream)) Fail("recordStream (a MemPool's block)");
-      return;
-    }
     if (ptr.get() == nullptr) return;
     // Another deleter: foreign memory, not cma's to track; or an alias that
     // cma.torch's zero-copy .to() made of a whole cma allocation (a CPU
@@ -292,23 +274,18 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     s.num_device_alloc = Get(m, "num_device_alloc");
     s.num_device_free = Get(m, "num_device_free");
     s.max_split_size = -1;  // cma splits any block (PyTorch reports SIZE_MAX this way)
-    foreign_.AddStats(device, &s);
     return s;
   }
   void resetAccumulatedStats(c10::DeviceIndex device) override {
     if (api.reset_accumulated_stats(device) != 0) Fail("resetAccumulatedStats");
-    foreign_.ResetAccumulatedStats(device);
   }
   void resetPeakStats(c10::DeviceIndex device) override {
     if (api.reset_peak_stats(device) != 0) Fail("resetPeakStats");
-    foreign_.ResetPeakStats(device);
   }
 
   // ---- private pools: MemPool and CUDA graphs (torch_allocator.cc) ----
-  // cma's own pools live in its core; a MemPool given another allocator
-  // lives in foreign_ (torch_foreign_pool.h). Every pool context is
-  // mirrored in foreign_ so that the latest context accepting a stream wins
-  // across both kinds.
+  // All of them live in cma's core, a MemPool given another allocator too
+  // (its segments come from that allocator).
   void createOrIncrefPool(c10::DeviceIndex device, Pool pool,
                           std::shared_ptr<cca::CUDAAllocator> allocator) override;
   void beginAllocateToPool(c10::DeviceIndex device, Pool pool,
@@ -327,10 +304,6 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
 
   std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device,
                                                           Pool pool) override {
-    if (foreign_.Knows(device, pool)) {
-      Unsupported("getCheckpointState of a MemPool with another allocator",
-                  "torch.compile's cudagraph trees checkpoint cma's own pools only");
-    }
     cma_pool_checkpoint* cp = api.pool_checkpoint_take(device, pool.first, pool.second);
     if (cp == nullptr) Fail("getCheckpointState");
     return std::make_shared<Checkpoint>(cp);
@@ -462,32 +435,32 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     cma_pool_checkpoint* cp;
   };
 
-  // cma's core holds a copy of the shared filter (the mirror in foreign_
-  // holds another).
+  // A pool context's stream filter, shared by cma's core and the capture
+  // watch (torch_capture_watch.h).
+  using Filter = std::shared_ptr<const std::function<bool(cudaStream_t)>>;
   static int CallFilter(void* ctx, void* stream) {
     try {
-      return (**static_cast<ForeignPools::Filter*>(ctx))(static_cast<cudaStream_t>(stream)) ? 1
-                                                                                            : 0;
+      return (**static_cast<Filter*>(ctx))(static_cast<cudaStream_t>(stream)) ? 1 : 0;
     } catch (...) {  // an exception must not cross cma's C ABI
       return 0;
     }
   }
-  static void DeleteFilter(void* ctx) { delete static_cast<ForeignPools::Filter*>(ctx); }
-  // The filter of the context cma's core keeps open beside a foreign pool's:
-  // it routes nothing to the core, but keeps the core quiet (no call that
-  // would break a CUDA graph capture) while the foreign context is open.
-  static int RejectAll(void*, void*) { return 0; }
+  static void DeleteFilter(void* ctx) { delete static_cast<Filter*>(ctx); }
+  // The user's memory fraction of `device`; false if none was set.
+  bool Fraction(c10::DeviceIndex device, double* fraction) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto f = fractions_.find(device);
+    if (f == fractions_.end()) return false;
+    *fraction = f->second;
+    return true;
+  }
 
   bool Tracking() const {
     return history_on_.load(std::memory_order_relaxed) ||
            trackers_on_.load(std::memory_order_relaxed) || c10::memoryProfilingEnabled();
   }
 
-  // *foreign: the memory came from a foreign-allocator pool (free it with
-  // DeleteForeign). nullptr: `foreign` is not wanted (raw_alloc; raw_delete
-  // finds such blocks itself).
-  void* Allocate(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream, const char* what,
-                 bool* foreign = nullptr) {
+  void* Allocate(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream, const char* what) {
     if (nbytes == 0) return nullptr;  // PyTorch never dereferences empty storage
     // PyTorch's own answer (and message) for absurd sizes, before any arithmetic.
     TORCH_CHECK_WITH(OutOfMemoryError, nbytes < (size_t{1} << 60),
@@ -498,33 +471,9 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     const int64_t reserved_before = C10_UNLIKELY(history_on_.load(std::memory_order_relaxed))
                                         ? Get(Stats(device), "reserved_bytes.all.current")
                                         : -1;
-    void* p = nullptr;
-    // The one load cma's own allocations pay for foreign pools.
-    if (C10_UNLIKELY(foreign_.AnyOpen()) && foreign_.Allocate(nbytes, device, stream, &p)) {
-      if (foreign != nullptr) *foreign = true;
-    } else {
-      p = api.malloc(nbytes, device, stream);
-      if (C10_UNLIKELY(p == nullptr) && foreign_.AnyPools()) {
-        p = AfterOutOfMemory(nbytes, device, stream, foreign);
-      }
-      if (p == nullptr) RaiseAllocationError(nbytes, device, stream, what);
-    }
+    void* p = api.malloc(nbytes, device, stream);
+    if (p == nullptr) RaiseAllocationError(nbytes, device, stream, what);
     if (Tracking()) RecordAlloc(p, nbytes, device, stream, reserved_before);
-    return p;
-  }
-  // PyTorch's last resorts before out-of-memory, for foreign pools: free the
-  // cached segments of released pools and retry, then borrow a free block of
-  // a use_on_oom pool. cma's last error stays the failure's when both fail.
-  void* AfterOutOfMemory(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream,
-                         bool* foreign) {
-    if (api.last_error_code() != kResourceExhausted) return nullptr;
-    void* p = nullptr;
-    if (foreign_.ReleaseFreeable(device) > 0) {
-      p = api.malloc(nbytes, device, stream);
-      if (p != nullptr || api.last_error_code() != kResourceExhausted) return p;
-    }
-    p = foreign_.TakeOnOom(nbytes, device, stream);
-    if (p != nullptr && foreign != nullptr) *foreign = true;
     return p;
   }
 
@@ -564,7 +513,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
   std::vector<c10::CachingDeviceAllocator::AllocatorTraceTracker> trackers_;
   c10::ApproximateClockToUnixTimeConverter clock_;
-  ForeignPools foreign_;  // MemPools with another allocator, and the memory fraction
+  std::unordered_map<int, double> fractions_;  // setMemoryFraction's, per device
   CaptureWatch captures_;  // contexts of captures that may fail without ending them
 };
 

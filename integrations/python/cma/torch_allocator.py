@@ -34,8 +34,6 @@ def build():
                 name="cma_torch_allocator",
                 sources=[os.path.join(_HERE, "torch_allocator.cc"),
                          os.path.join(_HERE, "torch_allocator_history.cc"),
-                         os.path.join(_HERE, "torch_foreign_pool.cc"),
-                         os.path.join(_HERE, "torch_foreign_pool_stats.cc"),
                          os.path.join(_HERE, "torch_capture_watch.cc"),
                          os.path.join(_HERE, "torch_cpu_allocator.cc")],
                 extra_include_paths=[_header_dir()],

@@ -156,8 +156,7 @@ void CmaCudaAllocator::RaiseAllocationError(size_t nbytes, c10::DeviceIndex devi
   const int64_t reserved = Get(m, "reserved_bytes.all.current");
   std::vector<cca::OutOfMemoryObserver> observers;
   double fraction = -1.0;  // none set
-  if (!foreign_.Fraction(device, &fraction)) fraction = -1.0;
-  const size_t foreign_held = foreign_.HeldBytes(device);
+  if (!Fraction(device, &fraction)) fraction = -1.0;
   {
     std::lock_guard<std::mutex> l(mu_);
     observers = oom_observers_;
@@ -177,19 +176,14 @@ void CmaCudaAllocator::RaiseAllocationError(size_t nbytes, c10::DeviceIndex devi
   if (fraction >= 0.0) {
     std::snprintf(allowed_msg, sizeof(allowed_msg), "%.2f GiB allowed; ", allowed / kGiB);
   }
-  char held_msg[96] = "";  // memory of MemPools with their own allocator
-  if (foreign_held > 0) {
-    std::snprintf(held_msg, sizeof(held_msg),
-                  "%.2f GiB is held in MemPools of other allocators. ", foreign_held / kGiB);
-  }
   char msg[736];
   std::snprintf(msg, sizeof(msg),
                 "CUDA out of memory. Tried to allocate %.2f GiB. GPU %d has a total capacity of "
                 "%.2f GiB of which %.2f GiB is free. %sOf the allocated memory %.2f GiB is "
                 "allocated by caching_managed_allocator, and %.2f GiB is reserved by it but "
-                "unallocated. %s",
+                "unallocated. ",
                 nbytes / kGiB, static_cast<int>(device), total / kGiB, free_bytes / kGiB,
-                allowed_msg, allocated / kGiB, (reserved - allocated) / kGiB, held_msg);
+                allowed_msg, allocated / kGiB, (reserved - allocated) / kGiB);
   TORCH_CHECK_WITH(OutOfMemoryError, false, std::string(msg), "(caching_managed_allocator: ",
                    why, ")");
 }
@@ -259,20 +253,6 @@ cca::SnapshotInfo CmaCudaAllocator::snapshot(Pool pool, bool include_traces) {
     if (b->own_segment) x->open = false;
   };
   if (api.snapshot_visit(on_segment, on_block, &ctx) != 0) Fail("snapshot");
-  // Segments of MemPools with their own allocator (torch_foreign_pool.h);
-  // their blocks' contexts, like cma's, come from live_.
-  const size_t first_foreign = ctx.info.segments.size();
-  foreign_.AppendSnapshot(pool, &ctx.info.segments);
-  for (size_t i = first_foreign; i < ctx.info.segments.size(); ++i) {
-    auto& seg = ctx.info.segments[i];
-    size_t addr = seg.address;
-    for (auto& b : seg.blocks) {
-      auto it = ctx.contexts.find(reinterpret_cast<void*>(addr));
-      if (b.allocated && it != ctx.contexts.end()) b.context_when_allocated = it->second;
-      addr += b.size;
-    }
-  }
-
   ctx.info.config_metadata.garbage_collection_threshold = 0;
   ctx.info.config_metadata.max_split_size = SIZE_MAX;
   ctx.info.config_metadata.expandable_segments = false;

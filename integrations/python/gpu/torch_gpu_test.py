@@ -207,7 +207,7 @@ def test_allocator_interface_end_to_end():
 
 
 def test_mempool_with_another_allocator():
-    # PyTorch's TestMemPool expectations for MemPool(allocator) (torch_foreign_pool.h).
+    # PyTorch's TestMemPool expectations for MemPool(allocator) (cma_pool_create_with_source).
     r = run_script("foreign_pool_route.py", timeout=400)
     RESULTS["foreign_pool"] = r
     failed = {k: v for k, v in r.items() if k != "dummy_calls" and v is not True}
