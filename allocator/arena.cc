@@ -169,7 +169,8 @@ void DeviceAllocator::ReleasePages(Block* b) {
 
 std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t keep_lo,
                                               std::uintptr_t keep_hi, const Stream* populating,
-                                              absl::flat_hash_set<Stream>* queued_on) {
+                                              absl::flat_hash_set<Stream>* queued_on,
+                                              bool settled) {
   if (pages == 0 || idle_pages_ == 0) return 0;
   FlushRecent();  // a recently freed block is known to be wholly populated
   // Candidates in address order: (segment, page, stream of its free blocks).
@@ -205,8 +206,9 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
         if (page_addr >= keep_lo && page_addr < keep_hi) continue;
         if (!candidates.empty() && candidates.back().seg == seg && candidates.back().page == p) {
           // A later free block on the same page: the discard must be ordered
-          // after every stream's last use, so mixed pages stay populated.
-          if (candidates.back().stream != b->stream) candidates.back().mixed = true;
+          // after every stream's last use, so mixed pages stay populated
+          // unless every stream's work has been waited for.
+          if (candidates.back().stream != b->stream && !settled) candidates.back().mixed = true;
           continue;
         }
         candidates.push_back({seg, p, b->stream, false, b});
@@ -268,6 +270,24 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
     ++done;
   }
   return done;
+}
+
+bool DeviceAllocator::SettleFreeBlockStreams() {
+  absl::flat_hash_set<Stream> streams;
+  for (const auto& [base, seg] : segments_) {
+    if (!seg->arena) continue;
+    for (const Block* b = seg->first; b != nullptr; b = b->next) {
+      if (b->is_free() && b->mempool == 0) streams.insert(b->stream);
+    }
+  }
+  bool all = true;
+  for (Stream s : streams) {
+    if (absl::Status w = backend_->SynchronizeStream(s); !w.ok()) {
+      NotePlacementError(std::move(w));
+      all = false;
+    }
+  }
+  return all;
 }
 
 void DeviceAllocator::ForgetIdlePage(Segment* seg, std::size_t page) {

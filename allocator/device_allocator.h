@@ -326,14 +326,19 @@ class DeviceAllocator {
   void ReleasePages(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Discards up to `pages` idle pages outside [keep_lo, keep_hi), each on
   // the one stream whose free blocks cover it (a page whose free blocks
-  // belong to several streams is left alone). With `populating`, the stream
-  // about to populate new pages: its own idle pages go first, and it waits
-  // (GPU-side) for discards on other streams. With `queued_on`, receives the
-  // streams the discards were queued on. Returns the pages discarded.
+  // belong to several streams is left alone, unless `settled`: every stream
+  // owning a free block has been waited for, so any of them may order it).
+  // With `populating`, the stream about to populate new pages: its own idle
+  // pages go first, and it waits (GPU-side) for discards on other streams.
+  // With `queued_on`, receives the streams the discards were queued on.
+  // Returns the pages discarded.
   std::size_t DiscardIdlePages(std::size_t pages, std::uintptr_t keep_lo = 0,
                                std::uintptr_t keep_hi = 0, const Stream* populating = nullptr,
-                               absl::flat_hash_set<Stream>* queued_on = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                               absl::flat_hash_set<Stream>* queued_on = nullptr,
+                               bool settled = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for every stream that owns a free block of the shared cache in an
+  // arena; true when all were waited for (DiscardIdlePages' `settled`).
+  bool SettleFreeBlockStreams() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Books a discarded idle page: unpopulated, and out of every count.
   void ForgetIdlePage(Segment* seg, std::size_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The idle pages wholly inside `b` leave the page map: discarded on b's
@@ -416,10 +421,11 @@ class DeviceAllocator {
   void ProcessPendingFrees(bool synchronize) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives `goal` bytes of idle cache back (all of it when goal is 0): whole
   // segments in classic mode, idle pages (stream-ordered discards, no sync)
-  // in arena mode; `queued_on` as DiscardIdlePages's. Returns the bytes released.
+  // in arena mode; `queued_on` and `settled` as DiscardIdlePages's.
+  // Returns the bytes released.
   std::size_t ReleaseCachedSegments(std::size_t goal,
-                                    absl::flat_hash_set<Stream>* queued_on = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                    absl::flat_hash_set<Stream>* queued_on = nullptr,
+                                    bool settled = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseSegment(Segment* seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives a segment's memory back to where it came from: its source, or
   // the backend.

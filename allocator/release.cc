@@ -13,10 +13,12 @@ namespace cma {
 // ---------------------------------------------------------------- release
 
 std::size_t DeviceAllocator::ReleaseCachedSegments(std::size_t goal,
-                                                   absl::flat_hash_set<Stream>* queued_on) {
+                                                   absl::flat_hash_set<Stream>* queued_on,
+                                                   bool settled) {
   if (arena_mode()) {
     const std::size_t pages = goal == 0 ? idle_pages_ : (goal + kPageSize - 1) / kPageSize;
-    std::size_t released = DiscardIdlePages(pages, 0, 0, nullptr, queued_on) * kPageSize;
+    std::size_t released =
+        DiscardIdlePages(pages, 0, 0, nullptr, queued_on, settled) * kPageSize;
     // Pools' segments (classic ones) hold their memory whole: the wholly
     // free ones of dissolved and released pools go too.
     if (goal == 0 || released < goal) {
@@ -110,7 +112,11 @@ absl::Status DeviceAllocator::EmptyCache() {
   ProcessPendingFrees(/*synchronize=*/true);
   CoalesceUnmerged();
   absl::flat_hash_set<Stream> queued_on;
-  ReleaseCachedSegments(0, &queued_on);
+  // A page holding free blocks of several streams is discarded too, once
+  // each of them has been waited for (as PyTorch's empty_cache waits for the
+  // device): else what earlier work left on such pages stays reserved.
+  const bool settled = arena_mode() && idle_pages_ != 0 && SettleFreeBlockStreams();
+  ReleaseCachedSegments(0, &queued_on, settled);
   // The discards run behind the work queued on their streams; the memory is
   // the driver's only once they have (PyTorch's empty_cache returns with its
   // cudaFree done: another process, or nvidia-smi, may look right after).

@@ -246,6 +246,31 @@ TEST_F(ArenaTest, MixedStreamPageSurvivesDiscard) {
   EXPECT_EQ(BackendPopulated(), 2 * kMiB);
 }
 
+// What PyTorch's test_graph_two_successive measures after earlier tests:
+// empty_cache must leave no idle page behind, a page shared by free blocks
+// of two streams included, or reserved bytes drop later when something else
+// merges the streams' blocks.
+TEST_F(ArenaTest, EmptyCacheDiscardsAPageSharedByTwoStreamsFreeBlocks) {
+  Remake("", 64 * kMiB);
+  void* a = Alloc(3 * kMiB, 0, s1_);
+  void* b = Alloc(3 * kMiB, 0, s2_);  // page 1 holds the end of a and the start of b
+  ASSERT_EQ(static_cast<char*>(b) - static_cast<char*>(a), static_cast<long>(3 * kMiB));
+  void* live = Alloc(2 * kMiB, 0, s1_);  // keeps the arena from going back whole
+  ASSERT_TRUE(backend_->EnqueueWork(s2_).ok());  // s2 still has work queued
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(alloc_->Free(b).ok());
+  EXPECT_EQ(Stats().idle_populated_bytes, 6 * kMiB);
+  backend_->ClearRecords();
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Stats().idle_populated_bytes, 0);
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 2 * kMiB);  // `live`'s page alone
+  EXPECT_EQ(BackendPopulated(), 2 * kMiB);
+  // The shared page was discarded only after s2's queued work had run.
+  EXPECT_EQ(backend_->PendingWork(s2_), 0);
+  ExpectInvariants();
+  ASSERT_TRUE(alloc_->Free(live).ok());
+}
+
 TEST_F(ArenaTest, BudgetCountsPopulatedBytesAndOomChangesNothing) {
   Remake("managed_budget:32M");
   void* a = Alloc(20 * kMiB, 0, s1_);
