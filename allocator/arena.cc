@@ -93,8 +93,8 @@ absl::Status DeviceAllocator::MakeRoomForPages(const Block* b, std::size_t bytes
                  : IdlePagesToDiscard(*config_, populated_pages(), idle_pages_ - reused, fresh,
                                       live_after, peak_live_pages_, budget_pages);
   if (discard > 0 && !quiet()) DiscardIdlePages(discard, keep_lo, keep_hi, &stream);
-  // Wholly free segments of released pools, which rejoined the shared
-  // cache, hold reserved memory whole: out of room, they go too.
+  // Wholly free segments of released pools (their own, not arenas) hold
+  // reserved memory whole: out of room, they go too.
   if (everything && !quiet() && populated_pages() + fresh > budget_pages) {
     ReleaseIdleSegments((populated_pages() + fresh - budget_pages) * kPageSize, 0,
                         /*classic_only=*/true);

@@ -146,8 +146,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   const std::size_t rounded = RoundRequest(bytes, *config_);
   // A private pool's segments keep small and large blocks apart as
   // PyTorch's do, in arena mode too (NewPoolSegment).
-  const PoolKind pool = ABSL_PREDICT_FALSE(mempool != 0) ? PoolFor(rounded)
-                                                          : BlockPoolFor(rounded, *config_);
+  const PoolKind pool = LookupPoolFor(rounded, mempool != 0, *config_);
   // Oversubscription: what the caller routes to the host, and what can never
   // fit the device's part, goes to the host at once.
   // (A budget of 0, PyTorch's memory fraction 0, refuses everything.)

@@ -251,7 +251,7 @@ void* DeviceAllocator::TakeFromUseOnOomPools(std::size_t rounded, std::size_t re
     }
   }
   std::sort(lenders.begin(), lenders.end());  // the oldest pool first, whatever the map's order
-  const PoolKind kind = PoolFor(rounded);  // pools' segments keep PyTorch's kinds, arenas or not
+  const PoolKind kind = LookupPoolFor(rounded, /*private_pool=*/true, *config_);
   for (std::uint32_t index : lenders) {
     Block* b = FindSameStream(rounded, kind, stream, index);
     if (b == nullptr) continue;

@@ -71,8 +71,8 @@ absl::Status ValidateCheckpoint(const PoolCheckpoint& cp, const std::vector<Pool
     if (a.size < rounded) {
       return malformed(absl::StrFormat("is smaller than its request rounded (%d bytes)", rounded));
     }
-    // Arenas hold every size; pools' own segments keep PyTorch's kinds.
-    if (seg->pool != (seg->arena ? BlockPoolFor(rounded, config) : PoolFor(rounded))) {
+    // Arenas are the shared cache's; other segments are pools' own.
+    if (seg->pool != LookupPoolFor(rounded, /*private_pool=*/!seg->arena, config)) {
       return malformed(absl::StrFormat(
           "lies in a %s-block segment, which never serves a request of that size",
           seg->pool == PoolKind::kSmall ? "small" : "large"));

@@ -41,6 +41,14 @@ inline PoolKind BlockPoolFor(std::size_t rounded, const AllocatorConfig& config)
   return config.segments == SegmentMode::kArena ? PoolKind::kLarge : PoolFor(rounded);
 }
 
+// Where a rounded request is looked up: in a private pool's own segments
+// (`private_pool`), which keep PyTorch's kinds in arena mode too, so that
+// their segments and statistics are native's; else as BlockPoolFor.
+inline PoolKind LookupPoolFor(std::size_t rounded, bool private_pool,
+                              const AllocatorConfig& config) {
+  return private_pool ? PoolFor(rounded) : BlockPoolFor(rounded, config);
+}
+
 // The size of a new segment carved from the backend for a rounded request.
 std::size_t SegmentSizeFor(std::size_t rounded);
 
