@@ -3,15 +3,14 @@
 // caching engine as cma's own pools, in arena mode (the default) and
 // classic, on the host backend.
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "tests/mempool_test_util.h"
+#include "tests/segment_source_test_util.h"
 
 namespace cma {
 namespace {
@@ -19,43 +18,6 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
-
-// Host memory handed out as "another allocator's": every call is logged.
-struct SourceLog {
-  std::vector<std::size_t> allocs;  // sizes asked for
-  std::vector<std::size_t> frees;
-  std::map<std::uintptr_t, std::size_t> live;
-  bool fail_alloc = false;  // out of memory
-  bool fail_free = false;
-  bool destroyed = false;
-};
-
-class FakeSource final : public SegmentSource {
- public:
-  explicit FakeSource(SourceLog* log) : log_(log) {}
-  ~FakeSource() override { log_->destroyed = true; }
-  absl::StatusOr<void*> Allocate(int, std::size_t bytes, Stream) override {
-    if (log_->fail_alloc) return absl::ResourceExhaustedError("fake allocator: out of memory");
-    void* p = std::aligned_alloc(4096, bytes);
-    log_->allocs.push_back(bytes);
-    log_->live[reinterpret_cast<std::uintptr_t>(p)] = bytes;
-    return p;
-  }
-  absl::Status Free(int, void* ptr, std::size_t bytes) override {
-    if (log_->fail_free) return absl::InternalError("fake allocator: refused");
-    auto it = log_->live.find(reinterpret_cast<std::uintptr_t>(ptr));
-    EXPECT_NE(it, log_->live.end());
-    if (it == log_->live.end()) return absl::InternalError("not ours");
-    EXPECT_EQ(it->second, bytes);
-    log_->live.erase(it);
-    log_->frees.push_back(bytes);
-    std::free(ptr);
-    return absl::OkStatus();
-  }
-
- private:
-  SourceLog* log_;
-};
 
 class PoolSourceTest : public MemPoolFixture, public ::testing::WithParamInterface<const char*> {
  protected:
@@ -74,13 +36,7 @@ class PoolSourceTest : public MemPoolFixture, public ::testing::WithParamInterfa
     ASSERT_TRUE(alloc_->EndAllocateToPool(0, id).ok());
     ASSERT_TRUE(alloc_->ReleasePool(0, id).ok());
   }
-  bool InSource(void* p) const {
-    const auto a = reinterpret_cast<std::uintptr_t>(p);
-    auto it = log_.live.upper_bound(a);
-    if (it == log_.live.begin()) return false;
-    --it;
-    return a < it->first + it->second;
-  }
+  bool InSource(void* p) const { return InSourceMemory(log_, p); }
   // Backend calls that place or give back managed memory.
   std::int64_t PlacementCalls() {
     std::int64_t n = 0;
