@@ -30,6 +30,15 @@ class PoolSourceTest : public MemPoolFixture, public ::testing::WithParamInterfa
   void MakePool(MemPoolId id) {
     ASSERT_TRUE(alloc_->CreatePoolWithSource(0, id, std::make_shared<FakeSource>(&log_)).ok());
   }
+  // A new pool of a FakeSource holding one block of `bytes` on s1_,
+  // allocated in a context that has ended.
+  void* NewPoolWithOneBlock(MemPoolId id, std::size_t bytes) {
+    MakePool(id);
+    EXPECT_TRUE(alloc_->BeginAllocateToPool(0, id, Only(s1_)).ok());
+    void* p = Alloc(bytes, 0, s1_);
+    EndContext(id);
+    return p;
+  }
   // The end of a pool context, as PyTorch's use_mem_pool ends it: the
   // context's reference goes too.
   void EndContext(MemPoolId id) {
@@ -92,10 +101,7 @@ TEST_P(PoolSourceTest, SegmentsComeFromTheSourceWithPyTorchsSizesAndAreCachedPer
 
 TEST_P(PoolSourceTest, NoPlacementCallTouchesTheSourcesMemory) {
   const MemPoolId pool{5, 0};
-  MakePool(pool);
-  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
-  void* a = Alloc(3 * kMiB, 0, s1_);
-  EndContext(pool);
+  void* a = NewPoolWithOneBlock(pool, 3 * kMiB);
   std::memset(a, 0x5a, 3 * kMiB);
   const std::int64_t calls = PlacementCalls();
   // Move and advice are refused, naming why; nothing changes.
@@ -122,10 +128,7 @@ TEST_P(PoolSourceTest, NoPlacementCallTouchesTheSourcesMemory) {
 
 TEST_P(PoolSourceTest, ADissolvedPoolsMemoryNeverServesTheSharedCache) {
   const MemPoolId pool{5, 0};
-  MakePool(pool);
-  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
-  void* a = Alloc(4 * kMiB, 0, s1_);
-  EndContext(pool);
+  void* a = NewPoolWithOneBlock(pool, 4 * kMiB);
   ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
   ASSERT_TRUE(alloc_->Free(a).ok());  // dissolved: its segment waits to go back
   EXPECT_FALSE(log_.destroyed);
@@ -152,10 +155,7 @@ TEST_P(PoolSourceTest, ADissolvedPoolsMemoryNeverServesTheSharedCache) {
 
 TEST_P(PoolSourceTest, ALivePoolKeepsItsSegmentsThroughEmptyCache) {
   const MemPoolId pool{5, 0};
-  MakePool(pool);
-  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
-  void* a = Alloc(4 * kMiB, 0, s1_);
-  EndContext(pool);
+  void* a = NewPoolWithOneBlock(pool, 4 * kMiB);
   ASSERT_TRUE(alloc_->Free(a).ok());
   ASSERT_TRUE(alloc_->EmptyCache().ok());
   ASSERT_TRUE(alloc_->EmptyPoolCache(0, pool).ok());  // referenced: kept
@@ -200,10 +200,7 @@ TEST_P(PoolSourceTest, OutOfMemoryFromTheSourceOrTheBudgetChangesNothing) {
 
 TEST_P(PoolSourceTest, AFailedFreeKeepsTheSegmentCachedUntilTheNextRelease) {
   const MemPoolId pool{5, 0};
-  MakePool(pool);
-  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
-  void* a = Alloc(4 * kMiB, 0, s1_);
-  EndContext(pool);
+  void* a = NewPoolWithOneBlock(pool, 4 * kMiB);
   ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
   ASSERT_TRUE(alloc_->Free(a).ok());
   log_.fail_free = true;
