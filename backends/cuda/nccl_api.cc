@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -17,6 +18,7 @@ namespace {
 using NcclResult = int;
 constexpr NcclResult kNcclSuccess = 0;
 constexpr NcclResult kNcclInProgress = 7;
+constexpr NcclResult kGaveUp = -1;  // not NCCL's: Finish stopped waiting
 constexpr int kNcclWinCollSymmetric = 0x01;  // NCCL_WIN_COLL_SYMMETRIC
 constexpr int kFirstWindowVersion = 22700;   // NCCL_VERSION(2, 27, 0)
 
@@ -88,8 +90,27 @@ absl::StatusOr<const NcclApi*> Api() {
   return &**table;
 }
 
+// How long a non-blocking communicator's call may stay in progress:
+// CMA_NCCL_TIMEOUT_S seconds, 600 (torch's NCCL watchdog default) if unset.
+absl::StatusOr<absl::Duration> WaitLimit() {
+  const char* env = std::getenv("CMA_NCCL_TIMEOUT_S");
+  if (env == nullptr || env[0] == '\0') return absl::Seconds(600);
+  double seconds = 0;
+  if (!absl::SimpleAtod(env, &seconds) || !(seconds > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CMA_NCCL_TIMEOUT_S=", env, ": want a number of seconds above 0"));
+  }
+  return absl::Seconds(seconds);
+}
+
 absl::Status NcclStatus(const NcclApi& api, void* comm, NcclResult r, const char* call) {
   if (r == kNcclSuccess) return absl::OkStatus();
+  if (r == kGaveUp) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        call, " was still in progress on a non-blocking communicator after CMA_NCCL_TIMEOUT_S "
+        "(a member that never joined?); the communicator's state is unknown: abort it "
+        "(ncclCommAbort)"));
+  }
   std::string detail = api.ncclGetErrorString(r);
   const char* last = api.ncclGetLastError != nullptr ? api.ncclGetLastError(comm) : nullptr;
   if (last != nullptr && last[0] != '\0') absl::StrAppend(&detail, ": ", last);
@@ -99,9 +120,12 @@ absl::Status NcclStatus(const NcclApi& api, void* comm, NcclResult r, const char
   return absl::InternalError(message);
 }
 
-// A non-blocking communicator returns ncclInProgress and finishes later.
-NcclResult Finish(const NcclApi& api, void* comm, NcclResult r) {
+// A non-blocking communicator returns ncclInProgress and finishes later;
+// kGaveUp once `limit` has passed.
+NcclResult Finish(const NcclApi& api, void* comm, NcclResult r, absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
   while (r == kNcclInProgress) {
+    if (absl::Now() > deadline) return kGaveUp;
     absl::SleepFor(absl::Microseconds(50));
     NcclResult state = kNcclSuccess;
     const NcclResult q = api.ncclCommGetAsyncError(comm, &state);
@@ -134,10 +158,13 @@ absl::StatusOr<CommWindow> NcclRegisterWindow(CommHandle comm, void* ptr, std::s
   absl::StatusOr<const NcclApi*> api = Api();
   if (!api.ok()) return api.status();
   const NcclApi& n = **api;
+  absl::StatusOr<absl::Duration> limit = WaitLimit();
+  if (!limit.ok()) return limit.status();
   void* window = nullptr;
   const NcclResult r = Finish(
       n, AsComm(comm),
-      n.ncclCommWindowRegister(AsComm(comm), ptr, bytes, &window, kNcclWinCollSymmetric));
+      n.ncclCommWindowRegister(AsComm(comm), ptr, bytes, &window, kNcclWinCollSymmetric),
+      *limit);
   absl::Status s = NcclStatus(n, AsComm(comm), r, "ncclCommWindowRegister");
   if (!s.ok()) return s;
   return reinterpret_cast<CommWindow>(window);
@@ -147,10 +174,13 @@ absl::Status NcclDeregisterWindow(CommHandle comm, CommWindow window) {
   absl::StatusOr<const NcclApi*> api = Api();
   if (!api.ok()) return api.status();
   const NcclApi& n = **api;
+  absl::StatusOr<absl::Duration> limit = WaitLimit();
+  if (!limit.ok()) return limit.status();
   return NcclStatus(n, AsComm(comm),
                     Finish(n, AsComm(comm),
                            n.ncclCommWindowDeregister(AsComm(comm),
-                                                      reinterpret_cast<void*>(window))),
+                                                      reinterpret_cast<void*>(window)),
+                           *limit),
                     "ncclCommWindowDeregister");
 }
 

@@ -22,7 +22,10 @@ namespace cma {
 
 absl::StatusOr<CommFacts> NcclCommFacts(CommHandle comm);
 // Collective over `comm`, with NCCL_WIN_COLL_SYMMETRIC; waits for a
-// non-blocking communicator to finish it.
+// non-blocking communicator to finish it, at most CMA_NCCL_TIMEOUT_S
+// seconds (600 by default): then kDeadlineExceeded, and the communicator
+// should be aborted. A bad CMA_NCCL_TIMEOUT_S: kInvalidArgument, nothing
+// called.
 absl::StatusOr<CommWindow> NcclRegisterWindow(CommHandle comm, void* ptr, std::size_t bytes);
 absl::Status NcclDeregisterWindow(CommHandle comm, CommWindow window);
 
