@@ -181,6 +181,15 @@ absl::Status CachingManagedAllocator::MoveBatch(absl::Span<void* const> ptrs, Lo
   // another device, ...) then leaves it where it was.
   std::vector<void*> host_group = std::move(groups.back());
   groups.pop_back();
+  // What is not managed memory is refused before anything moves.
+  for (std::size_t d = 0; d < groups.size(); ++d) {
+    if (groups[d].empty()) continue;
+    absl::Status s = devices_[d]->CheckMovable(groups[d]);
+    if (absl::IsNotFound(s)) {
+      return absl::InvalidArgumentError("cma: an allocation was freed while it was being moved");
+    }
+    if (!s.ok()) return s;
+  }
   for (std::size_t d = 0; d < groups.size(); ++d) {
     if (groups[d].empty()) continue;
     absl::Status s = devices_[d]->Move(groups[d], target, stream, contents_dead);

@@ -49,6 +49,18 @@ DeviceAllocator::~DeviceAllocator() {
     for (Stream s : staging_readers_) (void)backend_->SynchronizeStream(s);
     (void)staging_.Release(*backend_);
   }
+  // Another allocator's free does not wait for the GPU as cudaFree does:
+  // the streams that may still use a sourced segment are waited for first.
+  absl::flat_hash_set<Stream> waited;
+  for (auto& [base, seg] : segments_) {
+    if (seg->source == nullptr) continue;
+    for (const Block* b = seg->first; b != nullptr; b = b->next) {
+      for (Stream s : b->stream_uses) {
+        if (waited.insert(s).second) (void)backend_->SynchronizeStream(s);
+      }
+      if (waited.insert(b->stream).second) (void)backend_->SynchronizeStream(b->stream);
+    }
+  }
   for (auto& [base, seg] : segments_) {
     (void)FreeSegmentMemory(*seg);
     if (seg->host_tier && host_ledger_ != nullptr) host_ledger_->Give(seg->size);
@@ -332,6 +344,12 @@ absl::StatusOr<Block*> DeviceAllocator::NewClassicSegment(
   absl::StatusOr<void*> mem = source == nullptr ? backend_->AllocateManaged(device_, size)
                                                 : source->Allocate(device_, size, stream);
   if (!mem.ok()) return mem.status();
+  if (source != nullptr) {
+    if (absl::Status s = CheckSourcedRange(*mem, size); !s.ok()) {
+      if (*mem != nullptr) (void)source->Free(device_, *mem, size);
+      return s;
+    }
+  }
   Block* b = AddSegment(*mem, size, pool, stream);
   UpdateStat(stats_.reserved_bytes, pool, size);
   if (source != nullptr) {
@@ -342,6 +360,27 @@ absl::StatusOr<Block*> DeviceAllocator::NewClassicSegment(
     PrepareSegment(b, stream);
   }
   return b;
+}
+
+absl::Status DeviceAllocator::CheckSourcedRange(void* mem, std::size_t size) const {
+  const auto lo = reinterpret_cast<std::uintptr_t>(mem);
+  // Blocks are aligned within their segment; 256 bytes is what cudaMalloc
+  // and the allocators built on it promise.
+  if (lo == 0 || lo % 256 != 0 || lo > UINTPTR_MAX - size) {
+    return absl::InternalError(absl::StrFormat(
+        "cma: a pool's own allocator returned %p for %d bytes: not a 256-byte aligned range", mem,
+        size));
+  }
+  auto next = segments_.lower_bound(lo);
+  const bool overlaps_next = next != segments_.end() && next->first < lo + size;
+  const bool overlaps_prev =
+      next != segments_.begin() && std::prev(next)->second->base + std::prev(next)->second->size > lo;
+  if (overlaps_next || overlaps_prev) {
+    return absl::InternalError(absl::StrFormat(
+        "cma: a pool's own allocator returned %p for %d bytes, which overlaps memory cma holds",
+        mem, size));
+  }
+  return absl::OkStatus();
 }
 
 Block* DeviceAllocator::AddSegment(void* mem, std::size_t size, PoolKind pool, Stream stream) {

@@ -102,6 +102,10 @@ class DeviceAllocator {
   // location (the caller, CachingManagedAllocator::MoveBatch, checks it).
   absl::Status Move(absl::Span<void* const> ptrs, Location target, Stream stream,
                     bool contents_dead) ABSL_LOCKS_EXCLUDED(mu_);
+  // What Move would refuse before any call: kFailedPrecondition for another
+  // allocator's memory, kNotFound for a pointer not allocated here. Lets a
+  // batch over several devices refuse before any of them moves.
+  absl::Status CheckMovable(absl::Span<void* const> ptrs) ABSL_LOCKS_EXCLUDED(mu_);
   // Marks the allocation at `ptr` as disposable (its contents may be
   // discarded by Sleep) until it is freed.
   absl::Status SetDisposable(void* ptr, bool disposable) ABSL_LOCKS_EXCLUDED(mu_);
@@ -427,6 +431,10 @@ class DeviceAllocator {
                                     absl::flat_hash_set<Stream>* queued_on = nullptr,
                                     bool settled = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseSegment(Segment* seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether memory a SegmentSource returned can be a segment: a non-null,
+  // 256-byte aligned range overlapping no segment held.
+  absl::Status CheckSourcedRange(void* mem, std::size_t size) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives a segment's memory back to where it came from: its source, or
   // the backend.
   absl::Status FreeSegmentMemory(const Segment& seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -460,6 +468,9 @@ class DeviceAllocator {
   // At free: withdraws the allocation's advice; with discard_on_free, marks
   // the contents dead on the block's stream.
   void OnFreed(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether b's memory may be moved (kFailedPrecondition for another
+  // allocator's).
+  static absl::Status Movable(const Block& b);
 
   // ---- sleep staging (sleep.cc) ----
   // Brings the staged contents of `blocks` (those in staged_) back into

@@ -172,10 +172,7 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
       }
       continue;
     }
-    if (ABSL_PREDICT_FALSE(b->segment->source != nullptr)) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "cma: %p is memory of a pool's own allocator, not managed memory: it cannot move", p));
-    }
+    if (absl::Status s = Movable(*b); !s.ok()) return s;
     blocks.push_back(b);
   }
   // A pointer named twice (tied weights in a model's tensor list) moves
@@ -244,6 +241,23 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
     }
   }
   stats_.moves += static_cast<std::int64_t>(blocks.size());
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocator::Movable(const Block& b) {
+  if (ABSL_PREDICT_TRUE(b.segment->source == nullptr)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "cma: %p is memory of a pool's own allocator, not managed memory: it cannot move",
+      b.ptr()));
+}
+
+absl::Status DeviceAllocator::CheckMovable(absl::Span<void* const> ptrs) {
+  MutexLock l(&mu_);
+  for (void* p : ptrs) {
+    auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(p));
+    if (it == allocated_.end()) return NotMine();
+    if (absl::Status s = Movable(*it->second); !s.ok()) return s;
+  }
   return absl::OkStatus();
 }
 

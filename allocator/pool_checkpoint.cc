@@ -60,8 +60,11 @@ absl::Status ValidateCheckpoint(const PoolCheckpoint& cp, const std::vector<Pool
         return malformed(absl::StrFormat("overlaps the allocation at %p", prev.ptr));
       }
     }
-    if (addr % kMinBlockSize != 0) {
-      return malformed(absl::StrFormat("is not aligned to %d bytes", kMinBlockSize));
+    // Blocks lie at multiples of the block size from their segment's base
+    // (another allocator's segment may start at any 256-byte boundary).
+    if ((addr - seg->base) % kMinBlockSize != 0) {
+      return malformed(absl::StrFormat("is not aligned to %d bytes within its segment",
+                                       kMinBlockSize));
     }
     if (a.size % kMinBlockSize != 0) {
       return malformed(absl::StrFormat("has a size that is not a multiple of %d bytes",

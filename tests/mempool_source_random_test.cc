@@ -256,5 +256,173 @@ INSTANTIATE_TEST_SUITE_P(
                           std::get<1>(info.param));
     });
 
+// A second workload (from the review): more operations, fewer model checks.
+class SourcedPoolWorkloadTest : public MemPoolFixture,
+                         public ::testing::WithParamInterface<const char*> {
+ protected:
+  void SetUp() override { Remake(GetParam()); }
+  std::shared_ptr<FakeSource> NewSource() {
+    logs_.push_back(std::make_unique<SourceLog>());
+    return std::make_shared<FakeSource>(logs_.back().get());
+  }
+  bool InAnySource(void* p) const {
+    for (const auto& l : logs_) {
+      if (InSourceMemory(*l, p)) return true;
+    }
+    return false;
+  }
+  std::vector<std::unique_ptr<SourceLog>> logs_;
+};
+
+// Random operations on sourced pools, plain pools and the shared cache,
+// checking the invariants and the sources' books after every step.
+TEST_P(SourcedPoolWorkloadTest, RandomWorkloadKeepsInvariantsAndSources) {
+  std::mt19937 rng(12345);
+  struct Live { void* p; int pool; };  // pool -1: shared
+  std::vector<Live> live;
+  constexpr int kPools = 4;               // 0..2 sourced, 3 plain
+  int refs[kPools] = {0, 0, 0, 0};        // references we hold (creation + revives)
+  bool known[kPools] = {false, false, false, false};
+  auto id = [](int k) { return MemPoolId{100 + k, 0}; };
+  const std::size_t sizes[] = {512, 4096, 700 * 1024, 3 << 20, 9 << 20, 25 << 20};
+  for (int step = 0; step < 4000; ++step) {
+    SCOPED_TRACE(step);
+    const int op = rng() % 15;
+    const int k = rng() % kPools;
+    switch (op) {
+      case 0: {  // create
+        if (refs[k] > 0) break;
+        absl::Status s = k < 3 ? alloc_->CreatePoolWithSource(0, id(k), NewSource())
+                               : alloc_->CreateOrIncrefPool(0, id(k));
+        if (s.ok()) { ++refs[k]; known[k] = true; }
+        break;
+      }
+      case 1: {  // a context allocating a few blocks
+        if (refs[k] == 0) break;
+        ASSERT_TRUE(alloc_->BeginAllocateToPool(0, id(k), Only(s1_)).ok());
+        const int n = 1 + rng() % 3;
+        for (int i = 0; i < n; ++i) {
+          auto p = alloc_->Allocate(sizes[rng() % 6], 0, s1_);
+          if (p.ok()) {
+            live.push_back({*p, k});
+            if (k < 3) EXPECT_TRUE(InAnySource(*p));
+            else EXPECT_FALSE(InAnySource(*p));
+          }
+        }
+        // a free inside the context too
+        if (!live.empty() && rng() % 2) {
+          const std::size_t i = rng() % live.size();
+          ASSERT_TRUE(alloc_->Free(live[i].p).ok());
+          live.erase(live.begin() + i);
+        }
+        ASSERT_TRUE(alloc_->EndAllocateToPool(0, id(k)).ok());
+        ASSERT_TRUE(alloc_->ReleasePool(0, id(k)).ok());
+        break;
+      }
+      case 2: case 3: {  // free
+        if (live.empty()) break;
+        const std::size_t i = rng() % live.size();
+        if (rng() % 3 == 0) {
+          ASSERT_TRUE(alloc_->RecordStream(live[i].p, s2_).ok());
+          ASSERT_TRUE(backend_->EnqueueWork(s2_).ok());
+        }
+        ASSERT_TRUE(alloc_->Free(live[i].p).ok());
+        live.erase(live.begin() + i);
+        break;
+      }
+      case 4: {  // release our reference
+        if (refs[k] == 0) break;
+        ASSERT_TRUE(alloc_->ReleasePool(0, id(k)).ok());
+        --refs[k];
+        break;
+      }
+      case 5: ASSERT_TRUE(alloc_->EmptyCache().ok()); break;
+      case 6: ASSERT_TRUE(alloc_->EmptyPoolCache(0, id(k)).ok()); break;
+      case 7: {  // shared allocation
+        const Stream s = rng() % 2 ? s1_ : s2_;
+        auto p = alloc_->Allocate(sizes[rng() % 6], 0, s);
+        if (p.ok()) live.push_back({*p, -1});
+        break;
+      }
+      case 8: {
+        if (refs[k] == 0) break;
+        ASSERT_TRUE(alloc_->SetPoolOptions(0, id(k), {.no_split = false,
+                                                      .use_on_oom = rng() % 2 == 0}).ok());
+        break;
+      }
+      case 9: {
+        ASSERT_TRUE(backend_->CompleteWork(rng() % 2 ? s1_ : s2_).ok());
+        break;
+      }
+      case 10: {  // revive/incref an existing pool by id (as a graph capture naming it)
+        if (!known[k] || rng() % 4) break;
+        absl::StatusOr<int> uc = alloc_->GetPoolUseCount(0, id(k));
+        if (!uc.ok()) break;  // gone
+        ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, id(k)).ok());
+        ++refs[k];
+        break;
+      }
+      case 12: {  // sleep and wake
+        if (rng() % 4) break;
+        auto sl = alloc_->Sleep(0, s1_, rng() % 2 ? SleepLevel::kDiscard : SleepLevel::kOffload);
+        ASSERT_TRUE(sl.ok()) << sl.status();
+        auto w = alloc_->Wake(0, s1_);
+        ASSERT_TRUE(w.ok()) << w.status();
+        break;
+      }
+      case 13: {  // checkpoint and restore of a referenced pool
+        if (refs[k] == 0) break;
+        auto cp = alloc_->TakePoolCheckpoint(0, id(k));
+        ASSERT_TRUE(cp.ok()) << cp.status();
+        auto r = alloc_->RestorePoolCheckpoint(*cp);
+        ASSERT_TRUE(r.ok()) << r.status();
+        break;
+      }
+      case 14: {
+        if (rng() % 8) break;
+        ASSERT_TRUE(alloc_->ForgetStream(s2_).ok());
+        break;
+      }
+      case 11: {  // budget squeeze and back
+        if (rng() % 8) break;
+        ASSERT_TRUE(alloc_->SetMemoryFraction(0.05, 0).ok());
+        auto p = alloc_->Allocate(40 << 20, 0, s2_);
+        if (p.ok()) live.push_back({*p, -1});
+        ASSERT_TRUE(alloc_->SetMemoryFraction(1.0, 0).ok());
+        break;
+      }
+    }
+    absl::Status inv = alloc_->CheckInvariants();
+    ASSERT_TRUE(inv.ok()) << inv;
+    // Every source's live memory is a segment of the allocator and vice versa.
+    std::size_t sourced_segments = 0;
+    for (const SegmentSnapshot& s : alloc_->Snapshot()) {
+      if (InAnySource(reinterpret_cast<void*>(s.address))) ++sourced_segments;
+    }
+    std::size_t live_memory = 0;
+    for (const auto& l : logs_) live_memory += l->live.size();
+    ASSERT_EQ(sourced_segments, live_memory);
+  }
+  for (const Live& l : live) ASSERT_TRUE(alloc_->Free(l.p).ok());
+  for (int k = 0; k < kPools; ++k) {
+    while (refs[k]-- > 0) ASSERT_TRUE(alloc_->ReleasePool(0, id(k)).ok());
+  }
+  for (Stream s : {s1_, s2_}) ASSERT_TRUE(backend_->CompleteWork(s).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  for (const auto& l : logs_) {
+    EXPECT_TRUE(l->live.empty());
+    EXPECT_TRUE(l->destroyed);
+  }
+  for (int k = 0; k < kPools; ++k) EXPECT_FALSE(alloc_->GetPoolUseCount(0, id(k)).ok()) << k;
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 0);
+  EXPECT_EQ(backend_->CallCount("FreeManaged"),
+            backend_->CallCount("AllocateManaged") + backend_->CallCount("ReserveManaged"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SourcedPoolWorkloadTest, ::testing::Values("", "segments:classic"),
+                         [](const auto& info) {
+                           return std::string(info.param[0] == '\0' ? "Arena" : "Classic");
+                         });
+
 }  // namespace
 }  // namespace cma

@@ -3,6 +3,7 @@
 // caching engine as cma's own pools, in arena mode (the default) and
 // classic, on the host backend.
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -257,6 +258,177 @@ INSTANTIATE_TEST_SUITE_P(Modes, PoolSourceTest,
                          [](const auto& info) {
                            return std::string(info.param[0] == '\0' ? "Arena" : "Classic");
                          });
+
+}  // namespace
+}  // namespace cma
+
+// Directed cases from the review of pools of another allocator.
+namespace cma {
+namespace {
+
+// Source whose Free records whether the segment's stream still had work queued.
+struct WatchLog : SourceLog {
+  HostBackend* backend = nullptr;
+  Stream watched = 0;
+  std::vector<std::int64_t> pending_at_free;
+};
+class WatchingSource final : public SegmentSource {
+ public:
+  explicit WatchingSource(WatchLog* log) : inner_(log), log_(log) {}
+  absl::StatusOr<void*> Allocate(int d, std::size_t bytes, Stream s) override {
+    return inner_.Allocate(d, bytes, s);
+  }
+  absl::Status Free(int d, void* ptr, std::size_t bytes) override {
+    log_->pending_at_free.push_back(log_->backend->PendingWork(log_->watched));
+    return inner_.Free(d, ptr, bytes);
+  }
+ private:
+  FakeSource inner_;
+  WatchLog* log_;
+};
+
+class PoolSourceDirectedTest : public MemPoolFixture {};
+
+// Another allocator's free does not wait for the GPU as cudaFree does: the
+// destructor (cma_shutdown) waits for the segment's streams first, as
+// EmptyCache does.
+TEST_F(PoolSourceDirectedTest, DestructorWaitsForTheStreamsBeforeGivingSourcedMemoryBack) {
+  WatchLog log;
+  log.backend = backend_.get();
+  log.watched = s1_;
+  const MemPoolId pool{5, 0};
+  ASSERT_TRUE(alloc_->CreatePoolWithSource(0, pool, std::make_shared<WatchingSource>(&log)).ok());
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
+  void* a = Alloc(4 * kMiB, 0, s1_);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, pool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  ASSERT_TRUE(backend_->EnqueueWork(s1_).ok());  // a kernel still using `a`
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  alloc_.reset();  // cma_shutdown
+  ASSERT_EQ(log.pending_at_free.size(), 1u);
+  EXPECT_EQ(log.pending_at_free[0], 0) << "the source got its memory back with work queued";
+}
+
+TEST_F(PoolSourceDirectedTest, EmptyCacheWaitsBeforeGivingSourcedMemoryBack) {
+  WatchLog log;
+  log.backend = backend_.get();
+  log.watched = s1_;
+  const MemPoolId pool{5, 0};
+  ASSERT_TRUE(alloc_->CreatePoolWithSource(0, pool, std::make_shared<WatchingSource>(&log)).ok());
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
+  void* a = Alloc(4 * kMiB, 0, s1_);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, pool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  ASSERT_TRUE(backend_->EnqueueWork(s1_).ok());
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  ASSERT_EQ(log.pending_at_free.size(), 1u);
+  EXPECT_EQ(log.pending_at_free[0], 0);
+}
+
+// A lent block outlives its pool's last reference: the pool drains after it.
+TEST_F(PoolSourceDirectedTest, LentBlockThenReleaseThenFreeDrains) {
+  for (const char* mode : {"", "segments:classic"}) {
+    SCOPED_TRACE(mode);
+    Remake(mode);
+    SourceLog log;
+    const MemPoolId pool{5, 0};
+    ASSERT_TRUE(alloc_->CreatePoolWithSource(0, pool, std::make_shared<FakeSource>(&log)).ok());
+    ASSERT_TRUE(alloc_->SetPoolOptions(0, pool, {.no_split = false, .use_on_oom = true}).ok());
+    ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
+    void* a = Alloc(12 * kMiB, 0, s1_);
+    ASSERT_TRUE(alloc_->EndAllocateToPool(0, pool).ok());
+    ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+    ASSERT_TRUE(alloc_->Free(a).ok());
+    ASSERT_TRUE(alloc_->SetMemoryFraction(12.0 * kMiB / (std::size_t{1} << 30), 0).ok());
+    absl::StatusOr<void*> b = alloc_->Allocate(12 * kMiB, 0, s1_);
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_EQ(*b, a);
+    ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+    ASSERT_TRUE(alloc_->EmptyCache().ok());
+    EXPECT_EQ(log.live.size(), 1u);
+    ExpectInvariants();
+    ASSERT_TRUE(alloc_->Free(*b).ok());
+    ASSERT_TRUE(alloc_->EmptyCache().ok());
+    EXPECT_TRUE(log.live.empty());
+    EXPECT_TRUE(log.destroyed);
+    EXPECT_FALSE(alloc_->GetPoolUseCount(0, pool).ok());
+    ExpectInvariants();
+    for (Stream s : {s1_, s2_}) ASSERT_TRUE(backend_->CompleteWork(s).ok());
+    alloc_.reset();
+  }
+}
+
+// MoveBatch refuses a sourced pointer of device 1 before device 0's
+// pointers move.
+TEST_F(PoolSourceDirectedTest, RefusedMoveBatchChangesNothing) {
+  Remake("", 2);
+  SourceLog log;
+  const MemPoolId pool{5, 0};
+  void* p0 = Alloc(4 * kMiB, 0, kDefaultStream);
+  ASSERT_TRUE(alloc_->CreatePoolWithSource(1, pool, std::make_shared<FakeSource>(&log)).ok());
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(1, pool, nullptr).ok());
+  void* q1 = Alloc(4 * kMiB, 1, kDefaultStream);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(1, pool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(1, pool).ok());
+  const std::string before = Fingerprint(*alloc_);
+  backend_->ClearRecords();
+  void* both[] = {p0, q1};
+  absl::Status s = alloc_->MoveBatch(both, Location::Host(), kDefaultStream);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(Fingerprint(*alloc_) == before) << "state changed";
+  EXPECT_EQ(Stats(0).moves, 0);
+  for (const PlacementRecord& r : backend_->Records()) {
+    ADD_FAILURE() << "placement call made: op " << static_cast<int>(r.op) << " on " << r.ptr
+                  << " (" << r.bytes << " bytes) to host=" << r.location.is_host();
+  }
+  ASSERT_TRUE(alloc_->Free(p0).ok());
+  ASSERT_TRUE(alloc_->Free(q1).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(1, pool).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+}
+
+// A source whose memory is 256-byte aligned (cudaMalloc's guarantee, RMM's
+// pool alignment), as PyTorch's MemPool(allocator=...) may get.
+class Aligned256Source final : public SegmentSource {
+ public:
+  explicit Aligned256Source(int* live) : live_(live) {}
+  absl::StatusOr<void*> Allocate(int, std::size_t bytes, Stream) override {
+    char* p = static_cast<char*>(std::aligned_alloc(4096, bytes + 4096));
+    ++*live_;
+    return p + 256;
+  }
+  absl::Status Free(int, void* ptr, std::size_t) override {
+    std::free(static_cast<char*>(ptr) - 256);
+    --*live_;
+    return absl::OkStatus();
+  }
+ private:
+  int* live_;
+};
+
+TEST_F(PoolSourceDirectedTest, CheckpointOfAPoolWith256AlignedSourceRestores) {
+  int live = 0;
+  const MemPoolId pool{5, 0};
+  ASSERT_TRUE(alloc_->CreatePoolWithSource(0, pool, std::make_shared<Aligned256Source>(&live)).ok());
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
+  void* a = Alloc(512, 0, s1_);
+  void* b = Alloc(512, 0, s1_);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, pool).ok());
+  absl::StatusOr<PoolCheckpoint> cp = alloc_->TakePoolCheckpoint(0, pool);
+  ASSERT_TRUE(cp.ok()) << cp.status();
+  ASSERT_TRUE(alloc_->Free(b).ok());
+  absl::StatusOr<PoolRestoreResult> r = alloc_->RestorePoolCheckpoint(*cp);
+  EXPECT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  if (r.ok()) ASSERT_TRUE(alloc_->Free(b).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(live, 0);
+}
 
 }  // namespace
 }  // namespace cma
