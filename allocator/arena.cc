@@ -260,12 +260,22 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
   // discard; it asks the GPU, or waits, first.
   const std::uint64_t seq = ++free_seq_;
   std::size_t done = 0;
+  absl::flat_hash_set<std::pair<Stream, Stream>> ordered;
   for (const Candidate* c : chosen) {
     if (!discarded[c->stream]) continue;
     ForgetIdlePage(c->seg, c->page);
     const std::uintptr_t page_end = c->seg->base + (c->page + 1) * kPageSize;
     for (Block* b = c->first; b != nullptr && b->addr < page_end; b = b->next) {
-      if (b->is_free()) b->free_seq = seq;
+      if (!b->is_free()) continue;
+      b->free_seq = seq;
+      // (Settled, a page may hold other streams' free blocks: each of them
+      // reuses its block, on its own stream, only after the discard, even
+      // if the caller's final wait for the discard's stream fails.)
+      if (b->stream != c->stream && ordered.insert({b->stream, c->stream}).second) {
+        if (absl::Status w = OrderAfter(b->stream, c->stream); !w.ok()) {
+          NotePlacementError(std::move(w));
+        }
+      }
     }
     ++done;
   }

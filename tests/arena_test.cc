@@ -261,8 +261,12 @@ TEST_F(ArenaTest, EmptyCacheDiscardsAPageSharedByTwoStreamsFreeBlocks) {
   ASSERT_TRUE(alloc_->Free(b).ok());
   EXPECT_EQ(Stats().idle_populated_bytes, 6 * kMiB);
   backend_->ClearRecords();
+  const std::int64_t waits = backend_->CallCount("StreamWaitEvent");
   ASSERT_TRUE(alloc_->EmptyCache().ok());
   EXPECT_EQ(Stats().idle_populated_bytes, 0);
+  // s2, whose free block shares the page discarded on s1, reuses it only
+  // after that discard (a GPU-side wait, not only the final host sync).
+  EXPECT_EQ(backend_->CallCount("StreamWaitEvent") - waits, 1);
   EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 2 * kMiB);  // `live`'s page alone
   EXPECT_EQ(BackendPopulated(), 2 * kMiB);
   // The shared page was discarded only after s2's queued work had run.
