@@ -2,6 +2,8 @@
 #include "allocator/device_allocator.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"

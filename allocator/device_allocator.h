@@ -605,10 +605,10 @@ class DeviceAllocator {
   absl::flat_hash_map<MemPoolId, std::uint32_t> mempool_index_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::uint32_t, PrivatePool> mempools_ ABSL_GUARDED_BY(mu_);
   std::uint32_t next_mempool_ ABSL_GUARDED_BY(mu_) = 1;
-  // The free blocks of a dissolved pool's own segments that the shared
-  // cache must not take: in arena mode every such segment, and another
-  // allocator's (a SegmentSource's) in any mode. No allocation takes them;
-  // they go back whole with the cache's memory.
+  // Arena mode: the free blocks of a dissolved pool's own segments, which
+  // no allocation takes; they go back whole with the cache's memory. (A
+  // pool of another allocator is not dissolved while it holds segments:
+  // see DissolveIfUnused.)
   static constexpr std::uint32_t kRetiredPool = ~std::uint32_t{0};
   struct PoolContext {
     std::uint32_t index;
