@@ -270,7 +270,8 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
       b->free_seq = seq;
       // (Settled, a page may hold other streams' free blocks: each of them
       // reuses its block, on its own stream, only after the discard, even
-      // if the caller's final wait for the discard's stream fails.)
+      // if the caller's final wait for the discard's stream fails; unless
+      // neither an event nor a wait can be had, a counted placement error.)
       if (b->stream != c->stream && ordered.insert({b->stream, c->stream}).second) {
         if (absl::Status w = OrderAfter(b->stream, c->stream); !w.ok()) {
           NotePlacementError(std::move(w));

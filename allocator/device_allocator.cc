@@ -52,7 +52,10 @@ DeviceAllocator::~DeviceAllocator() {
     (void)staging_.Release(*backend_);
   }
   // Another allocator's free does not wait for the GPU as cudaFree does:
-  // the streams that may still use a sourced segment are waited for first.
+  // the streams that may still use a sourced segment are waited for first,
+  // and so are events still pending (recorded for deferred frees just now,
+  // or not waited for above).
+  for (const PendingFree& p : pending_) (void)backend_->SynchronizeEvent(p.event);
   absl::flat_hash_set<Stream> waited;
   for (auto& [base, seg] : segments_) {
     if (seg->source == nullptr) continue;
@@ -348,8 +351,10 @@ absl::StatusOr<Block*> DeviceAllocator::NewClassicSegment(
   if (!mem.ok()) return mem.status();
   if (source != nullptr) {
     if (absl::Status s = CheckSourcedRange(*mem, size); !s.ok()) {
-      if (*mem != nullptr) (void)source->Free(device_, *mem, size);
-      return s;
+      // Given back unless it overlaps a segment held: the source may have
+      // handed out memory it still counts as ours, which its free would take.
+      if (*mem != nullptr && !absl::IsAlreadyExists(s)) (void)source->Free(device_, *mem, size);
+      return absl::InternalError(s.message());
     }
   }
   Block* b = AddSegment(*mem, size, pool, stream);
@@ -378,9 +383,10 @@ absl::Status DeviceAllocator::CheckSourcedRange(void* mem, std::size_t size) con
   const bool overlaps_prev =
       next != segments_.begin() && std::prev(next)->second->base + std::prev(next)->second->size > lo;
   if (overlaps_next || overlaps_prev) {
-    return absl::InternalError(absl::StrFormat(
-        "cma: a pool's own allocator returned %p for %d bytes, which overlaps memory cma holds",
-        mem, size));
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "cma: a pool's own allocator returned %p for %d bytes, which overlaps a segment device "
+        "%d holds (kept, not given back)",
+        mem, size, device_));
   }
   return absl::OkStatus();
 }

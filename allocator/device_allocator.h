@@ -102,9 +102,10 @@ class DeviceAllocator {
   // location (the caller, CachingManagedAllocator::MoveBatch, checks it).
   absl::Status Move(absl::Span<void* const> ptrs, Location target, Stream stream,
                     bool contents_dead) ABSL_LOCKS_EXCLUDED(mu_);
-  // What Move would refuse before any call: kFailedPrecondition for another
-  // allocator's memory, kNotFound for a pointer not allocated here. Lets a
-  // batch over several devices refuse before any of them moves.
+  // Part of what Move refuses, checked before any call: kFailedPrecondition
+  // for another allocator's memory, kNotFound for a pointer not allocated
+  // here. Lets a batch over several devices refuse those before any of
+  // them moves.
   absl::Status CheckMovable(absl::Span<void* const> ptrs) ABSL_LOCKS_EXCLUDED(mu_);
   // Marks the allocation at `ptr` as disposable (its contents may be
   // discarded by Sleep) until it is freed.
@@ -432,7 +433,8 @@ class DeviceAllocator {
                                     bool settled = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseSegment(Segment* seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether memory a SegmentSource returned can be a segment: a non-null,
-  // 256-byte aligned range overlapping no segment held.
+  // 256-byte aligned range (kInternal) overlapping no segment held
+  // (kAlreadyExists).
   absl::Status CheckSourcedRange(void* mem, std::size_t size) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives a segment's memory back to where it came from: its source, or

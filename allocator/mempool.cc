@@ -213,7 +213,7 @@ absl::StatusOr<Block*> DeviceAllocator::NewPoolSegment(std::size_t rounded, Pool
     (*b)->segment->source_pool = mempool;
     ++owner.segments;
   }
-  if (!b.ok()) {
+  if (!b.ok() && absl::IsResourceExhausted(b.status())) {
     // Quiet, the cache's idle memory cannot be given back (a discard or a
     // free would break a capture).
     return absl::Status(b.status().code(),
@@ -221,6 +221,7 @@ absl::StatusOr<Block*> DeviceAllocator::NewPoolSegment(std::size_t rounded, Pool
                                      "; while a pool is being allocated to, cached memory cannot "
                                      "be given back: empty_cache before the capture makes room"));
   }
+  if (!b.ok()) return b.status();
   (*b)->mempool = mempool;  // what a split of it leaves is the pool's too
   return b;
 }

@@ -432,3 +432,49 @@ TEST_F(PoolSourceDirectedTest, CheckpointOfAPoolWith256AlignedSourceRestores) {
 
 }  // namespace
 }  // namespace cma
+
+namespace cma {
+namespace {
+
+// A broken source that hands out the same memory twice.
+class RepeatingSource final : public SegmentSource {
+ public:
+  explicit RepeatingSource(int* frees) : frees_(frees) {}
+  ~RepeatingSource() override { std::free(mem_); }
+  absl::StatusOr<void*> Allocate(int, std::size_t bytes, Stream) override {
+    if (mem_ == nullptr) mem_ = std::aligned_alloc(4096, bytes);
+    return mem_;
+  }
+  absl::Status Free(int, void*, std::size_t) override {
+    ++*frees_;
+    return absl::OkStatus();  // the memory stays ours until the destructor
+  }
+
+ private:
+  void* mem_ = nullptr;
+  int* frees_;
+};
+
+TEST_F(PoolSourceDirectedTest, MemoryOverlappingASegmentIsRefusedAndNotGivenBack) {
+  int frees = 0;
+  const MemPoolId pool{5, 0};
+  ASSERT_TRUE(alloc_->CreatePoolWithSource(0, pool, std::make_shared<RepeatingSource>(&frees)).ok());
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
+  void* a = Alloc(12 << 20, 0, s1_);
+  const DeviceStats before = Stats();
+  absl::StatusOr<void*> b = alloc_->Allocate(12 << 20, 0, s1_);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(b.status().message(), ::testing::HasSubstr("overlaps a segment"));
+  EXPECT_EQ(frees, 0);  // freeing it would have freed `a`'s segment
+  EXPECT_EQ(Stats().segment[kAllPools].current, before.segment[kAllPools].current);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, pool).ok());
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(frees, 1);
+  ExpectInvariants();
+}
+
+}  // namespace
+}  // namespace cma
