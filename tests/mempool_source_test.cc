@@ -287,24 +287,31 @@ class WatchingSource final : public SegmentSource {
   WatchLog* log_;
 };
 
-class PoolSourceDirectedTest : public MemPoolFixture {};
+class PoolSourceDirectedTest : public MemPoolFixture {
+ protected:
+  // A released pool of a WatchingSource whose one block was freed while a
+  // kernel on s1_ still uses it: its segment waits to go back.
+  void FreeWhileItsStreamWorks(WatchLog* log) {
+    log->backend = backend_.get();
+    log->watched = s1_;
+    const MemPoolId pool{5, 0};
+    ASSERT_TRUE(alloc_->CreatePoolWithSource(0, pool, std::make_shared<WatchingSource>(log)).ok());
+    ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
+    void* a = Alloc(4 * kMiB, 0, s1_);
+    ASSERT_TRUE(alloc_->EndAllocateToPool(0, pool).ok());
+    ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+    ASSERT_TRUE(backend_->EnqueueWork(s1_).ok());  // a kernel still using `a`
+    ASSERT_TRUE(alloc_->Free(a).ok());
+    ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  }
+};
 
 // Another allocator's free does not wait for the GPU as cudaFree does: the
 // destructor (cma_shutdown) waits for the segment's streams first, as
 // EmptyCache does.
 TEST_F(PoolSourceDirectedTest, DestructorWaitsForTheStreamsBeforeGivingSourcedMemoryBack) {
   WatchLog log;
-  log.backend = backend_.get();
-  log.watched = s1_;
-  const MemPoolId pool{5, 0};
-  ASSERT_TRUE(alloc_->CreatePoolWithSource(0, pool, std::make_shared<WatchingSource>(&log)).ok());
-  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
-  void* a = Alloc(4 * kMiB, 0, s1_);
-  ASSERT_TRUE(alloc_->EndAllocateToPool(0, pool).ok());
-  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
-  ASSERT_TRUE(backend_->EnqueueWork(s1_).ok());  // a kernel still using `a`
-  ASSERT_TRUE(alloc_->Free(a).ok());
-  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  ASSERT_NO_FATAL_FAILURE(FreeWhileItsStreamWorks(&log));
   alloc_.reset();  // cma_shutdown
   ASSERT_EQ(log.pending_at_free.size(), 1u);
   EXPECT_EQ(log.pending_at_free[0], 0) << "the source got its memory back with work queued";
@@ -312,17 +319,7 @@ TEST_F(PoolSourceDirectedTest, DestructorWaitsForTheStreamsBeforeGivingSourcedMe
 
 TEST_F(PoolSourceDirectedTest, EmptyCacheWaitsBeforeGivingSourcedMemoryBack) {
   WatchLog log;
-  log.backend = backend_.get();
-  log.watched = s1_;
-  const MemPoolId pool{5, 0};
-  ASSERT_TRUE(alloc_->CreatePoolWithSource(0, pool, std::make_shared<WatchingSource>(&log)).ok());
-  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, pool, Only(s1_)).ok());
-  void* a = Alloc(4 * kMiB, 0, s1_);
-  ASSERT_TRUE(alloc_->EndAllocateToPool(0, pool).ok());
-  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
-  ASSERT_TRUE(backend_->EnqueueWork(s1_).ok());
-  ASSERT_TRUE(alloc_->Free(a).ok());
-  ASSERT_TRUE(alloc_->ReleasePool(0, pool).ok());
+  ASSERT_NO_FATAL_FAILURE(FreeWhileItsStreamWorks(&log));
   ASSERT_TRUE(alloc_->EmptyCache().ok());
   ASSERT_EQ(log.pending_at_free.size(), 1u);
   EXPECT_EQ(log.pending_at_free[0], 0);
