@@ -104,7 +104,10 @@ struct Segment {
   // segment_source.h), given back to it; null for the backend's managed
   // memory.
   std::shared_ptr<SegmentSource> source;
-  std::uint32_t source_pool = 0;  // with a source: the private pool it serves
+  // The private pool whose own segment this is, when the segment drains
+  // with the pool rather than serve the shared cache once it is released
+  // (DeviceAllocator::DrainsWithItsPool); 0 otherwise.
+  std::uint32_t owner_pool = 0;
   PageMap pages;
 
   // Whether the allocator places this memory (advice, prefetch, discard,

@@ -398,11 +398,11 @@ class DeviceAllocator {
   // segment's one block, pool `mempool`'s.
   absl::StatusOr<Block*> NewPoolSegment(std::size_t rounded, PoolKind pool, Stream stream,
                                         std::uint32_t mempool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One allocation of `size` bytes from the backend (or from `source`),
-  // reserved whole, refused when it would take reserved bytes past the
-  // budget.
+  // One allocation of `size` bytes from the backend (or from the
+  // SegmentSource of private pool `mempool`, when it has one), reserved
+  // whole, refused when it would take reserved bytes past the budget.
   absl::StatusOr<Block*> NewClassicSegment(std::size_t size, PoolKind pool, Stream stream,
-                                           const std::shared_ptr<SegmentSource>& source = nullptr)
+                                           std::uint32_t mempool = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether private pool `index` is released (no reference, no context) and
   // waits only for its blocks in use: its wholly free segments may go.
@@ -602,16 +602,15 @@ class DeviceAllocator {
     bool no_split = false;    // PoolOptions
     bool use_on_oom = false;
     std::shared_ptr<SegmentSource> source;  // null: the backend's managed memory
-    std::size_t segments = 0;  // with a source: the segments it made that are held
+    std::size_t segments = 0;  // its own segments held that drain with it (Segment::owner_pool)
   };
   absl::flat_hash_map<MemPoolId, std::uint32_t> mempool_index_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::uint32_t, PrivatePool> mempools_ ABSL_GUARDED_BY(mu_);
+  // Whether `pool`'s own segments stay its own once it is released, until
+  // they go back with the cache's memory (Segment::owner_pool), rather
+  // than join the shared cache.
+  bool DrainsWithItsPool(const PrivatePool& pool) const;
   std::uint32_t next_mempool_ ABSL_GUARDED_BY(mu_) = 1;
-  // Arena mode: the free blocks of a dissolved pool's own segments, which
-  // no allocation takes; they go back whole with the cache's memory. (A
-  // pool of another allocator is not dissolved while it holds segments:
-  // see DissolveIfUnused.)
-  static constexpr std::uint32_t kRetiredPool = ~std::uint32_t{0};
   struct PoolContext {
     std::uint32_t index;
     StreamFilter filter;

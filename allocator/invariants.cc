@@ -90,8 +90,22 @@ absl::Status DeviceAllocator::CheckInvariants() {
       return Broken(absl::StrFormat("block %#x waits for a capture's joins but is not deferred", b->addr));
     }
   }
+  absl::flat_hash_map<std::uint32_t, std::size_t> owned_segments;
   for (auto& [base, seg] : segments_) {
     if (base != seg->base) return Broken("segment map key differs from segment base");
+    if (seg->owner_pool != 0) {
+      auto owner = mempools_.find(seg->owner_pool);
+      if (owner == mempools_.end()) {
+        return Broken(absl::StrFormat("segment %#x drains with pool %d, which is gone", base,
+                                      seg->owner_pool));
+      }
+      if (owner->second.source != seg->source) {
+        return Broken(absl::StrFormat("segment %#x is not from its pool's source", base));
+      }
+      ++owned_segments[seg->owner_pool];
+    } else if (seg->source != nullptr) {
+      return Broken(absl::StrFormat("segment %#x of another allocator has no pool", base));
+    }
     if (base < previous_end) return Broken(absl::StrFormat("segment %#x overlaps its predecessor", base));
     previous_end = base + seg->size;
     // An arena reserves only its populated pages, each under the size
@@ -116,6 +130,13 @@ absl::Status DeviceAllocator::CheckInvariants() {
     std::uintptr_t expect = seg->base;
     for (const Block* b = seg->first; b != nullptr; b = b->next) {
       if (b->segment != seg) return Broken(absl::StrFormat("block %#x names the wrong segment", b->addr));
+      if (b->mempool != 0 && !mempools_.contains(b->mempool)) {
+        return Broken(absl::StrFormat("block %#x names pool %d, which is gone", b->addr, b->mempool));
+      }
+      if (seg->owner_pool != 0 && b->mempool != seg->owner_pool) {
+        return Broken(absl::StrFormat("block %#x of pool %d's own segment is pool %d's", b->addr,
+                                      seg->owner_pool, b->mempool));
+      }
       if (b->addr != expect) return Broken(absl::StrFormat("gap or overlap at %#x in segment %#x", expect, base));
       if (b->size == 0) return Broken(absl::StrFormat("empty block at %#x", b->addr));
       if (b->next != nullptr && b->next->prev != b) return Broken(absl::StrFormat("broken links after %#x", b->addr));
@@ -150,6 +171,14 @@ absl::Status DeviceAllocator::CheckInvariants() {
       }
     }
     if (expect != seg->base + seg->size) return Broken(absl::StrFormat("blocks of segment %#x do not add up to its size", base));
+  }
+  for (const auto& [index, pool] : mempools_) {
+    const auto owned = owned_segments.find(index);
+    const std::size_t n = owned == owned_segments.end() ? 0 : owned->second;
+    if (n != pool.segments) {
+      return Broken(absl::StrFormat("pool %d counts %d segments of its own, holds %d", index,
+                                    pool.segments, n));
+    }
   }
   // Each pool also holds one sentinel.
   if (small_pool_.size() + (recent_[0] != nullptr) != free_blocks[0] + 1 ||

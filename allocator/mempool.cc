@@ -169,50 +169,46 @@ void DeviceAllocator::DissolveIfUnused(std::uint32_t index) {
   for (const PoolContext& c : contexts_) {
     if (c.index == index) return;  // still being allocated to
   }
-  // Another allocator's memory never serves the shared cache: the pool
-  // stays, released, until its last segment has gone back (ReleaseSegment),
-  // so that emptying its cache by its id (what PyTorch's MemPool does as it
-  // goes) still finds it.
-  if (it->second.source != nullptr) {
-    if (it->second.segments == 0) {
-      mempool_index_.erase(it->second.id);
-      mempools_.erase(it);
-    }
-    return;
-  }
-  // Its free blocks rejoin the shared cache, on their streams.
+  // Its free blocks rejoin the shared cache, on their streams, but for
+  // those of its own segments that drain with it: they stay its own, and
+  // the pool stays known, released, until the last of those segments has
+  // gone back with the cache's memory (ReleaseSegment), so that emptying
+  // its cache by its id (what PyTorch's MemPool does as it goes) finds them
+  // and, as in PyTorch, taking the id again before then takes them back.
   FlushRecent();
   std::vector<Block*> blocks;
   for (BlockPool* pool : {&small_pool_, &large_pool_}) {
     Block key;
     key.mempool = index;
     for (auto b = pool->lower_bound(&key); b != pool->end() && (*b)->mempool == index; ++b) {
-      blocks.push_back(*b);
+      if ((*b)->segment->owner_pool != index) blocks.push_back(*b);
     }
   }
   for (Block* b : blocks) {
     EraseFree(b);
-    // In arena mode the shared cache lives in arenas: the pool's own
-    // segments only wait to be given back with the cache's memory (PyTorch
-    // frees a released pool's segments, never lends them to the default
-    // pool, whose allocations would keep them from being freed whole).
-    b->mempool = arena_mode() && !b->segment->arena ? kRetiredPool : 0;
+    b->mempool = 0;
     b->no_split = false;  // the shared cache splits and merges it again
     ReturnBlock(b);
   }
-  mempool_index_.erase(it->second.id);
-  mempools_.erase(it);
-  if (!quiet()) CoalesceUnmerged();
+  if (it->second.segments == 0) {
+    mempool_index_.erase(it->second.id);
+    mempools_.erase(it);
+  }
+  if (!blocks.empty() && !quiet()) CoalesceUnmerged();
+}
+
+bool DeviceAllocator::DrainsWithItsPool(const PrivatePool& pool) const {
+  // Another allocator's memory never serves the shared cache. In arena mode
+  // the shared cache lives in arenas: a pool's own classic segments would
+  // only be split by the default pool's allocations, which would keep them
+  // from ever going back whole (PyTorch frees a released pool's segments,
+  // never lends them to the default pool).
+  return pool.source != nullptr || arena_mode();
 }
 
 absl::StatusOr<Block*> DeviceAllocator::NewPoolSegment(std::size_t rounded, PoolKind pool,
                                                        Stream stream, std::uint32_t mempool) {
-  PrivatePool& owner = mempools_[mempool];
-  absl::StatusOr<Block*> b = NewClassicSegment(SegmentSizeFor(rounded), pool, stream, owner.source);
-  if (b.ok() && owner.source != nullptr) {
-    (*b)->segment->source_pool = mempool;
-    ++owner.segments;
-  }
+  absl::StatusOr<Block*> b = NewClassicSegment(SegmentSizeFor(rounded), pool, stream, mempool);
   if (!b.ok() && absl::IsResourceExhausted(b.status())) {
     // Quiet, the cache's idle memory cannot be given back (a discard or a
     // free would break a capture).
@@ -246,7 +242,7 @@ void* DeviceAllocator::TakeFromUseOnOomPools(std::size_t rounded, std::size_t re
   for (const auto& [index, p] : mempools_) {
     // Advice cannot apply to another allocator's memory: such a pool lends
     // only to allocations without it.
-    if (p.use_on_oom && p.use_count > 0 && index != mempool &&
+    if (p.use_on_oom && p.use_count > 0 &&
         (hints == nullptr || p.source == nullptr)) {
       lenders.push_back(index);
     }

@@ -40,7 +40,7 @@ std::size_t DeviceAllocator::ReleaseIdleSegments(std::size_t goal, std::uint32_t
     bool all_free = true, has_pool = mempool == 0;
     for (const Block* b = seg->first; b != nullptr && all_free; b = b->next) {
       all_free = b->is_free() && (b->mempool == 0 || b->mempool == mempool ||
-                                  b->mempool == kRetiredPool || PoolReleased(b->mempool));
+                                  PoolReleased(b->mempool));
       has_pool = has_pool || b->mempool == mempool;
     }
     if (all_free && has_pool) idle.push_back(seg);
@@ -93,11 +93,11 @@ void DeviceAllocator::ReleaseSegment(Segment* seg) {
   }
   ++stats_.num_device_free;
   segments_.erase(seg->base);
-  const std::uint32_t source_pool = seg->source_pool;
+  const std::uint32_t owner_pool = seg->owner_pool;
   delete seg;
-  if (source_pool != 0) {  // a released pool of another allocator goes with its last segment
-    --mempools_[source_pool].segments;
-    DissolveIfUnused(source_pool);
+  if (owner_pool != 0) {  // a released pool goes with the last of its own segments
+    --mempools_[owner_pool].segments;
+    DissolveIfUnused(owner_pool);
   }
 }
 

@@ -18,8 +18,11 @@ absl::StatusOr<Block*> DeviceAllocator::NewSegment(std::size_t rounded, PoolKind
   return NewClassicSegment(SegmentSizeFor(rounded), pool, stream);
 }
 
-absl::StatusOr<Block*> DeviceAllocator::NewClassicSegment(
-    std::size_t size, PoolKind pool, Stream stream, const std::shared_ptr<SegmentSource>& source) {
+absl::StatusOr<Block*> DeviceAllocator::NewClassicSegment(std::size_t size, PoolKind pool,
+                                                          Stream stream, std::uint32_t mempool) {
+  auto owner = mempool == 0 ? mempools_.end() : mempools_.find(mempool);
+  const std::shared_ptr<SegmentSource> source =
+      owner == mempools_.end() ? nullptr : owner->second.source;
   const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
   if (reserved + size > budget_) {
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -39,6 +42,10 @@ absl::StatusOr<Block*> DeviceAllocator::NewClassicSegment(
   }
   Block* b = AddSegment(*mem, size, pool, stream);
   UpdateStat(stats_.reserved_bytes, pool, size);
+  if (owner != mempools_.end() && DrainsWithItsPool(owner->second)) {
+    b->segment->owner_pool = mempool;
+    ++owner->second.segments;
+  }
   if (source != nullptr) {
     b->segment->source = source;  // another allocator's memory: nothing to advise or place
   } else if (quiet()) {

@@ -44,8 +44,8 @@ class MemPoolOptionsTest : public MemPoolFixture {
 // A pool grows by a segment of its own of the request's segment size (2 MiB
 // for a small request), as PyTorch's pools do: the shared cache's blocks
 // stay together, the segment's rest serves the pool, and once the pool is
-// released and empty the segment is the shared cache's until empty_cache
-// gives it back whole.
+// released and empty the segment stays the pool's (it drains) until
+// empty_cache gives it back whole.
 TEST_F(MemPoolOptionsTest, APoolTakesASegmentOfItsOwn) {
   ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
   void* a = Alloc(kMiB, 0, s1_);
@@ -65,8 +65,13 @@ TEST_F(MemPoolOptionsTest, APoolTakesASegmentOfItsOwn) {
   EXPECT_EQ(pool_segment_bytes, static_cast<std::int64_t>(2 * kMiB));
   ExpectInvariants();
   for (void* x : {a, b, p, q}) ASSERT_TRUE(alloc_->Free(x).ok());
-  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());  // dissolves: the segment is shared now
-  EXPECT_EQ(BlockAt(p).pool, (MemPoolId{0, 0}));
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());  // released and empty: it drains
+  EXPECT_EQ(BlockAt(p).pool, kPool);
+  void* shared = Alloc(kMiB, 0, s1_);
+  const bool in_pool_segment = static_cast<char*>(shared) >= static_cast<char*>(p) &&
+                               static_cast<char*>(shared) < static_cast<char*>(p) + 2 * kMiB;
+  EXPECT_FALSE(in_pool_segment);  // the shared cache does not take it
+  ASSERT_TRUE(alloc_->Free(shared).ok());
   ExpectInvariants();
   ASSERT_TRUE(alloc_->EmptyCache().ok());
   EXPECT_EQ(Stats().segment[kSmallPool].current, 0);

@@ -39,10 +39,12 @@ TEST_F(MemPoolTest, APoolsBlocksServeOnlyThatPool) {
   EXPECT_EQ(alloc_->ReleasePool(0, kPool).code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Once released and empty a pool is gone; in arena mode its segment waits to
-// be given back with the cache's memory (never lent to the shared cache,
-// which lives in arenas), in classic mode it joins the shared cache.
-TEST_F(MemPoolTest, AReleasedPoolIsGoneOnceEmptyAndItsSegmentWaitsForEmptyCache) {
+// Once released and empty a pool drains: in arena mode it keeps its own
+// segment (never lent to the shared cache, which lives in arenas) and stays
+// known until the cache's memory goes back, as PyTorch keeps a released
+// pool until its segments are freed; in classic mode it is gone at once and
+// the shared cache takes its segment.
+TEST_F(MemPoolTest, AReleasedPoolDrainsWithItsSegmentUntilEmptyCache) {
   ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());  // a MemPool
   ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, nullptr).ok());
   void* a = Alloc(6 * kMiB, 0, s1_);
@@ -56,13 +58,14 @@ TEST_F(MemPoolTest, AReleasedPoolIsGoneOnceEmptyAndItsSegmentWaitsForEmptyCache)
   ASSERT_TRUE(alloc_->Free(other).ok());
   ASSERT_TRUE(alloc_->Free(b).ok());  // the last: the pool dissolves
   ExpectInvariants();
-  EXPECT_FALSE(alloc_->CheckPoolLiveAllocations(0, kPool, {}).ok());  // gone
+  EXPECT_TRUE(alloc_->CheckPoolLiveAllocations(0, kPool, {}).ok());  // known, draining
   void* shared = Alloc(12 * kMiB, 0, s1_);
   EXPECT_NE(shared, a);  // not the pool's old segment
-  EXPECT_EQ(Stats().segment[kLargePool].current, 2);  // an arena and the waiting segment
+  EXPECT_EQ(Stats().segment[kLargePool].current, 2);  // an arena and the draining segment
   ASSERT_TRUE(alloc_->Free(shared).ok());
   ASSERT_TRUE(alloc_->EmptyCache().ok());
   EXPECT_EQ(Stats().segment[kAllPools].current, 0);
+  EXPECT_FALSE(alloc_->CheckPoolLiveAllocations(0, kPool, {}).ok());  // gone with it
   ExpectInvariants();
   Remake("segments:classic");  // classic: the shared cache takes it, a and b merged
   ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, nullptr).ok());
@@ -71,7 +74,34 @@ TEST_F(MemPoolTest, AReleasedPoolIsGoneOnceEmptyAndItsSegmentWaitsForEmptyCache)
   ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
   ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
   for (void* x : {a, b}) ASSERT_TRUE(alloc_->Free(x).ok());
+  EXPECT_FALSE(alloc_->CheckPoolLiveAllocations(0, kPool, {}).ok());  // gone at once
   EXPECT_EQ(Alloc(12 * kMiB, 0, s1_), a);
+  ExpectInvariants();
+}
+
+// A released pool that still drains is taken back whole by its id, as
+// PyTorch's graph pools are until their segments are freed; the segment is
+// counted once, and goes back once, whichever way the pool ends.
+TEST_F(MemPoolTest, TakingADrainingPoolsIdAgainTakesItsSegmentBack) {
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, nullptr).ok());
+  void* a = Alloc(6 * kMiB, 0, s1_);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->Free(a).ok());  // released and empty: it drains
+  const std::int64_t segments = Stats().segment[kAllPools].current;
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, nullptr).ok());
+  EXPECT_EQ(Alloc(6 * kMiB, 0, s1_), a);  // its own again
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  EXPECT_EQ(Stats().segment[kAllPools].current, segments);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());  // a live pool's segment stays
+  EXPECT_EQ(Stats().segment[kAllPools].current, 1);
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+  ExpectInvariants();
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Stats().segment[kAllPools].current, 0);
+  EXPECT_EQ(Stats().reserved_bytes[kAllPools].current, 0);
+  EXPECT_FALSE(alloc_->CheckPoolLiveAllocations(0, kPool, {}).ok());
   ExpectInvariants();
 }
 

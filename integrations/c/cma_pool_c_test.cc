@@ -112,7 +112,9 @@ TEST_F(PoolCApiTest, ReleaseCtxMayCallCmaFree) {
   EXPECT_EQ(r.freed, 0) << cma_last_error();
   EXPECT_EQ(cma_pool_use_count(0, 7, 0), 1);
   EXPECT_EQ(cma_pool_release(0, 7, 0), 0);
-  EXPECT_EQ(cma_pool_use_count(0, 7, 0), -1);  // released and empty: dissolved
+  EXPECT_EQ(cma_pool_use_count(0, 7, 0), 0);  // released and empty: its segment drains
+  EXPECT_EQ(cma_empty_cache(), 0);
+  EXPECT_EQ(cma_pool_use_count(0, 7, 0), -1);  // gone with it
 }
 
 // Without a filter, the context is still released only at the end (it was
