@@ -189,7 +189,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     return Fraction(device, &f) ? f : 1.0;
   }
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<std::mutex> l(fraction_mu_);  // the setting and its record together
     if (api.set_memory_fraction(fraction, device) != 0) Fail("setMemoryFraction");
     fractions_[device] = fraction;
   }
@@ -448,7 +448,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   static void DeleteFilter(void* ctx) { delete static_cast<Filter*>(ctx); }
   // The user's memory fraction of `device`; false if none was set.
   bool Fraction(c10::DeviceIndex device, double* fraction) {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<std::mutex> l(fraction_mu_);
     auto f = fractions_.find(device);
     if (f == fractions_.end()) return false;
     *fraction = f->second;
@@ -500,6 +500,8 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   // One traced empty_cache at a time: each compares its own before and
   // after (two at once would both trace the same release).
   std::mutex empty_cache_trace_mu_;
+  std::mutex fraction_mu_;
+  std::unordered_map<int, double> fractions_;  // setMemoryFraction's, per device
   std::mutex mu_;  // everything below
   cca::CreateContextFn recorder_ = nullptr;
   RecordContext when_ = RecordContext::NEVER;
@@ -513,7 +515,6 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
   std::vector<c10::CachingDeviceAllocator::AllocatorTraceTracker> trackers_;
   c10::ApproximateClockToUnixTimeConverter clock_;
-  std::unordered_map<int, double> fractions_;  // setMemoryFraction's, per device
   CaptureWatch captures_;  // contexts of captures that may fail without ending them
 };
 
