@@ -137,6 +137,10 @@ def route_main(a):
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch_routes.install(a.route)
     import torch
+    if a.keep_cache:
+        # torch.cuda.graph empties the cache before every capture; this
+        # takes that call (and its discards under cma) out of the run.
+        torch.cuda.empty_cache = lambda: None
     torch.use_deterministic_algorithms(True)
     import torch._inductor.config as inductor_config
     if hasattr(inductor_config, "deterministic"):
@@ -236,6 +240,9 @@ def main():
     ap.add_argument("--small", action="store_true", help="the small model (--quick sets it)")
     ap.add_argument("--no-prepare", action="store_true",
                     help="skip the untimed process that fills inductor's cache")
+    ap.add_argument("--keep-cache", action="store_true",
+                    help="torch.cuda.empty_cache does nothing in the measured processes (an "
+                         "experiment: the captures' empty_cache calls taken out)")
     a = ap.parse_args()
     if a.quick:
         a.rounds, a.small = 1, True
@@ -246,7 +253,8 @@ def main():
 
     def argv_for(route, k):
         return [sys.executable, os.path.abspath(__file__), "--route", route, "--round-index",
-                str(k)] + (["--small"] if a.small else [])
+                str(k)] + (["--small"] if a.small else []) + (
+                    ["--keep-cache"] if a.keep_cache else [])
 
     if not a.no_prepare:  # compile everything once, outside the measured processes
         warm = torch_routes.run_rounds(argv_for, ["native"], 1, 2 * a.timeout, a.budget,
