@@ -104,9 +104,9 @@ struct Segment {
   // segment_source.h), given back to it; null for the backend's managed
   // memory.
   std::shared_ptr<SegmentSource> source;
-  // The private pool whose own segment this is, when the segment drains
-  // with the pool rather than serve the shared cache once it is released
-  // (DeviceAllocator::DrainsWithItsPool); 0 otherwise.
+  // The private pool whose own segment this is (0: the shared cache's).
+  // A pool's blocks lie only in its own segments, which never serve the
+  // shared cache: released, the pool drains with them (mempool.cc).
   std::uint32_t owner_pool = 0;
   PageMap pages;
 

@@ -174,8 +174,9 @@ class CachingManagedAllocator {
                                                 absl::Span<void* const> expected);
   // References on the pool: MemPool objects (CreateOrIncrefPool) and
   // contexts (BeginAllocateToPool) not yet given back by ReleasePool
-  // (PyTorch's getPoolUseCount). kInvalidArgument for an unknown pool (one
-  // never made, or one released and emptied, which has dissolved).
+  // (PyTorch's getPoolUseCount): 0 for a released pool that still drains.
+  // kInvalidArgument for an unknown pool (one never made, or one whose
+  // segments have all gone back).
   absl::StatusOr<int> GetPoolUseCount(int device, MemPoolId id);
   // PyTorch's emptyCache(mempool_id): once a pool holds no reference (it is
   // released but some of its allocations live), its idle memory goes back
@@ -183,8 +184,8 @@ class CachingManagedAllocator {
   // free (in this pool, or in it and the shared cache) are freed, and in
   // arenas the idle pages inside its free blocks are discarded. A pool with
   // references keeps everything (a CUDA graph may replay into its free
-  // blocks) and an unknown pool (dissolved: its blocks are already the
-  // shared cache's) has nothing; both return OK, as PyTorch does.
+  // blocks) and an unknown pool (its segments all gone back) has nothing;
+  // both return OK, as PyTorch does.
   // kFailedPrecondition while a pool context of the device is open.
   absl::Status EmptyPoolCache(int device, MemPoolId id);
   // The pool's live allocations, for RestorePoolCheckpoint. Refused

@@ -602,14 +602,10 @@ class DeviceAllocator {
     bool no_split = false;    // PoolOptions
     bool use_on_oom = false;
     std::shared_ptr<SegmentSource> source;  // null: the backend's managed memory
-    std::size_t segments = 0;  // its own segments held that drain with it (Segment::owner_pool)
+    std::size_t segments = 0;  // its own segments held (Segment::owner_pool), its blocks' only home
   };
   absl::flat_hash_map<MemPoolId, std::uint32_t> mempool_index_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::uint32_t, PrivatePool> mempools_ ABSL_GUARDED_BY(mu_);
-  // Whether `pool`'s own segments stay its own once it is released, until
-  // they go back with the cache's memory (Segment::owner_pool), rather
-  // than join the shared cache.
-  bool DrainsWithItsPool(const PrivatePool& pool) const;
   std::uint32_t next_mempool_ ABSL_GUARDED_BY(mu_) = 1;
   struct PoolContext {
     std::uint32_t index;

@@ -96,7 +96,7 @@ absl::Status DeviceAllocator::CheckInvariants() {
     if (seg->owner_pool != 0) {
       auto owner = mempools_.find(seg->owner_pool);
       if (owner == mempools_.end()) {
-        return Broken(absl::StrFormat("segment %#x drains with pool %d, which is gone", base,
+        return Broken(absl::StrFormat("segment %#x is pool %d's, which is gone", base,
                                       seg->owner_pool));
       }
       if (owner->second.source != seg->source) {
@@ -133,9 +133,9 @@ absl::Status DeviceAllocator::CheckInvariants() {
       if (b->mempool != 0 && !mempools_.contains(b->mempool)) {
         return Broken(absl::StrFormat("block %#x names pool %d, which is gone", b->addr, b->mempool));
       }
-      if (seg->owner_pool != 0 && b->mempool != seg->owner_pool) {
-        return Broken(absl::StrFormat("block %#x of pool %d's own segment is pool %d's", b->addr,
-                                      seg->owner_pool, b->mempool));
+      if (b->mempool != seg->owner_pool) {
+        return Broken(absl::StrFormat("block %#x is pool %d's, in a segment of pool %d", b->addr,
+                                      b->mempool, seg->owner_pool));
       }
       if (b->addr != expect) return Broken(absl::StrFormat("gap or overlap at %#x in segment %#x", expect, base));
       if (b->size == 0) return Broken(absl::StrFormat("empty block at %#x", b->addr));

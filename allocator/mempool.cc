@@ -2,13 +2,12 @@
 // and CUDA graph pools, in the allocator core so that every framework gets
 // the same semantics and the host backend tests them.
 //
-// A block handed out for a pool belongs to it for good: freed, it waits in
-// the pool (keyed by the pool first in the free-block order, so it serves
-// and merges with no one else) until the pool is released and empty; then
-// its blocks rejoin the shared cache and merge with their neighbours there.
-// A released pool's memory is given back only when cached memory is (never
-// at the release itself, as in PyTorch): a block freed during another
-// graph's capture may still be written by that graph's replays.
+// A pool's blocks lie in segments of its own and belong to it for good:
+// freed, a block waits in the pool (keyed by the pool first in the
+// free-block order, so it serves and merges with no one else). Released and
+// empty, the pool drains: its segments serve no one and are given back
+// only when cached memory is, after a wait for the device (never at the
+// release itself, as in PyTorch): a graph may still be replaying into them.
 // While any pool is being allocated to, a CUDA graph capture may be under way
 // on some stream, so the allocator is quiet: no query, event, sync,
 // placement or discard call (PyTorch's allocator likewise stops processing
@@ -169,41 +168,19 @@ void DeviceAllocator::DissolveIfUnused(std::uint32_t index) {
   for (const PoolContext& c : contexts_) {
     if (c.index == index) return;  // still being allocated to
   }
-  // Its free blocks rejoin the shared cache, on their streams, but for
-  // those of its own segments that drain with it: they stay its own, and
-  // the pool stays known, released, until the last of those segments has
-  // gone back with the cache's memory (ReleaseSegment), so that emptying
-  // its cache by its id (what PyTorch's MemPool does as it goes) finds them
-  // and, as in PyTorch, taking the id again before then takes them back.
-  FlushRecent();
-  std::vector<Block*> blocks;
-  for (BlockPool* pool : {&small_pool_, &large_pool_}) {
-    Block key;
-    key.mempool = index;
-    for (auto b = pool->lower_bound(&key); b != pool->end() && (*b)->mempool == index; ++b) {
-      if ((*b)->segment->owner_pool != index) blocks.push_back(*b);
-    }
-  }
-  for (Block* b : blocks) {
-    EraseFree(b);
-    b->mempool = 0;
-    b->no_split = false;  // the shared cache splits and merges it again
-    ReturnBlock(b);
-  }
+  // Released and empty, it drains: its blocks, all in segments of its own,
+  // never serve the shared cache. A graph may still be replaying into them
+  // on a stream cma never sees (PyTorch's current stream), so they are only
+  // given back whole, with the cache's memory, after a wait for the device
+  // (ReleaseIdleSegments), as PyTorch only cudaFrees a released pool's
+  // segments. The pool stays known until the last of them has gone
+  // (ReleaseSegment), so that emptying its cache by its id (what PyTorch's
+  // MemPool does as it goes) finds them and, as in PyTorch, taking the id
+  // again before then takes them back.
   if (it->second.segments == 0) {
     mempool_index_.erase(it->second.id);
     mempools_.erase(it);
   }
-  if (!blocks.empty() && !quiet()) CoalesceUnmerged();
-}
-
-bool DeviceAllocator::DrainsWithItsPool(const PrivatePool& pool) const {
-  // Another allocator's memory never serves the shared cache. In arena mode
-  // the shared cache lives in arenas: a pool's own classic segments would
-  // only be split by the default pool's allocations, which would keep them
-  // from ever going back whole (PyTorch frees a released pool's segments,
-  // never lends them to the default pool).
-  return pool.source != nullptr || arena_mode();
 }
 
 absl::StatusOr<Block*> DeviceAllocator::NewPoolSegment(std::size_t rounded, PoolKind pool,

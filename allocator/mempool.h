@@ -1,11 +1,11 @@
 // Private memory pools (PyTorch's MemPool and CUDA graph pools).
 //
 // While a pool is being allocated to (DeviceAllocator::BeginAllocateToPool),
-// allocations from the streams its filter accepts come from that pool: its
-// free blocks serve no one else, and the shared cache only lends it space,
-// which becomes the pool's for good once handed out. A pool lives while its
-// use count is above zero or it holds allocations; then its free blocks go
-// back to the shared cache, where they merge with their neighbours.
+// allocations from the streams its filter accepts come from that pool: it
+// grows by segments of its own, whose blocks serve no one else. A pool
+// lives while its use count is above zero or it holds allocations; then it
+// drains: known by its id, its segments serving no one, until they are
+// given back with the cache's memory.
 //
 // Thread safety: plain value types; the allocator guards its pools.
 #ifndef CMA_ALLOCATOR_MEMPOOL_H_

@@ -42,7 +42,7 @@ absl::StatusOr<Block*> DeviceAllocator::NewClassicSegment(std::size_t size, Pool
   }
   Block* b = AddSegment(*mem, size, pool, stream);
   UpdateStat(stats_.reserved_bytes, pool, size);
-  if (owner != mempools_.end() && DrainsWithItsPool(owner->second)) {
+  if (owner != mempools_.end()) {
     b->segment->owner_pool = mempool;
     ++owner->second.segments;
   }

@@ -72,12 +72,10 @@ TEST_P(PoolCheckpointTest, UseCountsFollowCreateBeginEndAndRelease) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(alloc_->GetPoolUseCount(5, kPool).status().code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(alloc_->Free(p).ok());  // the last: released and empty
-  // In arena mode its own segment drains with it (known, use count 0, until
-  // the cache's memory goes back); in classic mode it joined the shared cache.
-  if (GetParam() == std::string("segments:arena")) {
-    EXPECT_EQ(*alloc_->GetPoolUseCount(0, kPool), 0);
-    ASSERT_TRUE(alloc_->EmptyCache().ok());
-  }
+  // Its own segment drains with it: known, use count 0, until the cache's
+  // memory goes back.
+  EXPECT_EQ(*alloc_->GetPoolUseCount(0, kPool), 0);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
   EXPECT_THAT(alloc_->GetPoolUseCount(0, kPool).status().message(), HasSubstr("does not exist"));
 }
 
