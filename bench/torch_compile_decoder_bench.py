@@ -226,7 +226,19 @@ def route_main(a):
     if captures[0] is not None and captures[0] < len(cfg["prompts"]) + 1:
         problems.append("only %d CUDA graphs captured (expected %d shapes)" % (
             captures[0], len(cfg["prompts"]) + 1))
+    counters = None
+    if a.route == "cma":  # what cma did to pages, to set beside the token check
+        try:
+            from cma import _lib as cma_lib
+            st = cma_lib.stats(0)
+            counters = {k: st.get(k) for k in (
+                "num_pages_populated", "num_pages_discarded", "discard_calls",
+                "num_discard_waits", "num_sync_all_streams", "num_cross_stream_reuse",
+                "num_placement_errors", "prefetch_calls")}
+        except Exception as e:  # the check is advisory
+            counters = {"error": "%s: %s" % (type(e).__name__, e)}
     torch_routes.emit({"route": a.route, "metrics": metrics, "config": cfg,
+                       "cma_counters": counters,
                        "check": {"tokens_sha256_16": digests},
                        "per_request": {"decode_tokens_per_s": decode_tps, "decode_step_ms":
                                        decode_ms, "prefill_ms": prefill_ms},
