@@ -48,10 +48,12 @@ absl::Status DeviceAllocator::CreatePoolWithSource(MemPoolId id,
         "cma: pool (%d, %d) of device %d: no segment source given", id.first, id.second, device_));
   }
   MutexLock l(&mu_);
-  if (mempool_index_.contains(id)) {
+  if (auto known = mempool_index_.find(id); known != mempool_index_.end()) {
+    const bool draining = mempools_[known->second].use_count == 0;
     return absl::InvalidArgumentError(absl::StrFormat(
-        "cma: pool (%d, %d) of device %d exists already; it cannot be given another allocator",
-        id.first, id.second, device_));
+        "cma: pool (%d, %d) of device %d exists already%s; it cannot be given another allocator",
+        id.first, id.second, device_,
+        draining ? " (released, its segments go back at the next empty_cache)" : ""));
   }
   PrivatePool& pool = mempools_[PoolIndex(id)];
   pool.use_count = 1;
@@ -171,8 +173,9 @@ void DeviceAllocator::DissolveIfUnused(std::uint32_t index) {
   // Released and empty, it drains: its blocks, all in segments of its own,
   // never serve the shared cache. A graph may still be replaying into them
   // on a stream cma never sees (PyTorch's current stream), so they are only
-  // given back whole, with the cache's memory, after a wait for the device
-  // (ReleaseIdleSegments), as PyTorch only cudaFrees a released pool's
+  // given back whole, with the cache's memory (ReleaseIdleSegments, which
+  // waits for the streams their blocks name; cudaFree, under managed memory,
+  // waits for the device), as PyTorch only cudaFrees a released pool's
   // segments. The pool stays known until the last of them has gone
   // (ReleaseSegment), so that emptying its cache by its id (what PyTorch's
   // MemPool does as it goes) finds them and, as in PyTorch, taking the id

@@ -103,8 +103,8 @@ absl::Status DeviceAllocator::EmptyPoolCache(MemPoolId id) {
   MutexLock l(&mu_);
   if (absl::Status s = RefuseWhileQuiet("empty_cache of a pool"); !s.ok()) return s;
   auto known = mempool_index_.find(id);
-  // Unknown: dissolved already (its blocks are the shared cache's) or never
-  // made; PyTorch has nothing to free then either.
+  // Unknown: never made, or its segments have all gone back; PyTorch has
+  // nothing to free then either.
   if (known == mempool_index_.end()) return absl::OkStatus();
   const std::uint32_t index = known->second;
   // Referenced: a graph may replay into its free blocks.

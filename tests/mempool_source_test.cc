@@ -142,8 +142,10 @@ TEST_P(PoolSourceTest, ADissolvedPoolsMemoryNeverServesTheSharedCache) {
   // Released, the pool is known until its memory has gone back: its id
   // cannot be given another allocator meanwhile.
   SourceLog other;
-  EXPECT_EQ(alloc_->CreatePoolWithSource(0, pool, std::make_shared<FakeSource>(&other)).code(),
-            absl::StatusCode::kInvalidArgument);
+  const absl::Status refused =
+      alloc_->CreatePoolWithSource(0, pool, std::make_shared<FakeSource>(&other));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("released, its segments go back"));
   ASSERT_TRUE(alloc_->EmptyCache().ok());
   EXPECT_TRUE(log_.live.empty());
   EXPECT_TRUE(log_.destroyed);

@@ -117,12 +117,16 @@ TEST_F(MemPoolTest, TakingADrainingPoolsIdAgainTakesItsSegmentBack) {
   ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, nullptr).ok());
   void* a = Alloc(6 * kMiB, 0, s1_);
   ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->SetPoolOptions(0, kPool, PoolOptions{false, true}).ok());
   ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
   ASSERT_TRUE(alloc_->Free(a).ok());  // released and empty: it drains
   const std::int64_t segments = Stats().segment[kAllPools].current;
   ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, nullptr).ok());
   EXPECT_EQ(Alloc(6 * kMiB, 0, s1_), a);  // its own again
   ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  absl::StatusOr<PoolOptions> options = alloc_->GetPoolOptions(0, kPool);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_TRUE(options->use_on_oom);  // with its options, as PyTorch's graph pools
   EXPECT_EQ(Stats().segment[kAllPools].current, segments);
   ASSERT_TRUE(alloc_->EmptyCache().ok());  // a live pool's segment stays
   EXPECT_EQ(Stats().segment[kAllPools].current, 1);

@@ -156,9 +156,10 @@ int cma_pool_set_options(int device, unsigned long long id0, unsigned long long 
  * shared cache, with PyTorch's emptyCache(mempool_id) rule: only once the
  * pool holds no reference (released, with allocations still live); a pool
  * with references keeps its blocks (a CUDA graph may replay into them), and
- * an unknown pool (one released and emptied has dissolved into the shared
- * cache) has none; both return 0. Refused (-1) while a pool context of the
- * device is open, and for a bad device. */
+ * an unknown pool (never made, or its segments all given back) has none;
+ * both return 0. A released pool drains: its segments serve no one until
+ * this, cma_empty_cache or an out-of-memory retry gives them back. Refused
+ * (-1) while a pool context of the device is open, and for a bad device. */
 int cma_pool_empty_cache(int device, unsigned long long id0, unsigned long long id1);
 /* torch.compile's cudagraph trees: a pool's state, taken and later restored.
  * A checkpoint is a copy of the pool's live allocations (address, size,

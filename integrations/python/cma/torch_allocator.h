@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -201,24 +202,12 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   // ---- cache and streams ----
   void emptyCache(Pool pool) override {
     if (C10_UNLIKELY(captures_.Any())) EndFailedCaptures();
-    if (pool.first == 0 && pool.second == 0) {
-      // While a pool context is open (a capture may be under way) cma
-      // releases nothing: torch.cuda.graph() and code inside use_mem_pool
-      // call empty_cache, and it promises no release, only a best effort.
-      if (C10_UNLIKELY(history_on_.load(std::memory_order_relaxed))) {
-        EmptyCacheTraced();
-      } else if (api.empty_cache() != 0 && api.last_error_code() != kFailedPrecondition) {
-        Fail("emptyCache");
-      }
-      return;
-    }
-    // A pool's idle blocks (MemPool's destructor calls this after releasing
-    // the pool: an unknown pool is then simply gone, not an error).
-    for (int d = 0, n = device_count_.load(); d < n; ++d) {
-      if (api.pool_use_count(d, pool.first, pool.second) < 0) continue;
-      if (api.pool_empty_cache(d, pool.first, pool.second) != 0) {
-        TORCH_WARN("caching_managed_allocator: emptyCache of a pool: ", LastError());
-      }
+    const bool whole = pool.first == 0 && pool.second == 0;
+    const auto empty = [this, whole, pool] { whole ? EmptyAll() : EmptyPool(pool); };
+    if (C10_UNLIKELY(history_on_.load(std::memory_order_relaxed))) {
+      EmptyCacheTraced(empty);
+    } else {
+      empty();
     }
   }
 
@@ -487,7 +476,29 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   // empty_cache with the memory it gave back in the trace, as PyTorch's
   // tools read it: segment_unmap (an arena's released tail) or segment_free
   // (a whole segment), with the caller's stack when context is "all".
-  void EmptyCacheTraced();
+  // While a pool context is open (a capture may be under way) cma releases
+  // nothing: torch.cuda.graph() and code inside use_mem_pool call
+  // empty_cache, and it promises no release, only a best effort.
+  void EmptyAll() {
+    if (api.empty_cache() != 0 && api.last_error_code() != kFailedPrecondition) {
+      Fail("emptyCache");
+    }
+  }
+  // A pool's idle blocks. MemPool's destructor calls this right after
+  // releasing the pool: an unknown pool is gone, not an error, and a
+  // released one drains, so while a context is open (refused, as above) a
+  // later empty_cache gives its segments back.
+  void EmptyPool(Pool pool) {
+    for (int d = 0, n = device_count_.load(); d < n; ++d) {
+      if (api.pool_use_count(d, pool.first, pool.second) < 0) continue;
+      if (api.pool_empty_cache(d, pool.first, pool.second) != 0 &&
+          api.last_error_code() != kFailedPrecondition) {
+        TORCH_WARN("caching_managed_allocator: emptyCache of a pool: ", LastError());
+      }
+    }
+  }
+  // Runs `empty` and traces what it gave back (memory history is on).
+  void EmptyCacheTraced(const std::function<void()>& empty);
   void Trace(TraceEntry::Action action, c10::DeviceIndex device, size_t addr, size_t size,
              cudaStream_t stream, std::shared_ptr<c10::GatheredContext> context,
              bool to_trackers = true);
