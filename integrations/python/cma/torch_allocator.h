@@ -473,9 +473,6 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   void RecordAlloc(void* p, size_t n, c10::DeviceIndex device, cudaStream_t stream,
                    int64_t reserved_before = -1);
   void RecordFree(void* p);
-  // empty_cache with the memory it gave back in the trace, as PyTorch's
-  // tools read it: segment_unmap (an arena's released tail) or segment_free
-  // (a whole segment), with the caller's stack when context is "all".
   // While a pool context is open (a capture may be under way) cma releases
   // nothing: torch.cuda.graph() and code inside use_mem_pool call
   // empty_cache, and it promises no release, only a best effort.
@@ -497,7 +494,10 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
       }
     }
   }
-  // Runs `empty` and traces what it gave back (memory history is on).
+  // Runs `empty` (memory history is on) and puts the memory it gave back in
+  // the trace, as PyTorch's tools read it: segment_unmap (an arena's
+  // released tail) or segment_free (a whole segment), with the caller's
+  // stack when context is "all".
   void EmptyCacheTraced(const std::function<void()>& empty);
   void Trace(TraceEntry::Action action, c10::DeviceIndex device, size_t addr, size_t size,
              cudaStream_t stream, std::shared_ptr<c10::GatheredContext> context,
