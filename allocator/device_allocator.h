@@ -207,7 +207,7 @@ class DeviceAllocator {
   // A block of private pool `index` stopped being used; the pool goes once
   // it is released and holds nothing.
   void PoolBlockFreed(std::uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DissolveIfUnused(std::uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetIfDrained(std::uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a free of `b` during a capture may be reused once the capture
   // joins its streams: notes what it waits for in capture_frees_.
   void NoteCaptureFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -95,7 +95,7 @@ absl::Status DeviceAllocator::EndAllocateToPool(MemPoolId id) {
   ended_filter = std::move(it->filter);
   contexts_.erase(it);
   if (contexts_.empty()) RecordDeferredFrees();
-  DissolveIfUnused(index);  // released while it was being allocated to
+  ForgetIfDrained(index);  // released while it was being allocated to
   // The context's own reference goes with ReleasePool, as in PyTorch.
   return absl::OkStatus();
 }
@@ -110,7 +110,7 @@ absl::Status DeviceAllocator::ReleasePool(MemPoolId id) {
   }
   const std::uint32_t index = known->second;
   --mempools_[index].use_count;
-  DissolveIfUnused(index);
+  ForgetIfDrained(index);
   return absl::OkStatus();
 }
 
@@ -161,10 +161,10 @@ std::uint32_t DeviceAllocator::RouteToPool(Stream stream) {
 void DeviceAllocator::PoolBlockFreed(std::uint32_t index) {
   PrivatePool& pool = mempools_[index];
   --pool.live;
-  DissolveIfUnused(index);
+  ForgetIfDrained(index);
 }
 
-void DeviceAllocator::DissolveIfUnused(std::uint32_t index) {
+void DeviceAllocator::ForgetIfDrained(std::uint32_t index) {
   auto it = mempools_.find(index);
   if (it == mempools_.end() || it->second.use_count > 0 || it->second.live > 0) return;
   for (const PoolContext& c : contexts_) {

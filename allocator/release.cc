@@ -34,16 +34,17 @@ std::size_t DeviceAllocator::ReleaseIdleSegments(std::size_t goal, std::uint32_t
   std::vector<Segment*> idle;
   for (auto& [base, seg] : segments_) {
     if (classic_only && (seg->arena || seg->host_tier)) continue;
-    // Fully free, though possibly in pieces of different streams, and none
-    // of it a live private pool's (a graph replays into those) but
-    // `mempool`'s: a released pool's go, as PyTorch frees them.
-    bool all_free = true, has_pool = mempool == 0;
+    // A segment is wholly one pool's or wholly the shared cache's. None of
+    // a live private pool's goes (a graph replays into those) but
+    // `mempool`'s; a released pool's go, as PyTorch frees them.
+    const std::uint32_t owner = seg->owner_pool;
+    if (mempool != 0 ? owner != mempool : owner != 0 && !PoolReleased(owner)) continue;
+    // Fully free, though possibly in pieces of different streams.
+    bool all_free = true;
     for (const Block* b = seg->first; b != nullptr && all_free; b = b->next) {
-      all_free = b->is_free() && (b->mempool == 0 || b->mempool == mempool ||
-                                  PoolReleased(b->mempool));
-      has_pool = has_pool || b->mempool == mempool;
+      all_free = b->is_free();
     }
-    if (all_free && has_pool) idle.push_back(seg);
+    if (all_free) idle.push_back(seg);
   }
   std::sort(idle.begin(), idle.end(),
             [](const Segment* a, const Segment* b) { return a->size > b->size; });
@@ -97,7 +98,7 @@ void DeviceAllocator::ReleaseSegment(Segment* seg) {
   delete seg;
   if (owner_pool != 0) {  // a released pool goes with the last of its own segments
     --mempools_[owner_pool].segments;
-    DissolveIfUnused(owner_pool);
+    ForgetIfDrained(owner_pool);
   }
 }
 
