@@ -128,6 +128,19 @@ def build(torch, cfg, max_len, device="cuda", dtype=None):
     return model
 
 
+def constants_digest(torch, model):
+    """sha256 prefix of the weights and constant buffers (not the KV cache):
+    the same on every route and round unless something overwrote them."""
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if "cache" in name:
+                continue
+            h.update(name.encode())
+            h.update(t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def route_main(a):
     cfg = dict(QUICK if a.small else FULL)
     # Deterministic kernels: the token check compares routes and rounds, and
@@ -163,6 +176,7 @@ def route_main(a):
         captures[0] = None
     max_len = max(cfg["prompts"]) + cfg["new_tokens"]
     model = build(torch, cfg, max_len)
+    constants_at_start = constants_digest(torch, model)
     step = torch.compile(model, mode="reduce-overhead", dynamic=False, fullgraph=True)
     g = torch.Generator().manual_seed(1)
     slots = torch.arange(max_len, device="cuda")
@@ -202,6 +216,7 @@ def route_main(a):
             decode_tps.append(b * (n_new - 1) / (t2 - t1))
     torch.cuda.synchronize()
     peak = sampler.stop()
+    constants_at_end = constants_digest(torch, model)
     metrics = {"decode_tokens_per_s": statistics.median(decode_tps),
                "decode_step_ms": statistics.median(decode_ms),
                "prefill_ms": statistics.median(prefill_ms),
@@ -239,7 +254,8 @@ def route_main(a):
             counters = {"error": "%s: %s" % (type(e).__name__, e)}
     torch_routes.emit({"route": a.route, "metrics": metrics, "config": cfg,
                        "cma_counters": counters,
-                       "check": {"tokens_sha256_16": digests},
+                       "check": {"tokens_sha256_16": digests,
+                                 "constants_sha256_16": [constants_at_start, constants_at_end]},
                        "per_request": {"decode_tokens_per_s": decode_tps, "decode_step_ms":
                                        decode_ms, "prefill_ms": prefill_ms},
                        "graphs_captured": captures[0], "cudagraph_skips": skips,
