@@ -47,6 +47,8 @@ def main():
     if "--parallel" in args:
         parallel = int(args[args.index("--parallel") + 1])
     names = list(VARIANTS)
+    if "--variants" in args:  # a comma-separated subset, taken in turn
+        names = args[args.index("--variants") + 1].split(",")
     deadline = time.monotonic() + seconds
     running, results, k = [], [], 0
     while time.monotonic() < deadline or running:
