@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -103,7 +104,7 @@ absl::StatusOr<absl::Duration> WaitLimit() {
   return absl::Seconds(seconds);
 }
 
-absl::Status NcclStatus(const NcclApi& api, void* comm, NcclResult r, const char* call) {
+absl::Status NcclStatus(const NcclApi& api, void* comm, NcclResult r, absl::string_view call) {
   if (r == kNcclSuccess) return absl::OkStatus();
   if (r == kGaveUp) {
     return absl::DeadlineExceededError(absl::StrCat(
@@ -121,17 +122,30 @@ absl::Status NcclStatus(const NcclApi& api, void* comm, NcclResult r, const char
 }
 
 // A non-blocking communicator returns ncclInProgress and finishes later;
-// kGaveUp once `limit` has passed.
+// kGaveUp once `limit` has passed. Polls before it sleeps: a blocking
+// communicator's call costs one ncclCommGetAsyncError.
 NcclResult Finish(const NcclApi& api, void* comm, NcclResult r, absl::Duration limit) {
   const absl::Time deadline = absl::Now() + limit;
   while (r == kNcclInProgress) {
-    if (absl::Now() > deadline) return kGaveUp;
-    absl::SleepFor(absl::Microseconds(50));
     NcclResult state = kNcclSuccess;
     const NcclResult q = api.ncclCommGetAsyncError(comm, &state);
     r = q != kNcclSuccess ? q : state;
+    if (r != kNcclInProgress) break;
+    if (absl::Now() > deadline) return kGaveUp;
+    absl::SleepFor(absl::Microseconds(50));
   }
   return r;
+}
+
+// A non-blocking communicator takes no call until its previous operation
+// (its initialisation, say) has finished: NCCL 2.28.9 refuses one ("Attempt
+// to use communicator before the previous operation returned ncclSuccess").
+// Registered right after torch's non-blocking initialisation, a window came
+// back null (bench/results/h200x2_nccl_nonblocking/). So every call here
+// first waits for the communicator.
+absl::Status WaitReady(const NcclApi& api, void* comm, absl::Duration limit, const char* next) {
+  return NcclStatus(api, comm, Finish(api, comm, kNcclInProgress, limit),
+                    absl::StrCat("the communicator's previous operation (before ", next, ")"));
 }
 
 void* AsComm(CommHandle comm) { return reinterpret_cast<void*>(comm); }
@@ -144,6 +158,11 @@ absl::StatusOr<CommFacts> NcclCommFacts(CommHandle comm) {
   if (comm == 0) return absl::InvalidArgumentError("NCCL communicator: null");
   CommFacts f;
   const NcclApi& n = **api;
+  absl::StatusOr<absl::Duration> limit = WaitLimit();
+  if (!limit.ok()) return limit.status();
+  if (absl::Status ready = WaitReady(n, AsComm(comm), *limit, "ncclCommCount"); !ready.ok()) {
+    return ready;
+  }
   absl::Status s = NcclStatus(n, AsComm(comm), n.ncclCommCount(AsComm(comm), &f.size),
                               "ncclCommCount");
   s.Update(NcclStatus(n, AsComm(comm), n.ncclCommUserRank(AsComm(comm), &f.rank),
@@ -160,6 +179,10 @@ absl::StatusOr<CommWindow> NcclRegisterWindow(CommHandle comm, void* ptr, std::s
   const NcclApi& n = **api;
   absl::StatusOr<absl::Duration> limit = WaitLimit();
   if (!limit.ok()) return limit.status();
+  if (absl::Status ready = WaitReady(n, AsComm(comm), *limit, "ncclCommWindowRegister");
+      !ready.ok()) {
+    return ready;
+  }
   void* window = nullptr;
   const NcclResult r = Finish(
       n, AsComm(comm),
@@ -176,6 +199,10 @@ absl::Status NcclDeregisterWindow(CommHandle comm, CommWindow window) {
   const NcclApi& n = **api;
   absl::StatusOr<absl::Duration> limit = WaitLimit();
   if (!limit.ok()) return limit.status();
+  if (absl::Status ready = WaitReady(n, AsComm(comm), *limit, "ncclCommWindowDeregister");
+      !ready.ok()) {
+    return ready;
+  }
   return NcclStatus(n, AsComm(comm),
                     Finish(n, AsComm(comm),
                            n.ncclCommWindowDeregister(AsComm(comm),

@@ -21,11 +21,12 @@
 namespace cma {
 
 absl::StatusOr<CommFacts> NcclCommFacts(CommHandle comm);
-// Collective over `comm`, with NCCL_WIN_COLL_SYMMETRIC; waits for a
-// non-blocking communicator to finish it, at most CMA_NCCL_TIMEOUT_S
-// seconds (600 by default): then kDeadlineExceeded, and the communicator
-// should be aborted. A bad CMA_NCCL_TIMEOUT_S: kInvalidArgument, nothing
-// called.
+// Collective over `comm`, with NCCL_WIN_COLL_SYMMETRIC. On a non-blocking
+// communicator each call here first waits for its previous operation (its
+// initialisation, say), then for the call itself, each wait at most
+// CMA_NCCL_TIMEOUT_S seconds (600 by default): then kDeadlineExceeded, and
+// the communicator should be aborted. A bad CMA_NCCL_TIMEOUT_S:
+// kInvalidArgument, nothing called.
 absl::StatusOr<CommWindow> NcclRegisterWindow(CommHandle comm, void* ptr, std::size_t bytes);
 absl::Status NcclDeregisterWindow(CommHandle comm, CommWindow window);
 
