@@ -100,7 +100,8 @@ absl::StatusOr<CommWindow> SymmetricHeap::RegisterWindow(const SymmetricHandle& 
   if (w.ok() && *w == 0) {
     made = absl::UnimplementedError(
         "symmetric heap: the library registered no window: symmetric windows are not supported "
-        "on this communicator (NCCL needs CUDA VMM and peers reachable by load/store)");
+        "on this communicator (NCCL needs CUDA VMM and peers reachable by load/store, and "
+        "NCCL 2.28 makes none on a non-blocking communicator)");
   }
   absl::StatusOr<std::vector<Contribution>> commit = Round(Op::kWindowCommit, made, {});
   if (!commit.ok()) {

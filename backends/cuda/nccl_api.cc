@@ -139,10 +139,10 @@ NcclResult Finish(const NcclApi& api, void* comm, NcclResult r, absl::Duration l
 
 // A non-blocking communicator takes no call until its previous operation
 // (its initialisation, say) has finished: NCCL 2.28.9 refuses one ("Attempt
-// to use communicator before the previous operation returned ncclSuccess").
-// Registered right after torch's non-blocking initialisation, a window came
-// back null (bench/results/h200x2_nccl_nonblocking/). So every call here
-// first waits for the communicator.
+// to use communicator before the previous operation returned ncclSuccess",
+// bench/results/h200x2_nccl_nonblocking/). So every call here first waits
+// for the communicator. (Even then, NCCL 2.28.9 registers no symmetric
+// window on a non-blocking communicator: measured there.)
 absl::Status WaitReady(const NcclApi& api, void* comm, absl::Duration limit, const char* next) {
   return NcclStatus(api, comm, Finish(api, comm, kNcclInProgress, limit),
                     absl::StrCat("the communicator's previous operation (before ", next, ")"));
