@@ -15,7 +15,6 @@ def cuda_targets():
             "cuda_shmem.cc",
             "cuda_status.cc",
             "driver_api.cc",
-            "nccl_api.cc",
             "nvshmem_api.cc",
         ],
         hdrs = [
@@ -25,10 +24,10 @@ def cuda_targets():
             "cuda_shmem.h",
             "cuda_status.h",
             "driver_api.h",
-            "nccl_api.h",
             "nvshmem_api.h",
         ],
         deps = [
+            ":nccl_api",
             "//backends:backend",
             "@local_cuda//:cudart_static",
             "@system//:absl",
