@@ -21,8 +21,11 @@ tokens/s (batch x tokens / decode time), decode step time, prefill time,
 time to the first timed request (compile included), device physical peak
 (free after CUDA initialises minus the lowest free, an NVML sampler process
 polling every ~1 ms) and the allocator's own peak reserved where it reports
-one. Checks: the generated tokens are identical across routes and rounds;
-no cudagraph was skipped; graphs were captured.
+one. Checks: the generated tokens are identical across routes and rounds,
+and so are the weights and constant buffers as loaded (a digest right after
+loading and one at the end: tokens that differ with the weights equal point
+at the run, with the weights different at the load); no cudagraph was
+skipped; graphs were captured.
 
 On the GPU machine, from a folder made by bench/gpu/package.sh:
     PYTHONPATH=$PWD/py CMA_LIBRARY=$PWD/py/cma/libcma.so \\
