@@ -216,6 +216,42 @@ TEST(SymmetricNvshmemCollectiveTest, ALocalFailureKeepsEveryMemberOutOfNvshmemMa
   EXPECT_THAT(codes, ::testing::Each(0));
 }
 
+// NVSHMEM gives memory to some PEs and not to others (it does not say it
+// can: a fault that joins the collective, then reports failure on member 1).
+// Every member fails naming the member that failed; every later collective
+// is refused at once (the members' state is unknown) rather than waited
+// for; what NVSHMEM handed out stays in its heap, as the provider documents.
+TEST(SymmetricNvshmemCollectiveTest, AMixedNvshmemMallocOutcomeFailsEveryMemberAndStopsTheHeap) {
+  const std::string path = SocketPath("shmem-mixed");
+  auto codes = RunProcesses(2, [&](int r) {
+    HostBackend host({.device_count = 1});
+    FaultInjectingBackend faulty(host);
+    auto heap = ProcessHeap(faulty, path, r, 2, kTimeout, kShmem);
+    if (!heap) return false;
+    auto kept = heap->Allocate(4096);
+    if (!kept.ok()) return false;
+    if (r == 1) faulty.SetPlan({.kind = FaultKind::kShmemOutcome, .fail_nth = 1});
+    auto a = heap->Allocate(1 << 20);
+    if (a.ok() || a.status().code() != absl::StatusCode::kInternal ||
+        !absl::StrContains(a.status().message(), "failed on members 1 ") ||
+        !absl::StrContains(a.status().message(), "stays in NVSHMEM's heap")) {
+      return false;
+    }
+    const absl::Time t0 = absl::Now();
+    auto again = heap->Allocate(1 << 20);
+    if (again.ok() || again.status().code() != absl::StatusCode::kFailedPrecondition ||
+        absl::Now() - t0 > absl::Seconds(2)) {
+      return false;
+    }
+    if (heap->EmptyCache().ok()) return false;  // a collective too: refused
+    if (host.CallCount("ShmemMalloc") != 2) return false;
+    heap.reset();
+    // The first allocation and the stranded one: NVSHMEM frees only collectively.
+    return host.LiveResources().shmem_allocations == 2;
+  });
+  EXPECT_THAT(codes, ::testing::Each(0));
+}
+
 // Caches that drifted apart (member 1 has not freed B yet): members agree
 // on a new allocation instead of taking their own cached ones, EmptyCache
 // frees only what every member has cached (the emulation fails on a free

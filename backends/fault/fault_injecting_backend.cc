@@ -9,7 +9,8 @@ const char* FaultKindName(FaultKind k) {
   static constexpr const char* kNames[] = {
       "any",   "allocation", "free",    "event_record", "event_query", "event_create", "stream_sync",
       "prefetch", "advise",  "discard", "vmm_map",      "export",      "other", "copy",
-      "comm_window"};
+      "comm_window", "shmem_outcome"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<int>(FaultKind::kCount));
   const int i = static_cast<int>(k);
   return i >= 0 && i < static_cast<int>(FaultKind::kCount) ? kNames[i] : "?";
 }
@@ -38,6 +39,7 @@ absl::Status FaultInjectingBackend::Maybe(FaultKind kind, const char* call) {
   const std::int64_t n_kind = ++calls_[static_cast<int>(kind)];
   const std::int64_t n_any = ++calls_[static_cast<int>(FaultKind::kAny)];
   if (plan_.kind != FaultKind::kAny && plan_.kind != kind) return absl::OkStatus();
+  if (plan_.kind == FaultKind::kAny && kind == FaultKind::kShmemOutcome) return absl::OkStatus();
   const std::int64_t n = plan_.kind == FaultKind::kAny ? n_any : n_kind;
   bool fail = plan_.fail_nth > 0 && n == plan_.fail_nth;
   if (!fail && plan_.probability > 0) {
@@ -267,6 +269,12 @@ absl::Status FaultInjectingBackend::PeerCopy(void* dst, const void* src, std::si
                                              Stream stream) {
   CMA_FAULT(kCopy, "PeerCopy");
   return inner_.PeerCopy(dst, src, bytes, stream);
+}
+absl::StatusOr<void*> FaultInjectingBackend::ShmemMalloc(std::size_t bytes) {
+  absl::StatusOr<void*> p = inner_.ShmemMalloc(bytes);
+  if (!p.ok()) return p;
+  CMA_FAULT(kShmemOutcome, "ShmemMalloc");  // joined and got memory: it stays in the heap
+  return p;
 }
 absl::Status FaultInjectingBackend::ShmemPut(void* dst, const void* src, std::size_t bytes, int pe,
                                              Stream stream) {

@@ -40,6 +40,10 @@ enum class FaultKind {
   kOther,       // LaunchHostFunction and calls without a kind of their own
   kCopy,        // CopyBatch, PeerCopy, ShmemPut, ShmemGet
   kCommWindow,  // RegisterCommWindow
+  // ShmemMalloc joins NVSHMEM's collective and gets memory, then reports
+  // failure on this PE alone (NVSHMEM does not say it can; the memory stays
+  // in its heap). Only a plan of this kind injects it, never kAny.
+  kShmemOutcome,
   kCount,
 };
 const char* FaultKindName(FaultKind k);
@@ -123,16 +127,17 @@ class FaultInjectingBackend final : public Backend {
                                                 std::size_t bytes) override;
   absl::Status DeregisterCommWindow(CommHandle comm, CommWindow window) override;
   // PeerCopy, ShmemPut and ShmemGet fail as kCopy. The NVSHMEM collectives
-  // (ShmemInit, ShmemMalloc, ShmemFree) and queries pass through untouched:
-  // a PE that failed one alone, without joining it, would leave the others
-  // waiting inside NVSHMEM, which no real failure does.
+  // (ShmemInit, ShmemMalloc, ShmemFree) and queries are always joined: a PE
+  // that failed one alone, without joining it, would leave the others
+  // waiting inside NVSHMEM, which no real failure does. ShmemMalloc may
+  // report failure after joining (kShmemOutcome).
   absl::Status PeerCopy(void* dst, const void* src, std::size_t bytes, Stream stream) override;
   absl::StatusOr<ShmemState> ShmemQueryState() override { return inner_.ShmemQueryState(); }
   absl::StatusOr<std::string> ShmemUniqueId() override { return inner_.ShmemUniqueId(); }
   absl::Status ShmemInit(const std::string& unique_id, int pe, int n_pes, int device) override {
     return inner_.ShmemInit(unique_id, pe, n_pes, device);
   }
-  absl::StatusOr<void*> ShmemMalloc(std::size_t bytes) override { return inner_.ShmemMalloc(bytes); }
+  absl::StatusOr<void*> ShmemMalloc(std::size_t bytes) override;
   absl::Status ShmemFree(void* ptr) override { return inner_.ShmemFree(ptr); }
   absl::StatusOr<void*> ShmemPeerPointer(void* ptr, int pe) override {
     return inner_.ShmemPeerPointer(ptr, pe);
