@@ -37,9 +37,13 @@ std::int64_t FaultInjectingBackend::Injected() const {
 absl::Status FaultInjectingBackend::Maybe(FaultKind kind, const char* call) {
   MutexLock l(&mu_);
   const std::int64_t n_kind = ++calls_[static_cast<int>(kind)];
-  const std::int64_t n_any = ++calls_[static_cast<int>(FaultKind::kAny)];
+  // A mixed NVSHMEM outcome is only ever planned by its kind: kAny plans
+  // neither count nor inject it.
+  const bool any_may = kind != FaultKind::kShmemOutcome;
+  std::int64_t& any_calls = calls_[static_cast<int>(FaultKind::kAny)];
+  const std::int64_t n_any = any_may ? ++any_calls : any_calls;
   if (plan_.kind != FaultKind::kAny && plan_.kind != kind) return absl::OkStatus();
-  if (plan_.kind == FaultKind::kAny && kind == FaultKind::kShmemOutcome) return absl::OkStatus();
+  if (plan_.kind == FaultKind::kAny && !any_may) return absl::OkStatus();
   const std::int64_t n = plan_.kind == FaultKind::kAny ? n_any : n_kind;
   bool fail = plan_.fail_nth > 0 && n == plan_.fail_nth;
   if (!fail && plan_.probability > 0) {
