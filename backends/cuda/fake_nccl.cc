@@ -63,6 +63,7 @@ int ncclCommCuDevice(void* comm, int* device) {
 
 int ncclCommGetAsyncError(void* comm, int* state) {
   FakeNcclComm* c = AsFake(comm);
+  ++c->polls;
   if (c->busy_polls > 0) {
     --c->busy_polls;
     *state = kInProgress;

@@ -23,6 +23,7 @@ struct FakeNcclComm {
   void* window = nullptr;     // what a registration hands back
   const char* last_error = "";
   int used_while_busy = 0;
+  int polls = 0;              // ncclCommGetAsyncError calls
   int registrations = 0;
   int deregistrations = 0;
 };

@@ -38,8 +38,10 @@ TEST_F(NcclApiTest, ABlockingCommunicatorRegistersAtOnce) {
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_EQ(*w, reinterpret_cast<CommWindow>(window_));
   EXPECT_EQ(c.registrations, 1);
+  EXPECT_EQ(c.polls, 1);  // the one look at the communicator before the call
   EXPECT_TRUE(NcclDeregisterWindow(Handle(c), *w).ok());
   EXPECT_EQ(c.deregistrations, 1);
+  EXPECT_EQ(c.polls, 2);
   EXPECT_EQ(c.used_while_busy, 0);
 }
 
@@ -136,6 +138,7 @@ TEST_F(NcclApiTest, ABadTimeoutIsRefusedBeforeAnyNcclCall) {
     EXPECT_EQ(c.registrations, 0) << bad;
     EXPECT_EQ(NcclDeregisterWindow(Handle(c), 1).code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(c.deregistrations, 0) << bad;
+    EXPECT_EQ(c.polls, 0) << bad;
   }
 }
 
