@@ -3,7 +3,8 @@
 - the pure logic (selection, outcome folding, reasons, event log);
 - import stand-ins on a fake module;
 - the driver's restart, timeout and budget handling with a fake child
-  process that speaks the event-log protocol;
+  process that speaks the event-log protocol, serially and with --jobs
+  (parallel.py), including a test that fails only while another child runs;
 - when the interpreter has pytest: the real plugin under pytest on a fake
   torch and a fake cma, a test file whose tests pass, fail, skip, xfail,
   crash the process, overrun their soft limit, get stuck where SIGALRM cannot
@@ -21,8 +22,10 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import compare  # noqa: E402
+from conformance_fakes import FAKE_CHILD, FAKE_EXPECT, FAKE_TEST_FILE, FAKE_TORCH  # noqa: E402
 import conformance_core as core  # noqa: E402
 import import_fallbacks  # noqa: E402
+import parallel  # noqa: E402
 import run_conformance  # noqa: E402
 
 
@@ -142,36 +145,6 @@ class FallbackTest(unittest.TestCase):
         self.assertEqual(result.failures + result.errors, [])
 
 
-FAKE_CHILD = textwrap.dedent("""
-    import json, os, sys, time
-    sys.path.insert(0, os.environ["HARNESS_DIR"])
-    import conformance_core as core
-    ids = ["f.py::T::test_graph_a", "f.py::T::test_memory_crash", "f.py::T::test_streams",
-           "f.py::T::test_graph_hang", "f.py::T::test_snapshot_b", "f.py::T::test_mempool_slow"]
-    only = None
-    if os.environ.get("CMA_CONF_ONLY"):
-        only = json.load(open(os.environ["CMA_CONF_ONLY"]))
-    keep = core.select(ids, only=only)
-    ev = core.EventWriter(os.environ["CMA_CONF_EVENTS"])
-    selected, keep = keep, core.first_chunk(keep)
-    if os.environ.get("FAKE_FATAL"):
-        ev.write("fatal", msg="route install failed")
-        sys.exit(4)
-    ev.write("selected", ids=selected, collected=len(ids))
-    ev.write("meta", torch="fake", route=os.environ["CMA_CONF_ROUTE"])
-    for i in keep:
-        ev.start(i)
-        if "crash" in i:
-            print("terminate called: fake allocator abort", flush=True)
-            os.abort()
-        if "hang" in i:
-            time.sleep(1000)   # no faulthandler here: the driver must kill it
-        if "slow" in i:
-            time.sleep(float(os.environ.get("FAKE_SLOW_S", "0")))
-        ev.end(i, "passed", "", 0.0)
-    """)
-
-
 class DriverTest(unittest.TestCase):
     def run_fake(self, budget=30.0, env=None):
         d = tempfile.mkdtemp()
@@ -249,6 +222,127 @@ class DriverTest(unittest.TestCase):
         self.assertEqual(r["order"], None)
 
 
+class ParallelTest(unittest.TestCase):
+    """--jobs on the fake child: one result per route and order, as the
+    serial driver's, whatever the children do at the same time."""
+
+    CRASH, HANG = "f.py::T::test_memory_crash", "f.py::T::test_graph_hang"
+    WIDE = "f.py::T::test_memory_device_wide"
+
+    def run_jobs(self, chunk, jobs, budget=60.0, env=None, slow=None):
+        d = tempfile.mkdtemp()
+        child = os.path.join(d, "child.py")
+        with open(child, "w") as f:
+            f.write(FAKE_CHILD)
+        old = dict(os.environ)
+        os.environ.update(dict(dict(HARNESS_DIR=HERE, FAKE_SLOW_S="0",
+                                    FAKE_LOCK=os.path.join(d, "gpu")), **(env or {})))
+        kw = dict(command=[sys.executable, child], slow=slow or {}, poll_s=0.1, kill_grace_s=1.0)
+        try:
+            if jobs == 1:
+                r = run_conformance.run_route("cma", child, d, budget, 0.5, 1.0, chunk=chunk, **kw)
+            else:
+                r = parallel.run_route_jobs("cma", child, d, budget, 0.5, 1.0, jobs, chunk, **kw)
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+        return r, d
+
+    @staticmethod
+    def starts(d, pattern):
+        """How often each test started in the children whose event files
+        match `pattern` (a run's parallel pass, or its re-runs)."""
+        import glob
+        counts = {}
+        for path in glob.glob(os.path.join(d, "work", pattern)):
+            for ev in core.read_events(path):
+                if ev.get("ev") == "start":
+                    counts[ev["id"]] = counts.get(ev["id"], 0) + 1
+        return counts
+
+    def test_jobs_give_the_serial_result_in_collection_order(self):
+        for chunk in (1, 2):
+            serial, _ = self.run_jobs(chunk, 1)
+            # The first child (the one whose selection is the order) ends last.
+            r, d = self.run_jobs(chunk, 3, env={"FAKE_A_S": "0.8"})
+            name = core.order_name(chunk)
+            self.assertEqual(r["order"], serial["order"])
+            # Every test started exactly once in the parallel pass.
+            self.assertEqual(self.starts(d, f"cma_{name}.w*.events.*"),
+                             {i: 1 for i in serial["order"]}, chunk)
+            self.assertEqual({k: v["outcome"] for k, v in r["tests"].items()},
+                             {k: v["outcome"] for k, v in serial["tests"].items()}, chunk)
+            self.assertEqual(r["summary"], serial["summary"])
+            self.assertEqual((r["jobs"], r["run_order"], r["selected"]), (3, name, 5))
+            self.assertNotIn("jobs", serial)
+            with open(os.path.join(d, f"cma_{name}.json")) as f:
+                self.assertEqual(json.load(f)["tests"], r["tests"])
+            with open(os.path.join(d, "work", f"cma_{name}_outcomes.txt")) as f:
+                self.assertEqual(f.read(), compare.outcome_list(serial))
+            # The crash and the hang ran again alone, and did the same.
+            self.assertEqual(self.starts(d, f"cma_{name}.alone.*.events.*"),
+                             {self.CRASH: 1, self.HANG: 1})
+            self.assertEqual((r["rerun_alone"], r["rerun_missed"]), (2, 0))
+            for nodeid, outcome in ((self.CRASH, "crashed"), (self.HANG, "timeout")):
+                t = r["tests"][nodeid]
+                self.assertEqual((t["rerun_alone"], t["parallel_outcome"], t["outcome"]),
+                                 (True, outcome, outcome))
+            self.assertNotIn("rerun_alone", r["tests"]["f.py::T::test_graph_a"])
+
+    def test_a_test_failing_only_beside_another_process_is_rerun_alone(self):
+        env = {"FAKE_DEVICE_WIDE": "1", "FAKE_START_S": "0.3"}
+        serial, _ = self.run_jobs(1, 1, env=env)
+        self.assertEqual(serial["tests"][self.WIDE]["outcome"], "passed")
+        r, d = self.run_jobs(1, 3, env=env)
+        t = r["tests"][self.WIDE]
+        self.assertEqual((t["outcome"], t["rerun_alone"], t["parallel_outcome"]),
+                         ("passed", True, "failed"), t)
+        self.assertIn("another process", t["parallel_reason"])
+        self.assertEqual(r["rerun_alone"], 3)
+        self.assertEqual({k: v["outcome"] for k, v in r["tests"].items()},
+                         {k: v["outcome"] for k, v in serial["tests"].items()})
+        self.assertEqual(r["order"], serial["order"])
+
+    def test_a_crash_in_one_worker_loses_nothing_of_another(self):
+        # Chunks of 3 in 2 workers: w0 [a, crash, hang] dies twice while w1
+        # runs [snapshot_b, mempool_slow] in one process.
+        r, d = self.run_jobs(3, 2, env={"FAKE_SLOW_S": "0.5"})
+        outcomes = {core.test_key(k): v["outcome"] for k, v in r["tests"].items()}
+        self.assertEqual(outcomes, {"T::test_graph_a": "passed", "T::test_memory_crash": "crashed",
+                                    "T::test_graph_hang": "timeout", "T::test_snapshot_b": "passed",
+                                    "T::test_mempool_slow": "passed"})
+        with open(os.path.join(d, "work", "cma_chunks3.w1.log")) as f:
+            self.assertEqual(f.read().count("===== "), 1)
+        self.assertEqual(self.starts(d, "cma_chunks3.w1.events.*"),
+                         {"f.py::T::test_snapshot_b": 1, "f.py::T::test_mempool_slow": 1})
+        # w0: 2 children, w1: 1, the re-runs: 2; a fresh child after each crash.
+        self.assertEqual((r["processes"], r["restarts"]), (5, 2))
+
+    def test_the_budget_holds_and_every_test_gets_an_outcome(self):
+        # mempool_slow may take 30 s: the budget, not its limit, stops it.
+        r, _ = self.run_jobs(1, 3, budget=2.0, env={"FAKE_SLOW_S": "30"}, slow={"slow": 30})
+        self.assertLess(r["wall_s"], 2.0 + 1.0 + 1.5)   # budget, kill grace, polling
+        self.assertEqual(set(r["tests"]), set(r["order"]))
+        self.assertEqual(sum(r["summary"].values()), len(r["order"]))
+        self.assertEqual(r["tests"]["f.py::T::test_mempool_slow"]["outcome"], "not_run")
+        # No time was left to re-run the crash alone: its parallel outcome stays.
+        crash = r["tests"][self.CRASH]
+        self.assertEqual((crash["outcome"], crash["rerun_alone"]), ("crashed", False))
+        self.assertNotIn("parallel_outcome", crash)
+        self.assertGreaterEqual(r["rerun_missed"], 1)
+        self.assertEqual(r["rerun_alone"], 0)
+
+    def test_fatal_starts_no_other_child(self):
+        r, _ = self.run_jobs(1, 3, env={"FAKE_FATAL": "1"})
+        self.assertEqual((r["fatal"], r["order"], r["processes"]), ("route install failed", None, 1))
+
+    def test_bad_jobs_are_refused(self):
+        with tempfile.NamedTemporaryFile(suffix=".py") as f:
+            with self.assertRaises(SystemExit):
+                run_conformance.main(["--out", tempfile.mkdtemp(), "--test-file", f.name,
+                                      "--jobs", "0"])
+
+
 class OrdersTest(unittest.TestCase):
     def test_first_chunk_and_order_names(self):
         self.assertEqual(core.first_chunk(["a", "b", "c"], 2), ["a", "b"])
@@ -299,139 +393,15 @@ class CompareTest(unittest.TestCase):
                          "failed\tT::test_b\tRuntimeError: graph | refused")
 
 
-FAKE_TORCH = {
-    "torch/__init__.py": """
-        __version__ = "0.0+fake"
-        uint8 = "uint8"
-        class version:
-            cuda = "13.0"
-        from . import cuda
-        class _Storage:
-            def data_ptr(self):
-                return 4096
-        class _Tensor:
-            def untyped_storage(self):
-                return _Storage()
-        def empty(*a, **k):
-            cuda.init()
-            return _Tensor()
-        """,
-    "torch/cuda.py": """
-        _initialized = False
-        route = "native"
-        def is_initialized():
-            return _initialized
-        def init():
-            global _initialized
-            _initialized = True
-        def get_device_name(i=0):
-            return "FakeGPU"
-        def get_allocator_backend():
-            return route
-        def empty_cache():
-            pass
-        broken = False
-        def synchronize():
-            if broken:
-                raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        """,
-    "torch/testing/__init__.py": "",
-    "torch/testing/_internal/__init__.py": "",
-    "torch/testing/_internal/common_utils.py": """
-        import unittest
-        import expecttest
-        class TestCase(expecttest.TestCase):
-            pass
-        TEST_CUDA = True
-        """,
-    "cma/__init__.py": "",
-    "cma/torch.py": """
-        import torch
-        def use_as_default():
-            if torch.cuda.is_initialized():
-                raise RuntimeError("too late")
-            torch.cuda.route = "cma"
-        """,
-    "cma/_lib.py": """
-        import torch
-        def device_of(ptr):
-            return 0 if torch.cuda.route == "cma" else None
-        """,
-}
-
-FAKE_TEST_FILE = """
-import os
-import signal
-import time
-import unittest
-
-import torch
-from torch.testing._internal.common_utils import TestCase, TEST_CUDA, TEST_BRAND_NEW, brandNewDecorator
-
-torch.cuda.init()   # like test_cuda.py, which reads device properties at import
-
-
-class TestFake(TestCase):
-    def test_memory_route_installed_before_import(self):
-        self.assertEqual(torch.cuda.route, os.environ["CMA_CONF_ROUTE"])
-
-    def test_graph_fails(self):
-        raise RuntimeError("graph capture refused")
-
-    def test_snapshot_skips(self):
-        self.skipTest("no snapshot here")
-
-    @unittest.expectedFailure
-    def test_mempool_expected_failure(self):
-        self.assertTrue(False)
-
-    def test_out_of_memory_kills_the_process(self):
-        os.abort()
-
-    def test_caching_allocator_overruns(self):
-        time.sleep(30)
-
-    def test_mem_pool_stuck_where_sigalrm_cannot_reach(self):
-        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
-        time.sleep(30)
-
-    @brandNewDecorator("needs a newer torch")
-    def test_memory_uses_a_missing_decorator(self):
-        pass
-
-    def test_memory_expect_inline(self):
-        self.assertExpectedInline("a\\nb", '''\\
-a
-b''')
-
-    def test_graph_breaks_the_context(self):
-        torch.cuda.broken = True
-        raise RuntimeError("illegal memory access")
-
-    def test_graph_runs_in_a_fresh_context(self):
-        self.assertFalse(torch.cuda.broken)
-
-    def test_memory_excluded(self):
-        os.abort()
-
-    def test_streams_is_not_selected(self):
-        pass
-
-
-class TestMemPoolByClassName(TestCase):
-    def test_anything(self):
-        pass
-"""
-
-
 def _has_pytest():
     return importlib.util.find_spec("pytest") is not None
 
 
-def _run_fake_route(route, test_text, timeout_s, skip=(), **kwargs):
-    """Runs run_conformance.run_route on `test_text` as test_cuda.py against
-    the fake torch (FAKE_TORCH, without the files under `skip` prefixes) on
-    PYTHONPATH; returns (result, temporary folder)."""
+def _run_fake_route(route, test_text, timeout_s, skip=(), jobs=1, **kwargs):
+    """Runs run_conformance.run_route (parallel.run_route_jobs with `jobs` >
+    1) on `test_text` as test_cuda.py against the fake torch (FAKE_TORCH,
+    without the files under `skip` prefixes) on PYTHONPATH; returns (result,
+    temporary folder)."""
     d = tempfile.mkdtemp()
     site = os.path.join(d, "site")
     for rel, text in FAKE_TORCH.items():
@@ -447,8 +417,13 @@ def _run_fake_route(route, test_text, timeout_s, skip=(), **kwargs):
     old = dict(os.environ)
     os.environ["PYTHONPATH"] = site
     try:
-        r = run_conformance.run_route(route, test_file, os.path.join(d, "out"), timeout_s,
-                                      soft_s=1.0, hard_s=3.0, slow={}, poll_s=0.1, **kwargs)
+        if jobs > 1:
+            r = parallel.run_route_jobs(route, test_file, os.path.join(d, "out"), timeout_s,
+                                        1.0, 3.0, jobs, kwargs.pop("chunk"), slow={}, poll_s=0.1,
+                                        **kwargs)
+        else:
+            r = run_conformance.run_route(route, test_file, os.path.join(d, "out"), timeout_s,
+                                          soft_s=1.0, hard_s=3.0, slow={}, poll_s=0.1, **kwargs)
     finally:
         os.environ.clear()
         os.environ.update(old)
@@ -465,22 +440,7 @@ class PluginUnderPytestTest(unittest.TestCase):
         t = {core.test_key(k).split("::")[-1]: v for k, v in r["tests"].items()}
         self.assertNotIn("test_streams_is_not_selected", t)
         self.assertEqual(len(t), 13, t)
-        expect = {
-            "test_memory_route_installed_before_import": "passed",
-            "test_graph_fails": "failed",
-            "test_snapshot_skips": "skipped",
-            "test_mempool_expected_failure": "xfailed",
-            "test_out_of_memory_kills_the_process": "crashed",
-            "test_caching_allocator_overruns": "timeout",
-            "test_mem_pool_stuck_where_sigalrm_cannot_reach": "timeout",
-            "test_memory_uses_a_missing_decorator": "skipped",
-            "test_memory_expect_inline": "passed",
-            "test_anything": "passed",
-            "test_graph_breaks_the_context": "failed",
-            "test_graph_runs_in_a_fresh_context": "passed",
-            "test_memory_excluded": "not_run",
-        }
-        self.assertEqual({k: v["outcome"] for k, v in t.items()}, expect, log[-3000:])
+        self.assertEqual({k: v["outcome"] for k, v in t.items()}, FAKE_EXPECT, log[-3000:])
         self.assertIn("graph capture refused", t["test_graph_fails"]["reason"])
         self.assertIn("SIGABRT", t["test_out_of_memory_kills_the_process"]["reason"])
         self.assertIn("brandNewDecorator is missing",
@@ -493,6 +453,29 @@ class PluginUnderPytestTest(unittest.TestCase):
         self.assertEqual(meta["device"], "FakeGPU")
         self.assertIs(meta["cma_owns_tensors"], True)
         self.assertEqual({f["name"] for f in meta["fallbacks"]}, {"TEST_BRAND_NEW", "brandNewDecorator"})
+
+    def test_cma_route_in_three_jobs_each_test_alone(self):
+        # The first child's selection, from the real plugin, feeds the queue.
+        r, d = _run_fake_route("cma", FAKE_TEST_FILE, 120, exclude=["test_memory_excluded"],
+                               jobs=3, chunk=1)
+        logs = ""
+        for name in sorted(os.listdir(os.path.join(d, "out", "work"))):
+            if name.endswith(".log"):
+                with open(os.path.join(d, "out", "work", name)) as f:
+                    logs += f.read()
+        self.assertIsNone(r["fatal"], logs[-3000:])
+        first = core.read_events(os.path.join(d, "out", "work", "cma_each.w0.events.0.jsonl"))
+        self.assertEqual(r["order"], next(e["ids"] for e in first if e["ev"] == "selected"))
+        t = {core.test_key(k).split("::")[-1]: v for k, v in r["tests"].items()}
+        self.assertEqual({k: v["outcome"] for k, v in t.items()}, FAKE_EXPECT, logs[-3000:])
+        self.assertEqual(set(r["tests"]), set(r["order"]))
+        # failed, crashed and timed-out tests ran again alone and did the same.
+        again = {k for k, v in t.items() if v.get("rerun_alone")}
+        self.assertEqual(again, {k for k, o in FAKE_EXPECT.items()
+                                 if o in parallel.RERUN_OUTCOMES})
+        self.assertEqual(r["rerun_alone"], len(again))
+        self.assertEqual(r["meta"]["device"], "FakeGPU")
+        self.assertEqual((r["jobs"], r["run_order"]), (3, "each"))
 
     def test_a_file_that_does_not_import_is_fatal(self):
         r, _ = _run_fake_route(

@@ -7,7 +7,7 @@ segments, each route in fresh processes, and a comparison lists what native
 passes and cma does not.
 
   run_conformance.py --out DIR [--routes native,cma,expandable]
-                     [--orders whole,chunks,each] [--chunk 20]
+                     [--orders whole,chunks,each] [--chunk 20] [--jobs 1]
                      [--test-file upstream/test_cuda.py] [--total-s 560]
                      [--route-s 200] [--soft-s 40] [--hard-s 60]
                      [--exclude SUBSTRING]... [--only SUBSTRING]...
@@ -16,7 +16,9 @@ Orders (issue 32): a result that depends on what ran before it in the same
 process is not conformance, so each order runs apart: whole (one process,
 as PyTorch's CI runs the file), chunks (fresh processes of --chunk tests in
 collection order) and each (every test alone); orders.md puts them side by
-side when more than one ran.
+side when more than one ran. --jobs N runs chunks and each in up to N
+processes at once, then every test that did not pass again alone
+(parallel.py).
 
 Per route and order it writes DIR/<route>.json (whole) or
 DIR/<route>_<chunksN|each>.json (every test's outcome and one-line reason,
@@ -54,6 +56,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+# parallel.py imports this module by name: run as a script, it is that module.
+sys.modules.setdefault("run_conformance", sys.modules[__name__])
 import compare  # noqa: E402
 import conformance_core as core  # noqa: E402
 
@@ -125,6 +129,142 @@ def _kill(proc):
     proc.wait()
 
 
+def child_env(route, events_path, test_file, deadline, soft_s, hard_s, slow, exclude, chunk,
+              only, only_path=None):
+    """The environment of one pytest child (conformance_plugin.py reads it)."""
+    env = route_env(route)
+    env.update(CMA_CONF_ROUTE=route, CMA_CONF_EVENTS=events_path,
+               CMA_CONF_TEST_FILE=test_file, CMA_CONF_DEADLINE=str(deadline),
+               CMA_CONF_SOFT_TIMEOUT=str(soft_s), CMA_CONF_HARD_TIMEOUT=str(hard_s),
+               CMA_CONF_SLOW=json.dumps(slow if slow is not None else SLOW_TESTS),
+               CMA_CONF_EXCLUDE=json.dumps(list(exclude)), CMA_CONF_CHUNK=str(chunk),
+               CMA_CONF_INCLUDE=json.dumps(list(only)))
+    if only_path:
+        env["CMA_CONF_ONLY"] = only_path
+    return env
+
+
+def run_child(command, test_file, env, log_path, header, deadline, slow, soft_s, hard_s,
+              poll_s, kill_grace_s, on_poll=None):
+    """Starts one child and watches it to its end: killed when the budget is
+    gone, when a test overruns its hard limit, or when nothing happens
+    outside a test for STARTUP_LIMIT_S. on_poll(events) sees the event log at
+    every poll (the parallel driver learns the selection from it). Returns
+    (exit code, (outcome, reason) when the driver killed it, the child's part
+    of the log, its events)."""
+    events_path = env["CMA_CONF_EVENTS"]
+    with open(log_path, "a") as log:
+        log.write(f"\n===== {header}: {' '.join(command)}\n")
+        log.flush()
+        log_offset = log.tell()
+        proc = subprocess.Popen(command, cwd=os.path.dirname(test_file) or ".", env=env,
+                                stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    killed = None
+    last_count, last_progress = 0, time.time()
+    while proc.poll() is None:
+        time.sleep(poll_s)
+        events = core.read_events(events_path)
+        if on_poll:
+            on_poll(events)
+        now = time.time()
+        if len(events) != last_count:
+            last_count, last_progress = len(events), now
+        flight = core.in_flight(events)
+        if now > deadline + kill_grace_s:
+            killed = ("not_run", core.BUDGET_MARK + " (the driver stopped the process)")
+        elif flight and now - flight[1] > _limit(flight[0], slow, soft_s, hard_s) + kill_grace_s:
+            killed = ("timeout", f"{core.TIMEOUT_MARK}: no result after "
+                      f"{now - flight[1]:.0f} s; the driver killed the process")
+        elif not flight and now - last_progress > STARTUP_LIMIT_S:
+            killed = ("crashed", f"no progress for {STARTUP_LIMIT_S:.0f} s outside any test")
+        if killed:
+            _kill(proc)
+    with open(log_path, errors="replace") as log:
+        log.seek(log_offset)
+        attempt_log = log.read()
+    events = core.read_events(events_path)
+    if on_poll:
+        on_poll(events)
+    return proc.returncode, killed, attempt_log, events
+
+
+def fold_child(result, events, attempt_log, code, killed, soft_s):
+    """Folds one child's events into the route's result: its meta and
+    selection (the first child's), every finished test, and the test it died
+    in (crashed, timeout or the driver's verdict). Returns (the test in
+    flight when it ended or None, whether any test ended, how many CUDA
+    context restarts it reported)."""
+    tests = result["tests"]
+    context_restarts = 0
+    progress = any(ev.get("ev") == "end" for ev in events)
+    for ev in events:
+        kind = ev.get("ev")
+        if kind == "meta" and not result["meta"]:
+            result["meta"] = {k: v for k, v in ev.items() if k != "ev"}
+        elif kind == "selected" and result["order"] is None:
+            take_selection(result, ev)
+        elif kind == "end":
+            tests[ev["id"]] = {"outcome": ev["outcome"], "reason": ev.get("reason", ""),
+                               "dur": ev.get("dur")}
+        elif kind == "fatal":
+            result["fatal"] = ev["msg"]
+        elif kind == "restart":
+            result["context_restarts"].append({"after": ev["after"], "reason": ev["reason"]})
+            context_restarts += 1
+    flight = core.in_flight(events)
+    if flight:
+        nodeid, t0 = flight
+        if killed:
+            outcome, reason = killed
+        elif ("Timeout (" in attempt_log or core.TIMEOUT_MARK in attempt_log) \
+                and time.time() - t0 >= soft_s:
+            outcome, reason = "timeout", (f"{core.TIMEOUT_MARK}: stuck past the hard limit; "
+                                          "faulthandler ended the process")
+        else:
+            outcome = "crashed"
+            reason = f"process {describe_exit(code)}: {telling_line(attempt_log)}"
+        tests[nodeid] = {"outcome": outcome, "reason": core.one_line(reason),
+                         "dur": round(time.time() - t0, 3)}
+    return flight, progress, context_restarts
+
+
+def take_selection(result, ev):
+    """The route's order is the first child's selection (later children
+    report only the ids they were given)."""
+    result["order"] = ev["ids"]
+    result["collected"] = ev.get("collected")
+    for nodeid in ev.get("excluded", []):
+        result["tests"][nodeid] = {"outcome": "not_run", "reason": core.EXCLUDED_MARK,
+                                   "dur": None}
+
+
+def new_result(route, test_file, budget_s, soft_s, hard_s, command, exclude, chunk):
+    return {"route": route, "test_file": test_file, "budget_s": budget_s,
+            "soft_timeout_s": soft_s, "hard_timeout_s": hard_s, "command": command,
+            "meta": {}, "order": None, "tests": {}, "restarts": 0, "fatal": None,
+            "collected": None, "context_restarts": [], "exclude": list(exclude),
+            "run_order": core.order_name(chunk), "chunk": chunk, "processes": 0}
+
+
+def finish_result(result, started, out_dir, work, stem):
+    """Summary and wall time; writes <stem>.json and the outcome list."""
+    order = result["order"] or []
+    result["summary"] = core.summarize(order, result["tests"])
+    result["selected"] = len(order)
+    result["wall_s"] = round(time.time() - started, 1)
+    with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
+        json.dump(result, f, indent=1, sort_keys=True)
+    with open(os.path.join(work, f"{stem}_outcomes.txt"), "w") as f:
+        f.write(compare.outcome_list(result))
+    return result
+
+
+def route_stem(route, chunk):
+    order_name = core.order_name(chunk)
+    return route if order_name == "whole" else f"{route}_{order_name}"
+
+
 def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
               slow=None, max_restarts=MAX_RESTARTS, poll_s=0.5, kill_grace_s=KILL_GRACE_S,
               exclude=(), work_dir=None, chunk=0, only=()):
@@ -138,15 +278,10 @@ def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
     work = work_dir or os.path.join(out_dir, "work")
     os.makedirs(work, exist_ok=True)
     os.makedirs(out_dir, exist_ok=True)
-    order_name = core.order_name(chunk)
-    stem = route if order_name == "whole" else f"{route}_{order_name}"
+    stem = route_stem(route, chunk)
     log_path = os.path.join(work, f"{stem}.log")
     open(log_path, "w").close()
-    result = {"route": route, "test_file": test_file, "budget_s": budget_s,
-              "soft_timeout_s": soft_s, "hard_timeout_s": hard_s, "command": command,
-              "meta": {}, "order": None, "tests": {}, "restarts": 0, "fatal": None,
-              "collected": None, "context_restarts": [], "exclude": list(exclude),
-              "run_order": order_name, "chunk": chunk, "processes": 0}
+    result = new_result(route, test_file, budget_s, soft_s, hard_s, command, exclude, chunk)
     tests = result["tests"]
     only_path = None
     attempt = 0
@@ -154,79 +289,14 @@ def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
         events_path = os.path.join(work, f"{stem}.events.{attempt}.jsonl")
         if os.path.exists(events_path):
             os.remove(events_path)
-        env = route_env(route)
-        env.update(CMA_CONF_ROUTE=route, CMA_CONF_EVENTS=events_path,
-                   CMA_CONF_TEST_FILE=test_file, CMA_CONF_DEADLINE=str(deadline),
-                   CMA_CONF_SOFT_TIMEOUT=str(soft_s), CMA_CONF_HARD_TIMEOUT=str(hard_s),
-                   CMA_CONF_SLOW=json.dumps(slow if slow is not None else SLOW_TESTS),
-                   CMA_CONF_EXCLUDE=json.dumps(list(exclude)), CMA_CONF_CHUNK=str(chunk),
-                   CMA_CONF_INCLUDE=json.dumps(list(only)))
-        if only_path:
-            env["CMA_CONF_ONLY"] = only_path
-        with open(log_path, "a") as log:
-            log.write(f"\n===== {stem} attempt {attempt}: {' '.join(command)}\n")
-            log.flush()
-            log_offset = log.tell()
-            proc = subprocess.Popen(command, cwd=os.path.dirname(test_file) or ".", env=env,
-                                    stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        killed = None
-        last_count, last_progress = 0, time.time()
-        while proc.poll() is None:
-            time.sleep(poll_s)
-            events = core.read_events(events_path)
-            now = time.time()
-            if len(events) != last_count:
-                last_count, last_progress = len(events), now
-            flight = core.in_flight(events)
-            if now > deadline + kill_grace_s:
-                killed = ("not_run", core.BUDGET_MARK + " (the driver stopped the process)")
-            elif flight and now - flight[1] > _limit(flight[0], slow, soft_s, hard_s) + kill_grace_s:
-                killed = ("timeout", f"{core.TIMEOUT_MARK}: no result after "
-                          f"{now - flight[1]:.0f} s; the driver killed the process")
-            elif not flight and now - last_progress > STARTUP_LIMIT_S:
-                killed = ("crashed", f"no progress for {STARTUP_LIMIT_S:.0f} s outside any test")
-            if killed:
-                _kill(proc)
-        code = proc.returncode
+        env = child_env(route, events_path, test_file, deadline, soft_s, hard_s, slow, exclude,
+                        chunk, only, only_path)
+        code, killed, attempt_log, events = run_child(
+            command, test_file, env, log_path, f"{stem} attempt {attempt}", deadline, slow,
+            soft_s, hard_s, poll_s, kill_grace_s)
         result["processes"] += 1
-        context_restarts_before = len(result["context_restarts"])
-        with open(log_path, errors="replace") as log:
-            log.seek(log_offset)
-            attempt_log = log.read()
-        events = core.read_events(events_path)
-        progress = any(ev.get("ev") == "end" for ev in events)
-        for ev in events:
-            kind = ev.get("ev")
-            if kind == "meta" and not result["meta"]:
-                result["meta"] = {k: v for k, v in ev.items() if k != "ev"}
-            elif kind == "selected" and result["order"] is None:
-                result["order"] = ev["ids"]
-                result["collected"] = ev.get("collected")
-                for nodeid in ev.get("excluded", []):
-                    tests[nodeid] = {"outcome": "not_run", "reason": core.EXCLUDED_MARK,
-                                     "dur": None}
-            elif kind == "end":
-                tests[ev["id"]] = {"outcome": ev["outcome"], "reason": ev.get("reason", ""),
-                                   "dur": ev.get("dur")}
-            elif kind == "fatal":
-                result["fatal"] = ev["msg"]
-            elif kind == "restart":
-                result["context_restarts"].append({"after": ev["after"], "reason": ev["reason"]})
-        flight = core.in_flight(events)
-        if flight:
-            nodeid, t0 = flight
-            if killed:
-                outcome, reason = killed
-            elif ("Timeout (" in attempt_log or core.TIMEOUT_MARK in attempt_log) \
-                    and time.time() - t0 >= soft_s:
-                outcome, reason = "timeout", (f"{core.TIMEOUT_MARK}: stuck past the hard limit; "
-                                              "faulthandler ended the process")
-            else:
-                outcome = "crashed"
-                reason = f"process {describe_exit(code)}: {telling_line(attempt_log)}"
-            tests[nodeid] = {"outcome": outcome, "reason": core.one_line(reason),
-                             "dur": round(time.time() - t0, 3)}
+        flight, progress, context_restarts = fold_child(result, events, attempt_log, code,
+                                                        killed, soft_s)
         if result["fatal"]:
             break
         if not result["order"]:
@@ -249,23 +319,14 @@ def run_route(route, test_file, out_dir, budget_s, soft_s, hard_s, command=None,
                 tests[nodeid] = {"outcome": "not_run", "reason": why, "dur": None}
             break
         # A process that ran its chunk to the end is the plan, not a restart.
-        planned = chunk and not flight and not killed and \
-            len(result["context_restarts"]) == context_restarts_before
+        planned = chunk and not flight and not killed and not context_restarts
         attempt += 1
         if not planned:
             result["restarts"] += 1
         only_path = os.path.join(work, f"{stem}.only.{attempt}.json")
         with open(only_path, "w") as f:
             json.dump(remaining, f)
-    order = result["order"] or []
-    result["summary"] = core.summarize(order, tests)
-    result["selected"] = len(order)
-    result["wall_s"] = round(time.time() - started, 1)
-    with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
-        json.dump(result, f, indent=1, sort_keys=True)
-    with open(os.path.join(work, f"{stem}_outcomes.txt"), "w") as f:
-        f.write(compare.outcome_list(result))
-    return result
+    return finish_result(result, started, out_dir, work, stem)
 
 
 def _limit(nodeid, slow, soft_s, hard_s):
@@ -293,6 +354,10 @@ def main(argv=None):
                          "as PyTorch's CI runs the file), chunks (fresh processes of --chunk "
                          "tests in collection order), each (every test in a fresh process)")
     ap.add_argument("--chunk", type=int, default=20, help="tests per process for 'chunks'")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="processes at once for chunks and each (whole is one process); "
+                         "with more than 1, every test that failed, errored, timed out or "
+                         "crashed then runs again alone and that outcome counts")
     ap.add_argument("--exclude", action="append", default=[], metavar="SUBSTRING",
                     help="do not run selected tests whose id contains SUBSTRING "
                          "(recorded as not_run); repeatable")
@@ -314,6 +379,8 @@ def main(argv=None):
         ap.error(f"--orders takes whole, chunks and each, each at most once, not {args.orders}")
     if args.chunk < 1:
         ap.error("--chunk must be at least 1")
+    if args.jobs < 1:
+        ap.error("--jobs must be at least 1")
     test_file = os.path.abspath(args.test_file)
     if not os.path.isfile(test_file):
         ap.error(f"no test file at {test_file} (see bench/torch_conformance/README.md)")
@@ -331,15 +398,24 @@ def main(argv=None):
             slots -= 1
             budget = max(min(args.route_s, share), 1.0)
             print(f"[conformance] {order}: route {route}: budget {budget:.0f} s", flush=True)
-            r = run_route(route, test_file, args.out, budget, args.soft_s, args.hard_s,
-                          exclude=args.exclude, work_dir=work, chunk=chunks[order],
-                          only=args.only)
+            if args.jobs > 1 and chunks[order]:
+                import parallel
+                r = parallel.run_route_jobs(route, test_file, args.out, budget, args.soft_s,
+                                            args.hard_s, args.jobs, chunks[order],
+                                            exclude=args.exclude, work_dir=work,
+                                            only=args.only)
+            else:
+                r = run_route(route, test_file, args.out, budget, args.soft_s, args.hard_s,
+                              exclude=args.exclude, work_dir=work, chunk=chunks[order],
+                              only=args.only)
             results.append(r)
             fatal = fatal or bool(r["fatal"])
             s = r["summary"]
             print(f"[conformance] {order}: {route}: {r['selected']} selected, "
                   + ", ".join(f"{k} {v}" for k, v in s.items() if v)
                   + f"; {r['processes']} processes, {r['restarts']} restarts, {r['wall_s']} s"
+                  + (f"; {r['jobs']} jobs, {r['rerun_alone']} re-run alone, "
+                     f"{r['rerun_missed']} not re-run (budget)" if "jobs" in r else "")
                   + (f"; FATAL: {r['fatal']}" if r["fatal"] else ""), flush=True)
         report = compare.markdown(results)
         name = "compare.md" if order == "whole" else f"compare_{core.order_name(chunks[order])}.md"
