@@ -63,8 +63,8 @@ def markdown(results):
     out.append(f"torch {meta.get('torch', '?')} (CUDA {meta.get('torch_cuda', '?')}), "
                f"device {meta.get('device', '?')}, python {meta.get('python', '?')}, "
                f"pytest {meta.get('pytest', '?')}")
-    out.append(f"test file sha256 {meta.get('test_file_sha256', '?')}; tests whose "
-               f"Class::name contains any of: {', '.join(core.KEYWORDS)}")
+    out.append(f"test file sha256 {meta.get('test_file_sha256', '?')}; "
+               f"{meta.get('selection') or core.selection_name(core.KEYWORDS)}")
     out.append("")
     header = ["route", "selected"] + list(core.OUTCOMES) + ["restarts", "wall s"]
     out.append("| " + " | ".join(header) + " |")

@@ -51,10 +51,22 @@ def matches_keywords(nodeid, keywords=KEYWORDS):
     return any(k.lower() in key for k in keywords)
 
 
+def selection_keywords(environ=None):
+    """The keywords a child selects by: KEYWORDS, or none at all (every test
+    of the file) when the driver's --all-tests set CMA_CONF_ALL_TESTS=1."""
+    environ = os.environ if environ is None else environ
+    return () if environ.get("CMA_CONF_ALL_TESTS") == "1" else KEYWORDS
+
+
+def selection_name(keywords):
+    return ("every test of the file" if not keywords else
+            "tests whose Class::name contains any of: " + ", ".join(keywords))
+
+
 def select(nodeids, keywords=KEYWORDS, only=None):
-    """Keeps collection order. `only` (a list of ids, e.g. the tests left
-    after a crash) restricts the keyword selection further."""
-    keep = [n for n in nodeids if matches_keywords(n, keywords)]
+    """Keeps collection order. No keywords select every id. `only` (a list of
+    ids, e.g. the tests left after a crash) restricts the selection further."""
+    keep = [n for n in nodeids if not keywords or matches_keywords(n, keywords)]
     if only is not None:
         wanted = set(only)
         keep = [n for n in keep if n in wanted]

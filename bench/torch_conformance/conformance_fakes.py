@@ -36,14 +36,15 @@ FAKE_CHILD = textwrap.dedent("""
     only = None
     if os.environ.get("CMA_CONF_ONLY"):
         only = json.load(open(os.environ["CMA_CONF_ONLY"]))
-    keep = core.select(ids, only=only)
+    keep = core.select(ids, keywords=core.selection_keywords(), only=only)
     ev = core.EventWriter(os.environ["CMA_CONF_EVENTS"])
     selected, keep = keep, core.first_chunk(keep)
     if os.environ.get("FAKE_FATAL"):
         ev.write("fatal", msg="route install failed")
         sys.exit(4)
     ev.write("selected", ids=selected, collected=len(ids))
-    ev.write("meta", torch="fake", route=os.environ["CMA_CONF_ROUTE"])
+    ev.write("meta", torch="fake", route=os.environ["CMA_CONF_ROUTE"],
+             selection=core.selection_name(core.selection_keywords()))
     for i in keep:
         ev.start(i)
         if "device_wide" in i:

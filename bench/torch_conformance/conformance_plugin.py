@@ -103,7 +103,8 @@ def pytest_collection_modifyitems(session, config, items):
     if only_file:
         with open(only_file, encoding="utf-8") as f:
             only = json.load(f)
-    selected = core.select([i.nodeid for i in items], only=only)
+    selected = core.select([i.nodeid for i in items], keywords=core.selection_keywords(),
+                           only=only)
     if INCLUDE:  # the driver's --only
         selected = [i for i in selected if any(p in i for p in INCLUDE)]
     excluded = core.excluded(selected, EXCLUDE)
@@ -130,7 +131,8 @@ def pytest_collection_finish(session):
         pytest=pytest.__version__, fallbacks=FALLBACKS,
         test_file=TEST_FILE,
         test_file_sha256=hashlib.sha256(_SOURCE.encode("utf-8")).hexdigest(),
-        alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+        alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        selection=core.selection_name(core.selection_keywords()))
     for key, query in (("device", lambda: torch.cuda.get_device_name(0)),
                        ("allocator_backend", torch.cuda.get_allocator_backend)):
         try:

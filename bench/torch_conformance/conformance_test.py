@@ -40,6 +40,16 @@ class CoreTest(unittest.TestCase):
         self.assertEqual(core.select(ids, only=["a.py::A::test_graph_x", "a.py::A::test_streams"]),
                          ["a.py::A::test_graph_x"])
 
+    def test_no_keywords_select_every_test_and_the_driver_says_which(self):
+        ids = ["a.py::A::test_streams", "a.py::A::test_memory_stats", "a.py::A::test_graph_x"]
+        self.assertEqual(core.select(ids, keywords=()), ids)
+        self.assertEqual(core.select(ids, keywords=(), only=["a.py::A::test_streams"]), ids[:1])
+        self.assertEqual(core.selection_keywords({}), core.KEYWORDS)
+        self.assertEqual(core.selection_keywords({"CMA_CONF_ALL_TESTS": "0"}), core.KEYWORDS)
+        self.assertEqual(core.selection_keywords({"CMA_CONF_ALL_TESTS": "1"}), ())
+        self.assertIn("every test", core.selection_name(()))
+        self.assertIn("mempool", core.selection_name(core.KEYWORDS))
+
     def test_outcome_folding(self):
         def fold(*phases):
             acc = core.OutcomeAccumulator()
@@ -452,7 +462,21 @@ class PluginUnderPytestTest(unittest.TestCase):
         meta = r["meta"]
         self.assertEqual(meta["device"], "FakeGPU")
         self.assertIs(meta["cma_owns_tensors"], True)
+        self.assertIn("mempool", meta["selection"])
         self.assertEqual({f["name"] for f in meta["fallbacks"]}, {"TEST_BRAND_NEW", "brandNewDecorator"})
+
+    def test_all_tests_selects_what_the_keywords_leave_out(self):
+        os.environ["CMA_CONF_ALL_TESTS"] = "1"
+        try:
+            r, d = _run_fake_route("native", FAKE_TEST_FILE, 120,
+                                   exclude=["test_memory_excluded"])
+        finally:
+            del os.environ["CMA_CONF_ALL_TESTS"]
+        t = {core.test_key(k).split("::")[-1]: v for k, v in r["tests"].items()}
+        self.assertEqual(t["test_streams_is_not_selected"]["outcome"], "passed")
+        self.assertEqual(len(t), 14, t)
+        self.assertEqual(r["meta"]["selection"], "every test of the file")
+        self.assertIn("every test of the file", compare.markdown([r]))
 
     def test_cma_route_in_three_jobs_each_test_alone(self):
         # The first child's selection, from the real plugin, feeds the queue.

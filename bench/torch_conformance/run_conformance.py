@@ -361,6 +361,9 @@ def main(argv=None):
     ap.add_argument("--exclude", action="append", default=[], metavar="SUBSTRING",
                     help="do not run selected tests whose id contains SUBSTRING "
                          "(recorded as not_run); repeatable")
+    ap.add_argument("--all-tests", action="store_true",
+                    help="select every test of the file, not only the allocator-facing "
+                         "ones (conformance_core.KEYWORDS)")
     ap.add_argument("--only", action="append", default=[], metavar="SUBSTRING",
                     help="select only tests whose id contains SUBSTRING (the others are "
                          "not selected at all); repeatable")
@@ -384,6 +387,12 @@ def main(argv=None):
     test_file = os.path.abspath(args.test_file)
     if not os.path.isfile(test_file):
         ap.error(f"no test file at {test_file} (see bench/torch_conformance/README.md)")
+    # Children inherit the driver's environment (route_env), so the
+    # selection travels with it.
+    if args.all_tests:
+        os.environ["CMA_CONF_ALL_TESTS"] = "1"
+    else:
+        os.environ.pop("CMA_CONF_ALL_TESTS", None)
     os.makedirs(args.out, exist_ok=True)
     # Logs and event files live outside --out: the GPU machine returns few files.
     work = tempfile.mkdtemp(prefix="cma_conformance_")
