@@ -80,7 +80,33 @@ void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
     s.populated_bytes = seg->arena ? seg->pages.populated_count() * kPageSize : seg->size;
     s.on_host = seg->host_tier;
     if (seg->host_tier) s.populated_bytes = 0;
+    // The extent of a block's populated pages, from its start (see
+    // BlockSnapshot::populated_end).
+    auto populated_end = [&](std::uintptr_t addr, std::size_t size) -> std::size_t {
+      if (!seg->arena) return size;
+      const std::size_t lo = (addr - seg->base) / kPageSize;
+      const std::size_t hi = (addr + size - seg->base + kPageSize - 1) / kPageSize;
+      const std::size_t end = seg->host_tier ? lo : seg->pages.PopulatedEnd(lo, hi);
+      return end == lo ? 0 : std::min(size, end * kPageSize - (addr - seg->base));
+    };
     for (const Block* b = seg->first; b != nullptr; b = b->next) {
+      // Free neighbours that Free left apart (CoalesceUnmerged merges them
+      // lazily) are one free block to a reader, as PyTorch merges on free:
+      // its tools and tests count blocks. Only what a merge would join:
+      // same stream and pool, neither a segment of its own.
+      if (!b->allocated && b->pending_events == 0 && !s.blocks.empty()) {
+        BlockSnapshot& last = s.blocks.back();
+        const MemPoolId pool =
+            b->mempool != 0 && mempools_.contains(b->mempool) ? mempools_.at(b->mempool).id
+                                                               : MemPoolId{0, 0};
+        if (last.state == "inactive" && last.address + last.size == b->addr &&
+            last.stream == b->stream && last.pool == pool && !last.own_segment &&
+            !b->no_split) {
+          last.size += b->size;
+          last.populated_end = populated_end(last.address, last.size);
+          continue;
+        }
+      }
       BlockSnapshot bs;
       bs.address = b->addr;
       bs.size = b->size;
@@ -91,14 +117,8 @@ void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
         auto pool = mempools_.find(b->mempool);
         if (pool != mempools_.end()) bs.pool = pool->second.id;
       }
-      bs.populated_end = b->size;
+      bs.populated_end = populated_end(b->addr, b->size);
       bs.own_segment = b->no_split;
-      if (seg->arena) {
-        const std::size_t lo = (b->addr - seg->base) / kPageSize;
-        const std::size_t hi = (b->addr + b->size - seg->base + kPageSize - 1) / kPageSize;
-        const std::size_t end = seg->host_tier ? lo : seg->pages.PopulatedEnd(lo, hi);
-        bs.populated_end = end == lo ? 0 : std::min(b->size, end * kPageSize - (b->addr - seg->base));
-      }
       bs.state = b->allocated ? "active_allocated"
                               : (b->pending_events > 0 ? "active_pending_free" : "inactive");
       if (b->allocated) {

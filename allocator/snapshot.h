@@ -44,6 +44,10 @@ struct SegmentSnapshot {
   // Oversubscription's host tier: the pages live on the host (none of the
   // device's: populated_bytes is 0).
   bool on_host = false;
+  // In address order. Free neighbours that a merge would join (same stream
+  // and pool, no segment of their own) appear as one block, as PyTorch's
+  // allocator, which merges on free, shows them; the allocator may still
+  // hold them apart until it coalesces.
   std::vector<BlockSnapshot> blocks;
 };
 

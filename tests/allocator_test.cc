@@ -566,6 +566,53 @@ TEST_F(AllocatorTest, SnapshotDescribesSegmentsAndBlocks) {
   alloc_->Free(a).IgnoreError();
 }
 
+// PyTorch's tools count blocks (TestBlockStateAbsorption): free neighbours
+// that Free leaves apart until CoalesceUnmerged show as one free block, in
+// both segment modes, in the shared cache and in a private pool.
+class SnapshotMergeTest : public AllocatorTest,
+                          public ::testing::WithParamInterface<std::tuple<const char*, bool>> {};
+
+TEST_P(SnapshotMergeTest, FreeNeighboursShowAsOneBlock) {
+  const auto [mode, in_pool] = GetParam();
+  Make({}, mode);
+  constexpr MemPoolId kPool{7, 0};
+  if (in_pool) {
+    ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
+    ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, nullptr).ok());
+  }
+  std::vector<void*> p;
+  for (int i = 0; i < 11; ++i) p.push_back(Alloc(512));
+  for (int i = 0; i < 11; ++i) {
+    if (i != 5) ASSERT_TRUE(alloc_->Free(p[i]).ok());
+  }
+  const std::vector<SegmentSnapshot> snap = alloc_->Snapshot();
+  const SegmentSnapshot* seg = nullptr;
+  for (const SegmentSnapshot& s : snap) {
+    for (const BlockSnapshot& b : s.blocks) {
+      if (b.address == reinterpret_cast<std::uintptr_t>(p[5])) seg = &s;
+    }
+  }
+  ASSERT_NE(seg, nullptr);
+  std::vector<std::string> states;
+  for (const BlockSnapshot& b : seg->blocks) states.push_back(b.state);
+  EXPECT_THAT(states, ::testing::ElementsAre("inactive", "active_allocated", "inactive"));
+  EXPECT_EQ(seg->blocks[0].size, 5u * 512);
+  EXPECT_EQ(seg->blocks[0].address, reinterpret_cast<std::uintptr_t>(p[0]));
+  std::size_t total = 0;
+  for (const BlockSnapshot& b : seg->blocks) total += b.size;
+  EXPECT_EQ(total, seg->total_size);
+  if (in_pool) {
+    EXPECT_EQ(seg->blocks[0].pool, kPool);
+    ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  }
+  ASSERT_TRUE(alloc_->Free(p[5]).ok());
+  if (in_pool) ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SnapshotMergeTest,
+                         ::testing::Combine(::testing::Values("segments:arena", "segments:classic"),
+                                            ::testing::Bool()));
+
 TEST_F(AllocatorTest, DestructionReturnsEverythingEvenLiveBlocks) {
   Alloc(4096);
   Alloc(30 << 20);
