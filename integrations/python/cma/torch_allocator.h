@@ -39,6 +39,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -151,6 +152,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
 
   void raw_delete(void* ptr) override {
     if (ptr == nullptr) return;
+    if (C10_UNLIKELY(FreeIfUncached(ptr))) return;
     if (Tracking()) RecordFree(ptr);
     if (api.free(ptr) != 0) Fail("raw_delete");
   }
@@ -160,6 +162,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   // memory was corrupted).
   void DeleteFromDataPtr(void* ptr) {
     if (ptr == nullptr) return;
+    if (C10_UNLIKELY(FreeIfUncached(ptr))) return;
     if (Tracking()) RecordFree(ptr);
     if (api.free(ptr) != 0) {
       TORCH_WARN("caching_managed_allocator: freeing a tensor's memory failed: ", LastError());
@@ -176,10 +179,11 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     initialized_.store(true);
   }
   bool initialized() override { return initialized_.load(); }
-  void enable(bool value) override {
-    if (!value) Unsupported("enable(false)", "its cache is the allocator; it cannot run uncached");
-  }
-  bool isEnabled() const override { return true; }
+  // enable(false) (torch.cuda.caching_allocator_enable) turns the uncached
+  // mode on, as PYTORCH_NO_CUDA_MEMORY_CACHING does at start: see
+  // AllocateUncached.
+  void enable(bool value) override { enabled_.store(value); }
+  bool isEnabled() const override { return enabled_.load(); }
   std::string name() override { return "caching_managed_allocator"; }
 
   // PyTorch's fraction as the user set it (1.0 until then). It covers every
@@ -236,7 +240,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   }
 
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
-    if (ptr.get() == nullptr) return;
+    if (ptr.get() == nullptr || IsUncached(ptr.get())) return;  // its free waits for the device
     // Another deleter: foreign memory, not cma's to track; or an alias that
     // cma.torch's zero-copy .to() made of a whole cma allocation (a CPU
     // tensor moved to the GPU), whose streams cma must know before reuse.
@@ -454,6 +458,9 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     // PyTorch's own answer (and message) for absurd sizes, before any arithmetic.
     TORCH_CHECK_WITH(OutOfMemoryError, nbytes < (size_t{1} << 60),
                      "CUDA out of memory. Tried to allocate more than 1EB memory.");
+    if (C10_UNLIKELY(!enabled_.load(std::memory_order_relaxed))) {
+      return AllocateUncached(nbytes, device);
+    }
     if (C10_UNLIKELY(captures_.Any())) EndFailedCaptures();
     // Under memory history, what the allocation populates is traced as a
     // segment_map (reserved bytes before and after).
@@ -464,6 +471,54 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     if (p == nullptr) RaiseAllocationError(nbytes, device, stream, what);
     if (Tracking()) RecordAlloc(p, nbytes, device, stream, reserved_before);
     return p;
+  }
+
+  // The uncached mode: every allocation is a managed allocation of its own,
+  // freed at once by cudaFree (which waits for the device, so no stream
+  // needs recording) and counted in no statistic, as PyTorch's uncached
+  // allocations are. It is for tools that must see each allocation's bounds
+  // (compute-sanitizer). Pointers made so stay uncached whatever the mode is
+  // when they are freed.
+  void* AllocateUncached(size_t nbytes, c10::DeviceIndex device) {
+    c10::cuda::CUDAGuard guard(device);
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocManaged(&p, nbytes, cudaMemAttachGlobal);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: clear it
+      TORCH_CHECK_WITH(OutOfMemoryError, false,
+                       "CUDA out of memory (caching_managed_allocator, uncached mode): "
+                       "cudaMallocManaged of ", nbytes, " bytes failed: ", cudaGetErrorString(e));
+    }
+    std::lock_guard<std::mutex> l(uncached_mu_);
+    uncached_.insert(p);
+    uncached_count_.fetch_add(1, std::memory_order_release);
+    return p;
+  }
+  bool IsUncached(void* ptr) {
+    if (uncached_count_.load(std::memory_order_acquire) == 0) return false;
+    std::lock_guard<std::mutex> l(uncached_mu_);
+    return uncached_.count(ptr) != 0;
+  }
+  // Frees `ptr` if the uncached mode made it; false otherwise. Runs in
+  // deleters: it warns rather than throws.
+  bool FreeIfUncached(void* ptr) {
+    if (uncached_count_.load(std::memory_order_acquire) == 0) return false;
+    {
+      std::lock_guard<std::mutex> l(uncached_mu_);
+      if (uncached_.erase(ptr) == 0) return false;
+      uncached_count_.fetch_sub(1, std::memory_order_release);
+    }
+    const cudaError_t e = cudaFree(ptr);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      TORCH_WARN("caching_managed_allocator: cudaFree of an uncached allocation failed: ",
+                 cudaGetErrorString(e));
+    }
+    return true;
+  }
+  static bool UncachedAtStart() {
+    const char* v = std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
+    return v != nullptr && *v != '\0' && std::string(v) != "0";
   }
 
   [[noreturn]] void RaiseAllocationError(size_t nbytes, c10::DeviceIndex device,
@@ -505,6 +560,10 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   std::shared_ptr<c10::GatheredContext> Context(RecordContext needed);
 
   std::atomic<bool> initialized_{false};
+  std::atomic<bool> enabled_{!UncachedAtStart()};
+  std::mutex uncached_mu_;
+  std::unordered_set<void*> uncached_;  // the uncached mode's live allocations
+  std::atomic<size_t> uncached_count_{0};  // their number: 0 keeps frees off uncached_mu_
   std::atomic<int> device_count_{0};  // written by init(), read by any thread
   std::atomic<bool> history_on_{false};
   std::atomic<bool> trackers_on_{false};

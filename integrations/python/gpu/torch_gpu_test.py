@@ -194,6 +194,53 @@ def test_pytorchs_statistics_are_cmas():
     del keep
 
 
+UNCACHED_AT_START = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch, cma, cma.torch as cmat
+cmat.use_as_default()
+t = torch.ones(1000, device="cuda")
+s = torch.cuda.memory_stats(0)
+print(json.dumps({"sum": t.sum().item(), "requested": s.get("requested_bytes.all.allocated", 0),
+                  "in_cma": any(g["address"] <= t.data_ptr() < g["address"] + g["total_size"]
+                                for g in cma.snapshot())}))
+"""
+
+
+def test_uncached_mode_and_pytorchs_no_caching_variable():
+    # torch.cuda.caching_allocator_enable(False): each allocation is a
+    # managed allocation of its own, outside cma's pools and statistics,
+    # freed at once; True brings the pools back (PyTorch's uncached mode).
+    key = "requested_bytes.all.allocated"
+    before = torch.cuda.memory_stats(0)[key]
+    torch.cuda.caching_allocator_enable(False)
+    try:
+        t = torch.full((1 << 20,), 3.0, device="cuda")
+        assert t.sum().item() == 3.0 * (1 << 20)
+        assert not any(s["address"] <= t.data_ptr() < s["address"] + s["total_size"]
+                       for s in cma.snapshot())
+        ptr = torch._C._cuda_cudaCachingAllocator_raw_alloc(1 << 20, 0)
+        torch._C._cuda_cudaCachingAllocator_raw_delete(ptr)
+        assert torch.cuda.memory_stats(0)[key] == before
+        del t  # freed while the mode is still off
+        u = torch.ones(10, device="cuda")
+    finally:
+        torch.cuda.caching_allocator_enable(True)
+    del u  # made uncached, freed after the mode is back on
+    t = torch.empty(1 << 20, device="cuda")
+    assert torch.cuda.memory_stats(0)[key] == before + (4 << 20)
+    assert any(s["address"] <= t.data_ptr() < s["address"] + s["total_size"]
+               for s in cma.snapshot())
+    # PYTORCH_NO_CUDA_MEMORY_CACHING=1 starts in that mode, as native does.
+    out = subprocess.run([sys.executable, "-c", UNCACHED_AT_START, os.path.join(HERE, "..")],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    RESULTS["uncached_at_start"] = r
+    assert r["sum"] == 1000.0 and r["requested"] == 0 and not r["in_cma"], r
+
+
 def test_allocator_interface_end_to_end():
     r = run_script("allocator_api_route.py", timeout=300)
     RESULTS["allocator_api"] = r
