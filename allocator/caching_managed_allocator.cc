@@ -472,6 +472,13 @@ absl::Status CachingManagedAllocator::SetMemoryFraction(double fraction, int dev
   return absl::OkStatus();
 }
 
+absl::Status CachingManagedAllocator::ApplyPyTorchSettings(absl::string_view pytorch_settings) {
+  absl::StatusOr<SharedSettings> s = ParsePyTorchSharedSettings(pytorch_settings, config_);
+  if (!s.ok()) return s.status();
+  for (auto& d : devices_) d->SetSharedSettings(*s);
+  return absl::OkStatus();
+}
+
 absl::Status CachingManagedAllocator::ResetPeakStats(int device) {
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();

@@ -232,6 +232,15 @@ class CachingManagedAllocator {
   // memory (PyTorch's set_per_process_memory_fraction; 0 refuses every
   // allocation, as PyTorch's does).
   absl::Status SetMemoryFraction(double fraction, int device);
+  // Applies the keys shared with PyTorch (max_split_size_mb,
+  // roundup_power2_divisions, garbage_collection_threshold) of a PyTorch
+  // allocator settings string to every device, from each one's next request
+  // on; a shared key the string does not name takes CMA_ALLOC_CONF's value
+  // again (PyTorch's settings replace each other whole), and other keys are
+  // ignored (policy/config.h: ParsePyTorchSharedSettings). A bad value is
+  // kInvalidArgument naming the key, and nothing changes. config() stays the
+  // configuration the allocator was created with.
+  absl::Status ApplyPyTorchSettings(absl::string_view pytorch_settings);
   // Oversubscription (config oversubscribe:1, policy/oversubscription.h):
   // while routing is on for `device` (nested calls count), its allocations
   // are placed on the host, as those that do not fit the device's part of

@@ -144,6 +144,8 @@ class DeviceAllocator {
   // Caps this device's managed memory; memory already reserved beyond the new
   // budget is kept until freed (idle cache above it is released now).
   void SetBudget(std::size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // The keys shared with PyTorch, from the next request on.
+  void SetSharedSettings(const SharedSettings& s) ABSL_LOCKS_EXCLUDED(mu_);
   std::size_t device_total() const { return device_total_; }
   DeviceStats GetStats() ABSL_LOCKS_EXCLUDED(mu_);
   // The last failure counted in num_placement_errors (a hint the backend
@@ -517,6 +519,10 @@ class DeviceAllocator {
   const int device_;
   const int device_count_;
   Backend* const backend_;
+  // This device's copy of the configuration: SetSharedSettings changes its
+  // shared keys under mu_, where every reader of them runs; the other keys
+  // never change.
+  AllocatorConfig config_copy_;
   const AllocatorConfig* const config_;
   const std::size_t device_total_;
   std::size_t budget_ ABSL_GUARDED_BY(mu_);

@@ -70,7 +70,9 @@ absl::Status ValidateCheckpoint(const PoolCheckpoint& cp, const std::vector<Pool
       return malformed(absl::StrFormat("has a size that is not a multiple of %d bytes",
                                        kMinBlockSize));
     }
-    const std::size_t rounded = RoundRequest(a.requested, config);
+    // The plain rounding, the least any setting gives: roundup_power2_divisions
+    // may have changed since the checkpoint was taken.
+    const std::size_t rounded = RoundRequest(a.requested, AllocatorConfig{});
     if (a.size < rounded) {
       return malformed(absl::StrFormat("is smaller than its request rounded (%d bytes)", rounded));
     }

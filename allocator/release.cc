@@ -200,4 +200,11 @@ void DeviceAllocator::SetBudget(std::size_t bytes) {
   }
 }
 
+void DeviceAllocator::SetSharedSettings(const SharedSettings& s) {
+  MutexLock l(&mu_);
+  config_copy_.max_split_size = s.max_split_size;
+  config_copy_.roundup_power2_divisions = s.roundup_power2_divisions;
+  config_copy_.garbage_collection_threshold = s.garbage_collection_threshold;
+}
+
 }  // namespace cma

@@ -41,11 +41,12 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view v, AllocatorConfi
     }
     c.max_split_size = mb << 20;
   } else if (key == "roundup_power2_divisions") {
-    int n;
-    if (!absl::SimpleAtoi(v, &n) || n < 0 || n > 64 || (n & (n - 1)) != 0) {
-      return Bad(key, v, "0 or a power of two up to 64");
+    absl::StatusOr<RoundupDivisions> d = RoundupDivisions::Parse(v);
+    if (!d.ok()) {
+      return Bad(key, v, absl::StrCat("0 or a power of two up to 32768, or [MiB:count,...,>:count] "
+                                      "as PyTorch's (", d.status().message(), ")"));
     }
-    c.roundup_power2_divisions = n;
+    c.roundup_power2_divisions = *d;
   } else if (key == "garbage_collection_threshold") {
     double t;
     if (!absl::SimpleAtod(v, &t) || !(t > 0.0 && t < 1.0)) {
@@ -186,9 +187,31 @@ absl::StatusOr<std::size_t> ParseSize(absl::string_view text) {
   return n << shift;
 }
 
+namespace {
+
+// The key:value items of `text`: split at commas outside brackets (PyTorch's
+// per-interval roundup_power2_divisions has commas inside its brackets).
+std::vector<absl::string_view> Items(absl::string_view text) {
+  std::vector<absl::string_view> items;
+  int depth = 0;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i <= text.size(); ++i) {
+    if (i < text.size() && text[i] == '[') ++depth;
+    if (i < text.size() && text[i] == ']' && depth > 0) --depth;
+    if (i == text.size() || (text[i] == ',' && depth == 0)) {
+      const absl::string_view item = absl::StripAsciiWhitespace(text.substr(start, i - start));
+      if (!item.empty()) items.push_back(item);
+      start = i + 1;
+    }
+  }
+  return items;
+}
+
+}  // namespace
+
 absl::StatusOr<AllocatorConfig> ParseAllocatorConfig(absl::string_view text) {
   AllocatorConfig c;
-  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+  for (absl::string_view item : Items(text)) {
     item = absl::StripAsciiWhitespace(item);
     const auto colon = item.find(':');
     if (colon == absl::string_view::npos) {
@@ -207,6 +230,28 @@ absl::StatusOr<AllocatorConfig> ParseAllocatorConfig(absl::string_view text) {
   return c;
 }
 
+absl::StatusOr<SharedSettings> ParsePyTorchSharedSettings(absl::string_view pytorch_settings,
+                                                          const AllocatorConfig& base) {
+  AllocatorConfig c = base;
+  for (absl::string_view item : Items(pytorch_settings)) {
+    const auto colon = item.find(':');
+    const absl::string_view key = absl::StripAsciiWhitespace(item.substr(0, colon));
+    if (key != "max_split_size_mb" && key != "roundup_power2_divisions" &&
+        key != "garbage_collection_threshold") {
+      continue;
+    }
+    if (colon == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("PyTorch allocator settings: '", item,
+                                                     "' is not key:value"));
+    }
+    if (auto s = ApplyKey(key, absl::StripAsciiWhitespace(item.substr(colon + 1)), c); !s.ok()) {
+      return s;
+    }
+  }
+  return SharedSettings{c.max_split_size, c.roundup_power2_divisions,
+                        c.garbage_collection_threshold};
+}
+
 absl::StatusOr<AllocatorConfig> AllocatorConfigFromEnv() {
   const char* env = std::getenv("CMA_ALLOC_CONF");
   return ParseAllocatorConfig(env ? env : "");
@@ -218,8 +263,8 @@ std::string AllocatorConfig::ToString() const {
   if (max_split_size != d.max_split_size) {
     parts.push_back(absl::StrCat("max_split_size_mb:", max_split_size >> 20));
   }
-  if (roundup_power2_divisions) {
-    parts.push_back(absl::StrCat("roundup_power2_divisions:", roundup_power2_divisions));
+  if (roundup_power2_divisions != d.roundup_power2_divisions) {
+    parts.push_back(absl::StrCat("roundup_power2_divisions:", roundup_power2_divisions.ToString()));
   }
   if (garbage_collection_threshold > 0) {
     parts.push_back(

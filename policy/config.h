@@ -5,6 +5,8 @@
 // Keys shared with PyTorch's PYTORCH_CUDA_ALLOC_CONF keep PyTorch's meaning:
 //   max_split_size_mb            blocks at least this large are never split
 //   roundup_power2_divisions     round sizes to 1/N steps of their power of two
+//                                (N, or PyTorch's per-interval [MiB:N,...,>:N];
+//                                policy/roundup_divisions.h)
 //   garbage_collection_threshold fraction of the budget above which idle
 //                                cached blocks are released before growing
 // This library's own keys:
@@ -87,6 +89,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "policy/roundup_divisions.h"
 #include "absl/strings/string_view.h"
 
 namespace cma {
@@ -97,7 +100,7 @@ enum class SegmentMode { kArena, kClassic };
 
 struct AllocatorConfig {
   std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
-  int roundup_power2_divisions = 0;  // 0: plain 512-byte rounding
+  RoundupDivisions roundup_power2_divisions;  // every count 0: plain 512-byte rounding
   double garbage_collection_threshold = 0.0;  // 0: off
   PrefetchPolicy prefetch = PrefetchPolicy::kOnAlloc;
   PreferredLocationPolicy preferred_location = PreferredLocationPolicy::kNone;
@@ -124,6 +127,22 @@ struct AllocatorConfig {
 };
 
 absl::StatusOr<AllocatorConfig> ParseAllocatorConfig(absl::string_view text);
+
+// The keys this library shares with PyTorch, as a PyTorch allocator settings
+// string sets them (PYTORCH_CUDA_ALLOC_CONF, torch.cuda.memory.
+// _set_allocator_settings). PyTorch resets each of them that its string does
+// not name; here an unnamed one takes `base`'s value (CMA_ALLOC_CONF's).
+struct SharedSettings {
+  std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
+  RoundupDivisions roundup_power2_divisions;
+  double garbage_collection_threshold = 0.0;
+};
+// Reads the shared keys of `pytorch_settings` with this library's parser (so
+// its errors name the key and the accepted values) and ignores every other
+// key: those are PyTorch's own (expandable_segments, pinned_*, ...), which
+// PyTorch has validated.
+absl::StatusOr<SharedSettings> ParsePyTorchSharedSettings(absl::string_view pytorch_settings,
+                                                          const AllocatorConfig& base);
 // Parses the CMA_ALLOC_CONF environment variable (defaults when unset).
 absl::StatusOr<AllocatorConfig> AllocatorConfigFromEnv();
 // "512", "64K", "20M", "8G" -> bytes.

@@ -11,14 +11,13 @@ int FloorLog2(std::size_t n) { return 63 - __builtin_clzll(n); }
 
 std::size_t RoundRequest(std::size_t bytes, const AllocatorConfig& config) {
   if (bytes <= kMinBlockSize) return kMinBlockSize;
-  const int div = config.roundup_power2_divisions;
-  // Power-of-two divisions pay off only above the small pool, where 512-byte
-  // rounding would leave many distinct sizes that fragment segments.
-  if (div > 1 && bytes > kSmallSize) {
+  const std::size_t div = static_cast<std::size_t>(config.roundup_power2_divisions.For(bytes));
+  // PyTorch's rule: above 512 x div bytes, the next 1/div step of the size's
+  // power of two (a step of at least 512 bytes, since div is a power of two).
+  if (div > 1 && bytes > kMinBlockSize * div) {
     const std::size_t floor_pow2 = std::size_t{1} << FloorLog2(bytes);
     if (floor_pow2 == bytes) return bytes;
-    const std::size_t step = floor_pow2 / div;
-    if (step >= kMinBlockSize) return RoundUp(bytes, step);
+    return RoundUp(bytes, floor_pow2 / div);
   }
   return RoundUp(bytes, kMinBlockSize);
 }

@@ -613,6 +613,59 @@ INSTANTIATE_TEST_SUITE_P(Modes, SnapshotMergeTest,
                          ::testing::Combine(::testing::Values("segments:arena", "segments:classic"),
                                             ::testing::Bool()));
 
+// PyTorch's settings strings (PYTORCH_CUDA_ALLOC_CONF,
+// _set_allocator_settings): the shared keys act from the next request on, as
+// test_allocator_settings checks through the statistics.
+TEST_F(AllocatorTest, PyTorchSettingsRoundFromTheNextRequest) {
+  Make({}, "");
+  const auto allocated = [&] { return alloc_->GetStats(0)->allocated_bytes[kAllPools].current; };
+  const auto requested = [&] { return alloc_->GetStats(0)->requested_bytes[kAllPools].current; };
+  const std::size_t n = std::size_t{84} << 10;  // in [64 KiB, 128 KiB)
+  const auto grows_by = [&](std::size_t bytes) {
+    const auto a = allocated(), r = requested();
+    void* p = Alloc(bytes);
+    const auto d = allocated() - a;
+    EXPECT_EQ(requested() - r, static_cast<std::int64_t>(bytes));  // always what was asked
+    EXPECT_TRUE(alloc_->Free(p).ok());
+    return static_cast<std::size_t>(d);
+  };
+  EXPECT_EQ(grows_by(n), n);
+  ASSERT_TRUE(alloc_->ApplyPyTorchSettings("roundup_power2_divisions:4").ok());
+  EXPECT_EQ(grows_by(n), std::size_t{96} << 10);
+  // PyTorch's keys of its own are ignored; a shared key left out goes back.
+  ASSERT_TRUE(alloc_->ApplyPyTorchSettings(
+                        "expandable_segments:True,garbage_collection_threshold:0.5,"
+                        "max_split_size_mb:40,pinned_use_cuda_host_register:True")
+                  .ok());
+  EXPECT_EQ(grows_by(n), n);
+  ASSERT_TRUE(alloc_->ApplyPyTorchSettings("roundup_power2_divisions:[1:8,4:2,8:1]").ok());
+  EXPECT_EQ(grows_by(n), std::size_t{88} << 10);
+  EXPECT_EQ(grows_by((std::size_t{5} << 20) + 1), std::size_t{6} << 20);  // [4, 8) MiB: 2
+  // As PyTorch reads it, ">" covers the last named interval too.
+  ASSERT_TRUE(alloc_->ApplyPyTorchSettings("roundup_power2_divisions:[1:8,4:2,>:1]").ok());
+  EXPECT_EQ(grows_by((std::size_t{5} << 20) + 1), (std::size_t{5} << 20) + 512);
+  // A bad value names the key and changes nothing.
+  absl::Status bad = alloc_->ApplyPyTorchSettings("max_split_size_mb:8,roundup_power2_divisions:3");
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), ::testing::HasSubstr("'roundup_power2_divisions'"));
+  EXPECT_EQ(grows_by(n), std::size_t{88} << 10);
+  EXPECT_EQ(alloc_->config().roundup_power2_divisions, RoundupDivisions());  // as created
+  ExpectInvariants();
+}
+
+TEST_F(AllocatorTest, PyTorchSettingsLeaveOutASharedKeyAndCmaConfTakesOver) {
+  Make({}, "roundup_power2_divisions:2");
+  ASSERT_TRUE(alloc_->ApplyPyTorchSettings("roundup_power2_divisions:8").ok());
+  const auto a = alloc_->GetStats(0)->allocated_bytes[kAllPools].current;
+  void* p = Alloc(std::size_t{84} << 10);
+  EXPECT_EQ(alloc_->GetStats(0)->allocated_bytes[kAllPools].current - a, 88 << 10);
+  ASSERT_TRUE(alloc_->Free(p).ok());
+  ASSERT_TRUE(alloc_->ApplyPyTorchSettings("").ok());
+  p = Alloc(std::size_t{84} << 10);  // CMA_ALLOC_CONF's 2: steps of 32 KiB
+  EXPECT_EQ(alloc_->GetStats(0)->allocated_bytes[kAllPools].current - a, 96 << 10);
+  ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
 TEST_F(AllocatorTest, DestructionReturnsEverythingEvenLiveBlocks) {
   Alloc(4096);
   Alloc(30 << 20);

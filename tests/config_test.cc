@@ -31,7 +31,7 @@ TEST(ConfigTest, ParsesEveryKey) {
       "managed_budget:0.5,release_threshold:512M,multicast:1");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->max_split_size, std::size_t{256} << 20);
-  EXPECT_EQ(c->roundup_power2_divisions, 4);
+  EXPECT_EQ(c->roundup_power2_divisions, RoundupDivisions::Uniform(4));
   EXPECT_DOUBLE_EQ(c->garbage_collection_threshold, 0.6);
   EXPECT_EQ(c->prefetch, PrefetchPolicy::kNone);
   EXPECT_EQ(c->preferred_location, PreferredLocationPolicy::kHost);
@@ -105,6 +105,45 @@ TEST(ConfigTest, WakeFence) {
   auto bad = ParseAllocatorConfig("wake_fence:5");
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("wake_fence"));
+}
+
+TEST(ConfigTest, PerIntervalRoundupDivisionsAsPyTorchWritesThem) {
+  // Among other keys: the commas inside the brackets do not end the item.
+  auto c = ParseAllocatorConfig(
+      "garbage_collection_threshold:0.5, roundup_power2_divisions:[64:8,128:2,256:2,512:2,"
+      "1024:1,>:1], max_split_size_mb:40");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->garbage_collection_threshold, 0.5);
+  EXPECT_EQ(c->max_split_size, std::size_t{40} << 20);
+  const RoundupDivisions& d = c->roundup_power2_divisions;
+  EXPECT_EQ(d.For(1000), 8);              // the first key covers the intervals below it
+  EXPECT_EQ(d.For(std::size_t{3} << 20), 8);
+  EXPECT_EQ(d.For(std::size_t{84} << 20), 8);   // [64, 128) MiB
+  EXPECT_EQ(d.For(std::size_t{200} << 20), 2);  // [128, 256) MiB
+  EXPECT_EQ(d.For(std::size_t{600} << 20), 2);  // [512, 1024) MiB
+  EXPECT_EQ(d.For(std::size_t{2} << 30), 1);
+  EXPECT_EQ(d.For(std::size_t{1} << 45), 1);    // the last interval has no end
+  // Back to text and again: the same value.
+  auto again = ParseAllocatorConfig(c->ToString());
+  ASSERT_TRUE(again.ok()) << again.status() << " " << c->ToString();
+  EXPECT_EQ(again->roundup_power2_divisions, d);
+  EXPECT_EQ(ParseAllocatorConfig("roundup_power2_divisions:[>:4]")->roundup_power2_divisions,
+            RoundupDivisions::Uniform(4));
+  EXPECT_EQ(ParseAllocatorConfig("roundup_power2_divisions:4")->ToString(),
+            "roundup_power2_divisions:4");
+  EXPECT_EQ(ParseAllocatorConfig("roundup_power2_divisions:0")->ToString(), "");
+}
+
+TEST(ConfigTest, BadRoundupDivisionsNameThePart) {
+  for (const char* text : {"roundup_power2_divisions:[64:3]", "roundup_power2_divisions:[48:2]",
+                           "roundup_power2_divisions:[64:2", "roundup_power2_divisions:[64]",
+                           "roundup_power2_divisions:[x:2]", "roundup_power2_divisions:65536",
+                           "roundup_power2_divisions:[64:2,,]"}) {
+    auto c = ParseAllocatorConfig(text);
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_THAT(c.status().message(), HasSubstr("'roundup_power2_divisions'")) << text;
+    EXPECT_THAT(c.status().message(), HasSubstr("MiB:count")) << text;
+  }
 }
 
 TEST(ConfigTest, UnknownKeyNamesKeyAndAcceptedKeys) {

@@ -14,14 +14,37 @@ TEST(SizePolicyTest, RoundsTo512) {
   EXPECT_EQ(RoundRequest(18816, c), 18944u);
 }
 
-TEST(SizePolicyTest, PowerOfTwoDivisionsAboveSmallPool) {
+TEST(SizePolicyTest, PowerOfTwoDivisionsAsPyTorchRounds) {
   AllocatorConfig c;
-  c.roundup_power2_divisions = 4;
+  c.roundup_power2_divisions = RoundupDivisions::Uniform(4);
   // 5 MiB + 1 lies in [4 MiB, 8 MiB): steps of 1 MiB.
   EXPECT_EQ(RoundRequest((5u << 20) + 1, c), 6u << 20);
   EXPECT_EQ(RoundRequest(4u << 20, c), 4u << 20);
-  // The small pool keeps 512-byte rounding.
-  EXPECT_EQ(RoundRequest(3000, c), 3072u);
+  // PyTorch's test_allocator_settings: 84 MiB with 4 divisions is 96 MiB.
+  EXPECT_EQ(RoundRequest(84u << 20, c), 96u << 20);
+  // Below the small pool's top too, above 512 x 4 bytes: 600 KiB + 1 in
+  // [512 KiB, 1 MiB) goes up in steps of 128 KiB.
+  EXPECT_EQ(RoundRequest((600u << 10) + 1, c), 640u << 10);
+  // Up to 512 x 4 bytes: 512-byte rounding.
+  EXPECT_EQ(RoundRequest(1500, c), 1536u);
+  EXPECT_EQ(RoundRequest(2048, c), 2048u);
+  EXPECT_EQ(RoundRequest(2049, c), 2560u);  // floor 2048, steps of 512
+}
+
+TEST(SizePolicyTest, PerIntervalDivisionsAsPyTorchRounds) {
+  AllocatorConfig c;
+  auto d = RoundupDivisions::Parse("[64:8,128:2,256:2,512:2,1024:1,>:1]");
+  ASSERT_TRUE(d.ok()) << d.status();
+  c.roundup_power2_divisions = *d;
+  // PyTorch's test_allocator_settings: 84 MiB in [64, 128) MiB with 8:
+  // steps of 8 MiB.
+  EXPECT_EQ(RoundRequest(84u << 20, c), 88u << 20);
+  // 400 MiB in [256, 512) MiB with 2: steps of 128 MiB.
+  EXPECT_EQ(RoundRequest(400u << 20, c), 512u << 20);
+  // The first key's count covers every interval below it.
+  EXPECT_EQ(RoundRequest((5u << 20) + 1, c), (5u << 20) + (512u << 10));
+  // 1024 and above: 1, plain rounding.
+  EXPECT_EQ(RoundRequest((1500u << 20) + 1, c), (1500u << 20) + 512);
 }
 
 TEST(SizePolicyTest, PoolBoundaryIsOneMiB) {

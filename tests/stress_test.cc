@@ -98,5 +98,54 @@ TEST_F(AllocatorTest, EightThreadsFourStreamsKeepInvariants) {
   }
 }
 
+// PyTorch's settings change while threads allocate and free (TSAN runs this
+// test): every reader of the shared keys runs under its device's lock.
+TEST_F(AllocatorTest, SettingsChangeWhileThreadsAllocate) {
+  Make({.device_count = 2, .device_capacity = 192 << 20});
+  std::atomic<bool> done{false};
+  std::atomic<int> failures{0};
+  std::thread changer([&] {
+    const char* settings[] = {"roundup_power2_divisions:4", "",
+                              "roundup_power2_divisions:[1:8,4:2,8:1],max_split_size_mb:40",
+                              "garbage_collection_threshold:0.5,roundup_power2_divisions:2"};
+    for (int i = 0; !done.load(); ++i) {
+      if (!alloc_->ApplyPyTorchSettings(settings[i % 4]).ok()) ++failures;
+    }
+  });
+  auto worker = [&](int id) {
+    std::mt19937_64 rng(77 + id);
+    std::vector<TaggedBlock> live;
+    for (int step = 0; step < 2000 && failures == 0; ++step) {
+      if (rng() % 3 != 0 || live.empty()) {
+        const std::size_t n = 16 + rng() % (rng() % 4 == 0 ? (6 << 20) : 65536);
+        auto p = alloc_->Allocate(n, id % 2, kDefaultStream);
+        if (!p.ok()) {
+          if (p.status().code() != absl::StatusCode::kResourceExhausted) ++failures;
+          continue;
+        }
+        TaggedBlock l{*p, n, static_cast<std::uint64_t>(id) << 32 | step};
+        l.Write();
+        live.push_back(l);
+      } else {
+        const std::size_t i = rng() % live.size();
+        if (!live[i].Intact() || !alloc_->Free(live[i].ptr).ok()) ++failures;
+        live[i] = live.back();
+        live.pop_back();
+      }
+    }
+    for (const TaggedBlock& l : live) {
+      if (!l.Intact() || !alloc_->Free(l.ptr).ok()) ++failures;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) threads.emplace_back(worker, t);
+  for (auto& t : threads) t.join();
+  done = true;
+  changer.join();
+  EXPECT_EQ(failures, 0);
+  ExpectInvariants();
+  EXPECT_EQ(alloc_->GetStats().allocation[kAllPools].current, 0);
+}
+
 }  // namespace
 }  // namespace cma

@@ -28,6 +28,10 @@ struct Global {
   std::unique_ptr<CachingManagedAllocator> allocator ABSL_GUARDED_BY(mu);
   std::string config ABSL_GUARDED_BY(mu);
   std::string backend_request ABSL_GUARDED_BY(mu);
+  // The last PyTorch settings given (validated), applied to every allocator
+  // made from now on too: giving them before the first allocation does not
+  // create the allocator (and the CUDA context) early.
+  std::string pytorch_settings ABSL_GUARDED_BY(mu);
   // Read without the lock on the allocation path.
   std::atomic<CachingManagedAllocator*> current{nullptr};
 };
@@ -66,6 +70,9 @@ absl::Status Init(const std::string& config, const std::string& backend) {
   if (!b.ok()) return b.status();
   auto a = CachingManagedAllocator::Create(**b, config);
   if (!a.ok()) return a.status();
+  if (!g.pytorch_settings.empty()) {
+    if (absl::Status s = (*a)->ApplyPyTorchSettings(g.pytorch_settings); !s.ok()) return s;
+  }
   g.backend = std::move(*b);
   g.allocator = std::move(*a);
   g.config = config;
@@ -130,6 +137,7 @@ void cma_shutdown(void) {
   g.backend.reset();
   g.config.clear();
   g.backend_request.clear();
+  g.pytorch_settings.clear();
 }
 
 const char* cma_backend_name(void) {
@@ -383,6 +391,22 @@ size_t cma_allocation_size(void* ptr) {
 int cma_set_memory_fraction(double fraction, int device) {
   return WithAllocator(
       [&](CachingManagedAllocator& a) { return a.SetMemoryFraction(fraction, device); });
+}
+
+int cma_apply_pytorch_settings(const char* settings) {
+  if (settings == nullptr) {
+    return Fail(absl::InvalidArgumentError("cma_apply_pytorch_settings: null settings string"));
+  }
+  Global& g = G();
+  cma::MutexLock l(&g.mu);
+  // Without an allocator, checked now: whether a shared key's value is
+  // accepted does not depend on the allocator's own configuration.
+  absl::Status s =
+      g.allocator ? g.allocator->ApplyPyTorchSettings(settings)
+                  : cma::ParsePyTorchSharedSettings(settings, cma::AllocatorConfig{}).status();
+  if (!s.ok()) return Fail(s);
+  g.pytorch_settings = settings;
+  return 0;
 }
 
 int cma_set_host_routing(int device, int on) {

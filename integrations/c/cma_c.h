@@ -203,6 +203,16 @@ int cma_device_of(void* ptr);
 size_t cma_allocation_size(void* ptr);
 /* Caps a device's managed memory at `fraction` of its total memory. */
 int cma_set_memory_fraction(double fraction, int device);
+/* Applies the keys cma shares with PyTorch (max_split_size_mb,
+ * roundup_power2_divisions, garbage_collection_threshold) of a PyTorch
+ * allocator settings string, as PYTORCH_CUDA_ALLOC_CONF or
+ * torch.cuda.memory._set_allocator_settings give it, to every device from its
+ * next allocation on. A shared key the string does not name takes
+ * CMA_ALLOC_CONF's value again; other keys are ignored. -1 (cma_last_error
+ * names the key) for a bad value, and nothing changes. Given before the
+ * allocator exists, the string is checked and kept for it (this call does not
+ * create it); cma_shutdown forgets it. */
+int cma_apply_pytorch_settings(const char* settings);
 /* Oversubscription (CMA_ALLOC_CONF oversubscribe:1): while routing is on for
  * `device` (on = 1 nests, on = 0 undoes one), its allocations live on the
  * host, read and written by the GPU over the link, as those that do not fit

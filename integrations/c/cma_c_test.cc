@@ -200,6 +200,31 @@ TEST(CApiEnvironmentTest, FirstUseInitialisesFromTheEnvironment) {
   unsetenv("CMA_ALLOC_CONF");
 }
 
+// PyTorch's settings strings: kept when given before the allocator exists,
+// applied from the next allocation on after; bad ones refused by key.
+TEST(CApiPyTorchSettingsTest, BeforeAndAfterTheAllocatorExists) {
+  const auto allocated = [] { return Json(cma_stats_json(0))["allocated_bytes.all.current"]; };
+  cma_shutdown();
+  ASSERT_EQ(cma_apply_pytorch_settings("expandable_segments:True,roundup_power2_divisions:4"), 0)
+      << cma_last_error();
+  EXPECT_EQ(cma_apply_pytorch_settings("roundup_power2_divisions:[64:3]"), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("'roundup_power2_divisions'"));
+  EXPECT_EQ(cma_apply_pytorch_settings(nullptr), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("null"));
+  ASSERT_EQ(cma_init("", "host"), 0) << cma_last_error();
+  void* p = cma_malloc(84 << 10, 0, nullptr);
+  ASSERT_NE(p, nullptr) << cma_last_error();
+  EXPECT_EQ(allocated(), 96 << 10);  // the kept string's 4 divisions
+  ASSERT_EQ(cma_free(p), 0);
+  ASSERT_EQ(cma_apply_pytorch_settings(""), 0);
+  p = cma_malloc(84 << 10, 0, nullptr);
+  EXPECT_EQ(allocated(), 84 << 10);
+  ASSERT_EQ(cma_free(p), 0);
+  EXPECT_EQ(cma_apply_pytorch_settings("garbage_collection_threshold:2"), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("'garbage_collection_threshold'"));
+  cma_shutdown();
+}
+
 // Private pools through the C ABI: the filter sees each allocation's stream,
 // its context is released once the pool context ends, and the pool's blocks
 // serve only it.

@@ -125,6 +125,20 @@ def test_advise_empty_cache_and_fraction():
         cma.malloc(64 << 20)
 
 
+def test_pytorch_settings_round_from_the_next_allocation():
+    cma.apply_pytorch_settings("expandable_segments:True,roundup_power2_divisions:4")
+    p = cma.malloc(84 << 10)
+    assert cma.stats(0)["allocated_bytes.all.current"] == 96 << 10
+    assert cma.stats(0)["requested_bytes.all.current"] == 84 << 10
+    cma.free(p)
+    with pytest.raises(cma.CmaError, match="'max_split_size_mb'"):
+        cma.apply_pytorch_settings("max_split_size_mb:-2")
+    cma.apply_pytorch_settings("")
+    p = cma.malloc(84 << 10)
+    assert cma.stats(0)["allocated_bytes.all.current"] == 84 << 10
+    cma.free(p)
+
+
 def test_init_twice_with_other_config_fails():
     with pytest.raises(cma.CmaError, match="already initialised"):
         cma.init("prefetch:none", backend="host")

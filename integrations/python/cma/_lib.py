@@ -75,6 +75,7 @@ def lib():
                 "cma_device_of": (i, [vp]),
                 "cma_allocation_size": (sz, [vp]),
                 "cma_set_memory_fraction": (i, [ctypes.c_double, i]),
+                "cma_apply_pytorch_settings": (i, [ctypes.c_char_p]),
                 "cma_set_host_routing": (i, [i, i]),
                 "cma_placed_on_host": (i, [vp]),
                 "cma_mark_iteration": (i, [i]),
@@ -230,6 +231,15 @@ def reset_peak_stats(device=-1):
 
 def set_memory_fraction(fraction, device=0):
     _check(lib().cma_set_memory_fraction(fraction, device))
+
+
+def apply_pytorch_settings(settings):
+    """The keys cma shares with PyTorch (max_split_size_mb,
+    roundup_power2_divisions, garbage_collection_threshold) of a PyTorch
+    allocator settings string, from the next allocation on; a shared key it
+    does not name takes CMA_ALLOC_CONF's value again, other keys are ignored.
+    Given before cma's allocator exists, it is checked and kept for it."""
+    _check(lib().cma_apply_pytorch_settings(settings.encode()))
 
 
 def set_host_routing(on, device=0):

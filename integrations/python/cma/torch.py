@@ -43,7 +43,31 @@ def use_as_default(config=None):
     from cma import torch_allocator
     _lib.lib()  # loads libcma.so (and fails clearly if it cannot)
     torch_allocator.install(_lib.library_path())
+    _follow_pytorch_settings()
     _route_new_optimizer_state()
+
+
+def _follow_pytorch_settings():
+    """PyTorch's allocator settings reach cma: the environment's now (kept by
+    cma until its allocator exists), torch.cuda.memory._set_allocator_settings'
+    after PyTorch has parsed and accepted them. Only the keys both share act
+    (_lib.apply_pytorch_settings)."""
+    env = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    if env:
+        _lib.apply_pytorch_settings(env)
+    memory = torch.cuda.memory
+    original = getattr(memory, "_set_allocator_settings", None)
+    if original is None or getattr(original, "_cma_follows", False):
+        return
+
+    def _set_allocator_settings(env):
+        result = original(env)
+        _lib.apply_pytorch_settings(env)
+        return result
+
+    _set_allocator_settings._cma_follows = True
+    _set_allocator_settings.__doc__ = original.__doc__
+    memory._set_allocator_settings = _set_allocator_settings
 
 
 def pool():
