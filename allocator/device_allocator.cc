@@ -533,19 +533,22 @@ void DeviceAllocator::AbsorbNext(Block* b) {
 }
 
 void DeviceAllocator::MergePlacement(Block* b, const Block& next) const {
-  if (b->placed && next.placed && b->location == next.location) return;
+  const Placement m = MergedPlacement({b->placed, b->location}, {next.placed, next.location},
+                                      Location::Device(device_));
+  b->placed = m.placed;
+  b->location = m.location;
+}
+
+DeviceAllocator::Placement DeviceAllocator::MergedPlacement(Placement a, Placement b,
+                                                           Location home) {
+  if (a.placed && b.placed && a.location == b.location) return a;
   // Part of the merged block was put away from the device (a Move to the
   // host): remember that, so that its next hand-out brings it back. Its
   // contents are dead then, so a discard-and-prefetch costs no migration.
-  const Location home = Location::Device(device_);
-  for (const Block* part : {static_cast<const Block*>(b), &next}) {
-    if (part->placed && part->location != home) {
-      b->placed = true;
-      b->location = part->location;
-      return;
-    }
+  for (const Placement& part : {a, b}) {
+    if (part.placed && part.location != home) return part;
   }
-  b->placed = false;  // where first touch puts it
+  return {false, a.location};  // where first touch puts it
 }
 
 void DeviceAllocator::ReturnBlock(Block* b) {

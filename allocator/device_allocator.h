@@ -382,6 +382,13 @@ class DeviceAllocator {
   // The placement of b after absorbing `next`: where both were, or away from
   // the device if either part was moved away.
   void MergePlacement(Block* b, const Block& next) const;
+  // The rule of MergePlacement on values (snapshots merge free neighbours
+  // for their readers the same way): `placed` false means unplaced.
+  struct Placement {
+    bool placed = false;
+    Location location;
+  };
+  static Placement MergedPlacement(Placement a, Placement b, Location home);
   static bool Mergeable(const Block* neighbour, const Block* b) {
     return neighbour != nullptr && neighbour->is_free() && neighbour->stream == b->stream &&
            neighbour->mempool == b->mempool && !neighbour->no_split && !b->no_split;

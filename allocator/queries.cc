@@ -70,7 +70,10 @@ void DeviceAllocator::ResetAccumulatedStats() {
 
 void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
   MutexLock l(&mu_);
-  for (auto& [base, seg] : segments_) {
+  for (auto& entry : segments_) {
+    // (Not a structured binding: the lambda below captures it, which C++17
+    // allows only for a variable.)
+    const auto& seg = entry.second;
     SegmentSnapshot s;
     s.device = device_;
     s.address = seg->base;
@@ -89,6 +92,7 @@ void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
       const std::size_t end = seg->host_tier ? lo : seg->pages.PopulatedEnd(lo, hi);
       return end == lo ? 0 : std::min(size, end * kPageSize - (addr - seg->base));
     };
+    Placement last_placement;  // of s.blocks.back(), as a merge would leave it
     for (const Block* b = seg->first; b != nullptr; b = b->next) {
       // Free neighbours that Free left apart (CoalesceUnmerged merges them
       // lazily) are one free block to a reader, as PyTorch merges on free:
@@ -104,6 +108,10 @@ void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
             !b->no_split) {
           last.size += b->size;
           last.populated_end = populated_end(last.address, last.size);
+          last_placement = MergedPlacement(last_placement, {b->placed, b->location},
+                                           Location::Device(device_));
+          last.location = last_placement.placed ? LocationName(last_placement.location)
+                                                : "unplaced";
           continue;
         }
       }
@@ -113,6 +121,7 @@ void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
       bs.requested = b->requested;
       bs.stream = b->stream;
       bs.location = b->placed ? LocationName(b->location) : "unplaced";
+      last_placement = {b->placed, b->location};
       if (b->mempool != 0) {
         auto pool = mempools_.find(b->mempool);
         if (pool != mempools_.end()) bs.pool = pool->second.id;

@@ -54,7 +54,10 @@ absl::StatusOr<RoundupDivisions> RoundupDivisions::Parse(absl::string_view text)
   RoundupDivisions d;
   bool first = true;
   int last = 0;
-  for (absl::string_view item : absl::StrSplit(t.substr(1, t.size() - 2), ',')) {
+  std::vector<absl::string_view> items = absl::StrSplit(t.substr(1, t.size() - 2), ',');
+  // PyTorch reads "[]" (nothing set) and a comma before the ']'.
+  if (!items.empty() && absl::StripAsciiWhitespace(items.back()).empty()) items.pop_back();
+  for (absl::string_view item : items) {
     item = absl::StripAsciiWhitespace(item);
     const std::vector<absl::string_view> kv = absl::StrSplit(item, ':');
     if (kv.size() != 2) {

@@ -132,6 +132,13 @@ TEST(ConfigTest, PerIntervalRoundupDivisionsAsPyTorchWritesThem) {
   EXPECT_EQ(ParseAllocatorConfig("roundup_power2_divisions:4")->ToString(),
             "roundup_power2_divisions:4");
   EXPECT_EQ(ParseAllocatorConfig("roundup_power2_divisions:0")->ToString(), "");
+  // As PyTorch reads them: nothing set, and a comma before the ']'.
+  EXPECT_EQ(ParseAllocatorConfig("roundup_power2_divisions:[]")->roundup_power2_divisions,
+            RoundupDivisions());
+  const auto trailing = ParseAllocatorConfig("roundup_power2_divisions:[1:2,]");
+  ASSERT_TRUE(trailing.ok()) << trailing.status();
+  EXPECT_EQ(trailing->roundup_power2_divisions.For(1000), 2);  // [0, 2 MiB) only
+  EXPECT_EQ(trailing->roundup_power2_divisions.For(std::size_t{3} << 20), 0);
 }
 
 TEST(ConfigTest, BadRoundupDivisionsNameThePart) {

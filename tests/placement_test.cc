@@ -29,6 +29,36 @@ class PlacementTest : public AllocatorTest {
   Stream s_ = 0;
 };
 
+// A snapshot shows free neighbours as one block (queries.cc) with the
+// placement the allocator's own merge gives them: the same before and after
+// it coalesces them.
+TEST_F(PlacementTest, MergedSnapshotBlockKeepsThePlacementAMergeGives) {
+  void* a = Alloc(8 << 20, 0, s_);
+  void* b = Alloc(8 << 20, 0, s_);
+  void* guard = Alloc(8 << 20, 0, s_);
+  ASSERT_EQ(static_cast<char*>(b), static_cast<char*>(a) + (8 << 20));
+  ASSERT_TRUE(alloc_->Move(b, Location::Host(), s_).ok());
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(alloc_->Free(b).ok());
+  const auto block_at = [&](void* p) {
+    for (const SegmentSnapshot& seg : alloc_->Snapshot()) {
+      for (const BlockSnapshot& x : seg.blocks) {
+        if (x.address == reinterpret_cast<std::uintptr_t>(p)) {
+          return std::make_pair(x.location, x.size);
+        }
+      }
+    }
+    return std::make_pair(std::string("none"), std::size_t{0});
+  };
+  const auto before = block_at(a);
+  EXPECT_EQ(before.first, "host");
+  EXPECT_EQ(before.second, std::size_t{16} << 20);
+  void* big = Alloc(100 << 20, 0, s_);  // a lookup that misses coalesces the free blocks
+  EXPECT_EQ(block_at(a), before);
+  ASSERT_TRUE(alloc_->Free(big).ok());
+  ASSERT_TRUE(alloc_->Free(guard).ok());
+}
+
 TEST_F(PlacementTest, FreshSegmentIsPrefetchedWholeOnce) {
   void* a = Alloc(1000, 0, s_);
   auto r = Take();

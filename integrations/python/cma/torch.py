@@ -52,7 +52,8 @@ def _follow_pytorch_settings():
     cma until its allocator exists), torch.cuda.memory._set_allocator_settings'
     after PyTorch has parsed and accepted them. Only the keys both share act
     (_lib.apply_pytorch_settings)."""
-    env = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    # PyTorch reads PYTORCH_ALLOC_CONF when it is set at all, else the older name.
+    env = os.environ.get("PYTORCH_ALLOC_CONF", os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
     if env:
         _lib.apply_pytorch_settings(env)
     memory = torch.cuda.memory
