@@ -98,10 +98,17 @@ TEST_F(AllocatorTest, EightThreadsFourStreamsKeepInvariants) {
   }
 }
 
-// PyTorch's settings change while threads allocate and free (TSAN runs this
-// test): every reader of the shared keys runs under its device's lock.
+// PyTorch's settings change while threads allocate and free on four streams
+// per device with work pending (TSAN runs this test): every reader of the
+// shared keys runs under its device's lock, and no block is handed out while
+// another stream may still use it (the tags would show it).
 TEST_F(AllocatorTest, SettingsChangeWhileThreadsAllocate) {
-  Make({.device_count = 2, .device_capacity = 192 << 20});
+  Make({.device_count = 2, .device_capacity = 192 << 20, .manual_completion = true});
+  std::vector<Stream> streams[2];
+  for (int d = 0; d < 2; ++d) {
+    streams[d].push_back(kDefaultStream);
+    for (int i = 0; i < 3; ++i) streams[d].push_back(*backend_->CreateStream(d));
+  }
   std::atomic<bool> done{false};
   std::atomic<int> failures{0};
   std::thread changer([&] {
@@ -115,10 +122,12 @@ TEST_F(AllocatorTest, SettingsChangeWhileThreadsAllocate) {
   auto worker = [&](int id) {
     std::mt19937_64 rng(77 + id);
     std::vector<TaggedBlock> live;
-    for (int step = 0; step < 2000 && failures == 0; ++step) {
-      if (rng() % 3 != 0 || live.empty()) {
+    for (int step = 0; step < 1000 && failures == 0; ++step) {
+      const int dev = rng() % 2;
+      const int op = rng() % 10;
+      if (op < 5 || live.empty()) {
         const std::size_t n = 16 + rng() % (rng() % 4 == 0 ? (6 << 20) : 65536);
-        auto p = alloc_->Allocate(n, id % 2, kDefaultStream);
+        auto p = alloc_->Allocate(n, dev, streams[dev][rng() % 4]);
         if (!p.ok()) {
           if (p.status().code() != absl::StatusCode::kResourceExhausted) ++failures;
           continue;
@@ -126,12 +135,21 @@ TEST_F(AllocatorTest, SettingsChangeWhileThreadsAllocate) {
         TaggedBlock l{*p, n, static_cast<std::uint64_t>(id) << 32 | step};
         l.Write();
         live.push_back(l);
-      } else {
+      } else if (op < 8) {
         const std::size_t i = rng() % live.size();
         if (!live[i].Intact() || !alloc_->Free(live[i].ptr).ok()) ++failures;
         live[i] = live.back();
         live.pop_back();
+      } else if (op < 9) {
+        const std::size_t i = rng() % live.size();
+        const int d = *alloc_->DeviceOf(live[i].ptr);
+        const Stream other = streams[d][rng() % 4];
+        if (!alloc_->RecordStream(live[i].ptr, other).ok()) ++failures;
+        backend_->EnqueueWork(other).IgnoreError();  // a kernel on `other` uses it
+      } else {
+        backend_->CompleteWork(streams[dev][rng() % 4]).IgnoreError();
       }
+      if (!alloc_->CheckInvariants().ok()) ++failures;
     }
     for (const TaggedBlock& l : live) {
       if (!l.Intact() || !alloc_->Free(l.ptr).ok()) ++failures;
@@ -145,6 +163,10 @@ TEST_F(AllocatorTest, SettingsChangeWhileThreadsAllocate) {
   EXPECT_EQ(failures, 0);
   ExpectInvariants();
   EXPECT_EQ(alloc_->GetStats().allocation[kAllPools].current, 0);
+  alloc_.reset();
+  for (int d = 0; d < 2; ++d) {
+    for (int i = 1; i < 4; ++i) backend_->DestroyStream(streams[d][i]).IgnoreError();
+  }
 }
 
 }  // namespace
