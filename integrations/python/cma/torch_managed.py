@@ -15,13 +15,13 @@ While the switch is on:
     allocator: its parent's CUDA runtime is unusable there. Tensors made
     over foreign memory (torch.from_numpy, torch.frombuffer, shared memory
     from workers, mmap'ed checkpoints) are not managed.
-  * A forked child (a DataLoader worker with the default start method)
-    cannot read managed memory: CUDA does not copy it into children. A
-    Dataset that holds tensors made under the switch needs
-    multiprocessing_context="spawn" or "forkserver"; tensors the workers
-    make themselves are fine (PyTorch's allocator serves there). A child
-    that touches such memory is stopped by the kernel (SIGSEGV) after a
-    message saying why.
+  * A forked child cannot read managed memory: CUDA does not copy it into
+    children. So a DataLoader with workers and no chosen start method
+    starts them with forkserver while the switch is on (a notice says so
+    once; torch_dataloader.py has the rules and the opt-out), and the
+    switch stays off in multiprocessing's bootstrap processes. A child the
+    user forks himself that touches such memory is stopped by the kernel
+    (SIGSEGV) after a message saying why.
   * Tensor.to(), .cuda() and .cpu() that change only the device of a tensor
     owning a whole cma allocation (torch_zero_copy.py says exactly which)
     return an alias over the same memory, whose pages cma moves to the
@@ -54,6 +54,7 @@ import threading
 import torch
 
 from cma import _lib
+from cma import torch_dataloader as _dataloader
 from cma import torch_zero_copy as _zc
 
 _TO, _CPU, _CUDA = _zc._TO, _zc._CPU, _zc._CUDA
@@ -100,7 +101,10 @@ def managed_cpu(enabled=True):
     global _on, _counts, _replaced
     from cma import torch_allocator
     was = _on
+    if enabled and _dataloader.in_bootstrap_process():
+        return False  # torch_dataloader.py says why
     if enabled and not _on:
+        _dataloader.install()
         _lib.lib()
         torch_allocator.build().cpu_on(_lib.library_path())
         _replaced = {name: getattr(torch.Tensor, name) for name in ("to", "cpu", "cuda")}
@@ -112,6 +116,7 @@ def managed_cpu(enabled=True):
         torch_allocator.build().cpu_off()
         for name, method in _replaced.items():  # what was there, another patch included
             setattr(torch.Tensor, name, method)
+        _dataloader.uninstall()
         _on = False
     return was
 

@@ -291,6 +291,14 @@ def test_managed_cpu_switch():
     assert all(r["fallbacks_copy"].values()), r
 
 
+def test_default_dataloader_under_the_switch():
+    out = subprocess.run([sys.executable, os.path.join(HERE, "dataloader_route.py")],
+                         capture_output=True, text=True, timeout=300)
+    r = json.loads(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else {}
+    RESULTS["dataloader"] = r
+    assert out.returncode == 0 and r.get("passed"), (r, out.stderr[-3000:])
+
+
 def test_cupy_route():
     cupy = pytest.importorskip("cupy")
     import cma.cupy as cmac

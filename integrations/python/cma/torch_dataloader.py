@@ -1,0 +1,140 @@
+"""DataLoader workers under cma's CPU switch (cma.torch.managed_cpu()).
+
+CUDA does not give a forked child its parent's managed pages: a DataLoader
+worker forked (Linux's default start method) from a process whose Dataset
+holds tensors made under the switch dies with SIGSEGV when it reads them.
+So while the switch is on, a DataLoader that has workers and no chosen
+start method starts them with forkserver, and says so once on stderr:
+
+  * "No chosen start method" means multiprocessing_context=None and
+    torch.multiprocessing's start method unset or "fork". An explicit
+    context (even "fork") or start method is respected.
+  * CMA_DATALOADER_START=fork keeps fork (for Datasets that hold no
+    tensors made under the switch and are not picklable).
+  * forkserver pickles the Dataset, collate_fn and worker_init_fn: lambdas
+    and classes defined in an interactive __main__ fail loudly. Tensors
+    pickled for the workers move into shared memory (no longer cma's, so a
+    later .to("cuda") of them copies). Workers restart every epoch unless
+    persistent_workers=True.
+  * Inside forkserver's server (which imports the user's script as
+    __mp_main__), the processes forked from it and DataLoader workers the
+    switch is never turned on (managed_cpu() there does nothing and
+    returns False): an unguarded script would otherwise make its
+    module-level tensors managed in the server, and the workers forked
+    from it would die alike. Spawned processes are fresh: the switch works.
+
+Thread safety: install() and uninstall() are called by managed_cpu() under
+the GIL; the wrapper itself holds no state but a one-time notice flag.
+"""
+import functools
+import inspect
+import multiprocessing
+import os
+import sys
+
+import torch
+
+_original_init = None
+_noticed = False
+
+OPT_OUT_VARIABLE = "CMA_DATALOADER_START"
+
+
+def in_bootstrap_process():
+    """True in forkserver's server (which imports the user's script as
+    __mp_main__ to preload it) and in every process forked from it, and in
+    a DataLoader worker. Spawned children (torch.multiprocessing.spawn's
+    ranks) are fresh processes where the switch works: not included."""
+    if torch.utils.data.get_worker_info() is not None:
+        return True
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    if forkserver is None:
+        return False
+    server_main = forkserver.main.__code__
+    frame = sys._getframe(1)
+    while frame is not None:  # the server's loop is below every frame there
+        if frame.f_code is server_main:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _opted_out():
+    value = os.environ.get(OPT_OUT_VARIABLE, "")
+    if value not in ("", "fork", "forkserver"):
+        raise ValueError(f"cma.torch: {OPT_OUT_VARIABLE}={value!r}: expected 'fork' "
+                         "(keep fork for DataLoader workers) or 'forkserver' (the default)")
+    return value == "fork"
+
+
+def _start_method_is_fork():
+    method = multiprocessing.get_start_method(allow_none=True)
+    if method is None:  # nothing chosen yet (and nothing fixed by asking):
+        method = multiprocessing.get_all_start_methods()[0]  # the default
+    return method == "fork"
+
+
+def _choose_context(bound):
+    """The worker start context for one DataLoader's bound arguments: the
+    caller's, or forkserver where the caller left fork by default."""
+    args = bound.arguments
+    workers = args.get("num_workers", 0) or 0
+    if workers <= 0 or args.get("multiprocessing_context") is not None:
+        return None
+    if _opted_out() or not _start_method_is_fork():
+        return None
+    return "forkserver"
+
+
+def _wrap(init):
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        global _noticed
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError:  # PyTorch's own call raises the right error
+            return init(self, *args, **kwargs)
+        context = _choose_context(bound) if _original_init is not None else None
+        if context is not None:
+            bound.arguments["multiprocessing_context"] = context
+            if not _noticed:
+                _noticed = True
+                print("cma.torch: DataLoader workers start with forkserver while managed_cpu() "
+                      "is on (a forked worker cannot read managed memory); pass "
+                      "multiprocessing_context= or set CMA_DATALOADER_START=fork to choose",
+                      file=sys.stderr)
+        return init(*bound.args, **bound.kwargs)
+    __init__._cma_wraps = init
+    return __init__
+
+
+def install():
+    """Wraps DataLoader.__init__ (idempotent). The choice is made per
+    DataLoader at its construction, so loaders made while the switch is off
+    keep fork."""
+    global _original_init
+    if _original_init is not None:
+        return
+    _opted_out()  # a bad value fails at the switch, not at the first loader
+    loader = torch.utils.data.DataLoader
+    _original_init = loader.__init__
+    loader.__init__ = _wrap(_original_init)
+
+
+def uninstall():
+    """Puts back what install() replaced, unless another library wrapped it
+    since (then cma's wrapper stays, and decides nothing while installed()
+    is False)."""
+    global _original_init
+    if _original_init is None:
+        return
+    loader = torch.utils.data.DataLoader
+    if getattr(loader.__init__, "_cma_wraps", None) is _original_init:
+        loader.__init__ = _original_init
+    _original_init = None
+
+
+def installed():
+    return _original_init is not None
