@@ -289,6 +289,9 @@ def _route_new_optimizer_state():
                 from cma import torch_offload, torch_staged_step
                 torch_staged_step.attach(opt)
                 torch_offload.watch(devices, params)
+        if devices:  # the staging runs after the optimizer's own pre-hooks, also later ones
+            from cma import torch_staged_step
+            torch_staged_step.order_last(opt)
         if devices and getattr(opt, "_cma_host_resident", False) is False and \
                 _state_incomplete(opt, params):
             for d in devices:

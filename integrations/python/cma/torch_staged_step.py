@@ -22,15 +22,19 @@ parameter's gradient and state are staged (torch.optim's Adam, AdamW,
 SGD, Adagrad, RMSprop, Adamax, NAdam, RAdam, exactly those classes);
 others, a step given a closure, sparse gradients, fused or differentiable
 groups, or too little free device memory for two chunks run as before
-(reading the state over the link). A step that raises after the staging
-(a pre-hook registered later) has updated the parameters and left their
-gradients unset.
+(reading the state over the link).
 
-Contract: the staging runs as the optimizer's last step pre-hook (appended
-when the optimizer is first seen; a pre-hook registered later runs after
-it and sees the parameters already updated); the optimizer's own step then
-finds no gradient and does nothing, and a post-hook puts the gradients
-back, so post-hooks and the caller see them as after any step. When the
+Contract: the staging runs as the optimizer's last step pre-hook: it is
+appended when the optimizer is first seen, and cma.torch's global
+pre-hook (which runs before every optimizer's own pre-hooks) moves it
+back to the end at every step, so a pre-hook registered later (an LR
+warmup, a gradient clip attached after the first step) still runs before
+it and sees the gradients, as in a plain step. The optimizer's own step
+then finds no gradient and does nothing, and a post-hook puts the
+gradients back, so post-hooks and the caller see them as after any step.
+The class's step must update each state entry in place (the eight classes
+do); an entry it rebinds to a new tensor keeps that new value (on the
+device), and the optimizer's later steps run unstaged. When the
 step returns, the state's host copies are written in the current stream's
 order (everything is queued on it). Not thread-safe per
 optimizer, as torch.optim is not.
@@ -107,6 +111,8 @@ class _Stager:
         self.held_grads = None
         self.steps = 0  # steps staged, for tests and benchmarks
         self.unstaged_because = None  # why the last step was not staged
+        self.rebinds = False  # the class's step rebound a state entry: never staged again
+        self.pre_handle = None  # the staging's step pre-hook, kept last (order_last)
 
     def _plan(self, chunk_bytes):
         """Chunks: (group, [params], [(state, key, host tensor)], bytes),
@@ -149,6 +155,9 @@ class _Stager:
         if self.raw_step is None:
             self.unstaged_because = "the optimizer class's step has no unhooked form"
             return False
+        if self.rebinds:
+            self.unstaged_because = "the optimizer class's step rebinds state entries"
+            return False
         chunks = self._plan(_settings["chunk_mib"] << 20)
         if chunks is None:
             self.unstaged_because = ("no state on the host, a step that creates state, or a "
@@ -187,14 +196,21 @@ class _Stager:
                 mine = views[i]
                 for (state, key, host), v in zip(parts, mine):
                     state[key] = v
+                kept = [True] * len(parts)  # updated in place: its host copy gets the view
                 try:
                     self.opt.param_groups = [dict(group, params=params)]
                     self.raw_step(self.opt)
+                    for j, ((state, key, _), v) in enumerate(zip(parts, mine)):
+                        if state.get(key) is not v:
+                            kept[j] = False
                 finally:
-                    for state, key, host in parts:
-                        state[key] = host
+                    for (state, key, host), keep in zip(parts, kept):
+                        if keep:
+                            state[key] = host
+                        else:
+                            self._keep_rebound(state, key, bufs)
                     self.opt.param_groups = saved_groups
-                stores = [(h, v) for (_, _, h), v in zip(parts, mine)]
+                stores = [(h, v) for (_, _, h), v, keep in zip(parts, mine, kept) if keep]
                 loads = []
                 if i + 1 < len(chunks):
                     views.append(self._views(chunks[i + 1], bufs[(i + 1) % 2]))
@@ -203,6 +219,20 @@ class _Stager:
                 views[i] = None
         finally:
             self.opt.param_groups = saved_groups
+
+    def _keep_rebound(self, state, key, bufs):
+        # The class's step put a new tensor in the entry instead of updating
+        # the staged view: that tensor is the new state (the host copy is
+        # stale), kept where it is unless it lives in a staging buffer.
+        self.rebinds = True
+        new = state.get(key)
+        if torch.is_tensor(new) and new.is_cuda:
+            try:
+                ptr = new.untyped_storage().data_ptr()
+            except Exception:  # noqa: BLE001 - a tensor with no storage of its own
+                return
+            if any(ptr == b.untyped_storage().data_ptr() for b in bufs):
+                state[key] = new.clone()
 
     @staticmethod
     def _views(chunk, buf):
@@ -281,12 +311,23 @@ def attach(opt):
     def after(o, args, kwargs):
         stager.restore_grads()
 
-    opt.register_step_pre_hook(before)
+    stager.pre_handle = opt.register_step_pre_hook(before)
     handle = opt.register_step_post_hook(after)
     # First among the post-hooks, so that the caller's see the gradients.
     hooks = getattr(opt, "_optimizer_step_post_hooks", None)
     if hasattr(hooks, "move_to_end"):
         hooks.move_to_end(handle.id, last=False)
+
+
+def order_last(opt):
+    """Moves `opt`'s staging hook after every step pre-hook registered since
+    (called by cma.torch's global step pre-hook, before the optimizer's own
+    pre-hooks run, so that the staging sees what they did)."""
+    s = getattr(opt, "_cma_stager", None)
+    hooks = getattr(opt, "_optimizer_step_pre_hooks", None)
+    if s is not None and s.pre_handle is not None and hasattr(hooks, "move_to_end") and \
+            s.pre_handle.id in hooks:
+        hooks.move_to_end(s.pre_handle.id)
 
 
 def _unhooked(step):
