@@ -379,12 +379,14 @@ def step_in_backward(optimizer, enabled=True, bucket_mib=64, sms=8):
     return torch_step_in_backward.attach(optimizer, bucket_mib, sms)
 
 
-def activation_offload(enabled=None):
+def activation_offload(enabled=None, mib=None):
     """Oversubscription's activation offload (torch_offload.py): on or off
-    for steps from now on; returns whether it is on. CMA_ACTIVATION_OFFLOAD=0
-    turns it off at import."""
+    for steps from now on (off, no hook of cma's stays installed); `mib`
+    moves at least that many MiB of each step's saved activations whatever
+    the overflow (0: only what overflow teaches). Returns whether it is on.
+    CMA_ACTIVATION_OFFLOAD=0 (off) or =MiB sets them at import."""
     from cma import torch_offload
-    return torch_offload.configure(enabled)
+    return torch_offload.configure(enabled, mib)
 
 
 def staged_step(enabled=None, chunk_mib=None):

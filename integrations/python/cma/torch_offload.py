@@ -22,19 +22,40 @@ only the logits overflow (10% of the device's part), moving 1.9 GB of
 activations instead made steps slower (0.69-0.84 s against 0.60), hence
 the threshold.
 
-How: autograd's saved-tensor hooks, installed for the process (the
-calling thread's forward passes) at the end of the first step that sets
-an amount to move (installed, they cost even when nothing moves); cma.torch
-watches the devices of every optimizer whose device is oversubscribed, and
-a step ends at that optimizer's step.
+How: autograd's saved-tensor hooks, pushed by a global nn.Module forward
+pre-hook when the outermost module call of the thread that steps the
+optimizer starts, and popped when it returns or raises: so only forwards
+of nn.Modules are offloaded, and outside them the default-hooks stack is
+the caller's (torch.func transforms work, a user's saved_tensors_hooks
+context is never shadowed). cma stays out of a forward that starts with
+a user's hooks active (save_on_cpu, activation compression, checkpoint)
+or with saved-tensor hooks disabled (torch.func). The module hooks are
+registered once a step has set an amount to move (registered, they cost
+even when nothing moves) and removed by configure(False). cma.torch
+watches the devices of every optimizer whose device is oversubscribed,
+and the amount moved is counted per step, which ends at that optimizer's
+step. A saved activation belongs to its autograd graph, not to the step:
+its host copy lives as long as the graph holds it (a GAN's generator
+graph used after the discriminator's step, retain_graph), and is freed
+with it.
+Streams: the copy out reads the saved tensor on the side stream, which
+is recorded on it (record_stream: a tensor allocated on another stream is
+not reused before the copy is done); a copy brought back is recorded on
+the stream that consumes it when that is another; one brought back ahead
+and never consumed (a backward that raised or stopped early) is freed
+after its allocating stream waited for its copy; a step's end makes the
+current stream wait for the side stream.
 Left alone: saved tensors under 1 MiB, parameters and views of them,
-tensors on other devices, and anything saved while a CUDA graph is being
-captured or torch.compile traces. CMA_ACTIVATION_OFFLOAD=0 (or
-configure(False)) turns it off; =MiB moves that much from the first step
-on, whatever the overflow. Not thread-safe: one training loop per
-process, as the optimizer hook that drives it assumes.
+tensor subclasses, tensors on other devices, and anything saved while a
+CUDA graph is being captured or torch.compile traces.
+CMA_ACTIVATION_OFFLOAD=0 (or configure(False)) turns it off; =MiB moves
+that much from the first step on, whatever the overflow (configure(mib=)
+the same at run time). Not thread-safe: one training loop per process,
+as the optimizer hook that drives it assumes.
 """
 import os
+import threading
+import weakref
 
 import torch
 
@@ -49,23 +70,64 @@ _enabled = _env not in ("0", "off", "false")
 # learnt amount still grows past it).
 _initial_target = int(_env) << 20 if _env.isdigit() and int(_env) > 0 else 0
 _offloaders = {}  # device index -> _Offloader
-_installed = False
+_module_hooks = None  # the global forward pre/post hooks' handles while registered
+_owner = None  # the thread whose forwards are offloaded (the one that steps)
+_active = []  # its module calls under way, outermost first
+_pushed = False  # cma's saved-tensor hooks are on that thread's stack now
+_forward = 0  # outermost forwards with the hooks pushed, so far
 
 
-def configure(enabled=None):
-    """Turns the offload on or off for steps from now on; returns whether it is on."""
-    global _enabled
+def configure(enabled=None, mib=None):
+    """Turns the offload on or off for steps from now on; `mib` (>= 0): move
+    at least that many MiB of each step's saved activations from now on,
+    whatever the overflow (CMA_ACTIVATION_OFFLOAD=MiB at run time; 0 leaves
+    it to the learnt amount). Returns whether it is on. Off, cma's hooks
+    leave PyTorch (nothing of cma's stays on the saved-tensor hooks stack)."""
+    global _enabled, _initial_target
+    if mib is not None:
+        if int(mib) < 0:
+            raise ValueError(f"cma activation offload: mib must be >= 0, not {mib}")
+        _initial_target = int(mib) << 20
+        for o in _offloaders.values():
+            o.target = max(o.target, _initial_target)
     if enabled is not None:
         _enabled = bool(enabled)
+    if enabled is not None or mib is not None:
+        if _enabled:
+            _install_when_needed()
+        else:
+            _uninstall()
     return _enabled
+
+
+class _Group:
+    """The saved activations of one outermost forward, in save order (weak:
+    each lives as long as its autograd graph holds it)."""
+    __slots__ = ("items",)
+
+    def __init__(self):
+        self.items = []
 
 
 class _Saved:
     """A saved activation that lives on the host until backward wants it."""
-    __slots__ = ("host", "device", "ready", "index", "nbytes")
+    __slots__ = ("host", "device", "ready", "stream", "group", "index", "nbytes", "consumed",
+                 "__weakref__")
 
-    def __init__(self, host, index, nbytes):
-        self.host, self.device, self.ready, self.index, self.nbytes = host, None, None, index, nbytes
+    def __init__(self, host, group, nbytes):
+        self.host, self.device, self.ready, self.stream = host, None, None, None
+        self.group, self.index, self.nbytes, self.consumed = group, len(group.items), nbytes, False
+        group.items.append(weakref.ref(self))
+
+    def __del__(self):
+        # Brought back and never consumed (a backward that raised or stopped
+        # early): its memory is freed in its allocating stream's order, so
+        # that stream waits for the copy into it first.
+        try:
+            if self.device is not None and self.ready is not None:
+                self.stream.wait_event(self.ready)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
 
 class _Offloader:
@@ -73,8 +135,9 @@ class _Offloader:
         self.index = index
         self.target = _initial_target  # bytes to move per step, learnt from overflow
         self.moved = 0  # this step
-        self.saved = []  # this step's _Saved, in forward order
-        self.in_flight = 0  # bytes fetched back and not yet handed to backward
+        self.group = None  # the current forward's _Group
+        self.group_forward = -1  # the _forward it belongs to
+        self.in_flight = 0  # bytes fetched ahead and not yet handed to backward
         self.holding = []  # (device tensor, its copy out's event, its stream), oldest first
         self.params = set()  # storages of the optimizers' parameters
         self.stream = None
@@ -88,13 +151,16 @@ class _Offloader:
         return self.stream
 
     def pack(self, t):
-        if self.moved >= self.target or not _enabled:
+        if self.moved >= self.target or not _enabled or type(t) is not torch.Tensor:
             return t
         n = t.numel() * t.element_size()
-        if (n < _MIN_BYTES or t.untyped_storage().data_ptr() in self.params or
+        if (n < _MIN_BYTES or t.layout != torch.strided or
+                t.untyped_storage().data_ptr() in self.params or
                 (t.requires_grad and t.is_leaf) or
                 torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
             return t
+        if self.group is None or self.group_forward != _forward:
+            self.group, self.group_forward = _Group(), _forward
         # Each save is its own copy: an earlier save of the same address may
         # name another tensor by now (the first one's memory is freed below).
         cur, side = torch.cuda.current_stream(t.device), self._side()
@@ -111,60 +177,66 @@ class _Offloader:
             host.copy_(t, non_blocking=True)
             copied = torch.cuda.Event()
             copied.record()
-        s = _Saved(host, len(self.saved), n)
-        self.saved.append(s)
+        # Read on the side stream: t may have been allocated on another
+        # stream than this one, whose order would free it.
+        t.record_stream(side)
+        s = _Saved(host, self.group, n)
         self.moved += n
         self.bytes_moved += n
-        # The device copy goes once this stream has waited for its copy
-        # out, two saves later (the copy overlaps the work between):
-        # freed in this stream's order, it serves the next allocations
-        # at once, which an event-guarded free would not (the host runs
-        # ahead of the GPU and would find it still busy).
+        # The saving stream waits for the copy out two saves later (the copy
+        # overlaps the work between).
         self.holding.append((t, copied, cur))
         self._release(keep=2)
         return s
 
     def _release(self, keep=0):
-        # The stream each was saved on (whose order frees it) waits for
-        # its copy out.
+        # The stream each was saved on waits for its copy out.
         while len(self.holding) > keep:
             _, copied, stream = self.holding.pop(0)
             stream.wait_event(copied)
 
     def _fetch(self, s, cur):
-        # Allocated in the consuming stream's order; the side stream writes
-        # it after what that stream has queued so far.
-        s.device = torch.empty_like(s.host)
+        # Allocated in `cur`'s order; the side stream writes it after what
+        # `cur` has queued so far.
+        s.device, s.stream = torch.empty_like(s.host), cur
         side = self._side()
         side.wait_stream(cur)
         with torch.cuda.stream(side):
             s.device.copy_(s.host, non_blocking=True)
             s.ready = torch.cuda.Event()
             s.ready.record()
-        self.in_flight += s.nbytes
 
     def unpack(self, s):
-        if not isinstance(s, _Saved):
-            return s
         cur = torch.cuda.current_stream(self.index)
         self._release()
-        if s.device is None:
+        if s.device is None:  # not fetched ahead (or consumed before: retain_graph)
+            if s.host is None:
+                raise RuntimeError("cma activation offload: a saved activation's host copy is "
+                                   "gone (unpacked after its graph was freed?)")
             self._fetch(s, cur)
+        else:
+            self.in_flight = max(0, self.in_flight - s.nbytes)
         cur.wait_event(s.ready)
         d, s.device = s.device, None
-        self.in_flight -= s.nbytes
+        if s.stream != cur:  # fetched ahead for another stream: freed in that one's order
+            d.record_stream(cur)
+        s.consumed = True
         # Backward wants them in the reverse of forward's order: fetch the
-        # ones saved before this one while its gradient is computed.
+        # ones saved before this one while its gradient is computed (never
+        # one already consumed, nor one whose graph is gone).
+        items = s.group.items
         k = s.index - 1
         while k >= 0 and self.in_flight < _PREFETCH_BYTES:
-            if self.saved[k].device is None and self.saved[k].host is not None:
-                self._fetch(self.saved[k], cur)
+            e = items[k]()
+            if e is not None and not e.consumed and e.device is None and e.host is not None:
+                self._fetch(e, cur)
+                self.in_flight += e.nbytes
             k -= 1
         return d
 
     def end_step(self):
-        """A step ended: learn from its overflow, forget its saved copies
-        (backward is done with them; the host blocks go back to the cache)."""
+        """A step ended: learn from its overflow and start counting anew.
+        Saved copies stay with their graphs (a graph may outlive the step)."""
         st = _lib.stats(self.index)
         now = st.get("host_overflow_bytes", 0)
         overflow, self.mark = now - self.mark, now
@@ -177,10 +249,10 @@ class _Offloader:
             self.target += overflow + overflow // 4
         self.steps += 1
         self._release()
+        if self.stream is not None:  # nothing of the side stream's is pending after the step
+            torch.cuda.current_stream(self.index).wait_stream(self.stream)
         self.moved = self.in_flight = 0
-        for s in self.saved:
-            s.host = s.device = None
-        self.saved = []
+        self.group = None
 
 
 def _overflow(index):
@@ -195,11 +267,69 @@ def _pack(t):
 def _unpack(s):
     if not isinstance(s, _Saved):
         return s
-    for o in _offloaders.values():
-        if s.index < len(o.saved) and o.saved[s.index] is s:
-            return o.unpack(s)
-    raise RuntimeError("cma activation offload: a saved activation was unpacked after its "
-                       "step ended (backward after optimizer.step()?)")
+    return _offloaders[s.host.device.index].unpack(s)
+
+
+def _top_hooks():
+    """The saved-tensor default hooks on top of this thread's stack, or None."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None:
+        return None
+    try:
+        return top(True)
+    except TypeError:  # an older signature
+        return top()
+
+
+def _may_push():
+    # Only where the forward saves anything, something is to move, and the
+    # stack is free: a user's hooks (save_on_cpu, compression, a checkpoint
+    # region) or disabled hooks (torch.func) leave cma out of this forward.
+    if not _enabled or not torch.is_grad_enabled():
+        return False
+    if not any(o.target > 0 for o in _offloaders.values()):
+        return False
+    if not torch._C._autograd._saved_tensors_hooks_is_enabled():
+        return False
+    return _top_hooks() is None
+
+
+def _before_forward(module, args):
+    global _pushed, _forward
+    if torch.compiler.is_compiling() or threading.get_ident() != _owner:
+        return None
+    _active.append(module)
+    if len(_active) == 1 and _may_push():
+        torch._C._autograd._push_saved_tensors_default_hooks(_pack, _unpack)
+        _pushed = True
+        _forward += 1
+    return None
+
+
+def _after_forward(module, args, output):
+    # Registered with always_call: also runs when the forward raised.
+    if torch.compiler.is_compiling() or threading.get_ident() != _owner:
+        return None
+    if not _active or _active[-1] is not module:
+        return None  # a call whose pre-hook never ran (an earlier pre-hook raised)
+    _active.pop()
+    if not _active:
+        _pop()
+    return None
+
+
+def _pop():
+    global _pushed
+    if not _pushed:
+        return
+    _pushed = False
+    top = _top_hooks()
+    if top is not None and top[0] is _pack:
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+    else:  # someone pushed inside the forward and never popped: leave the stack as it is
+        import warnings
+        warnings.warn("cma activation offload: the saved-tensor hooks stack changed under a "
+                      "forward (hooks pushed and not popped); cma's hooks were left on it")
 
 
 def watch(devices, params):
@@ -211,12 +341,25 @@ def watch(devices, params):
 
 
 def _install_when_needed():
-    # Only once something is to move: installed, the hooks alone cost (a
-    # 1.5x step with hooks that moved nothing: 0.68 s against 0.59).
-    global _installed
-    if not _installed and any(o.target > 0 for o in _offloaders.values()):
-        torch._C._autograd._push_saved_tensors_default_hooks(_pack, _unpack)
-        _installed = True
+    # Only once something is to move: registered, the module hooks alone
+    # cost (every module call takes nn.Module's slow path).
+    global _module_hooks, _owner
+    if _module_hooks is None and _enabled and any(o.target > 0 for o in _offloaders.values()):
+        from torch.nn.modules import module as nn_module
+        _owner = threading.get_ident()
+        _module_hooks = (nn_module.register_module_forward_pre_hook(_before_forward),
+                         nn_module.register_module_forward_hook(_after_forward,
+                                                                always_call=True))
+
+
+def _uninstall():
+    global _module_hooks
+    if _module_hooks is not None:
+        for h in _module_hooks:
+            h.remove()
+        _module_hooks = None
+    _pop()
+    _active.clear()
 
 
 def end_step(devices):
@@ -231,3 +374,8 @@ def stats(device):
     o = _offloaders.get(device)
     return None if o is None else {"target": o.target, "bytes_moved": o.bytes_moved,
                                    "steps": o.steps}
+
+
+def hooks_installed():
+    """Whether cma's module hooks are registered (for tests)."""
+    return _module_hooks is not None
