@@ -111,8 +111,9 @@ def _alias(tensor, ptr, nbytes, device):
         raw = torch.from_numpy(_lib.host_view(ptr, nbytes, owner=tensor))
     else:
         raw = torch.as_tensor(_CudaBuffer(ptr, nbytes, tensor), device=device)
-    return raw.view(tensor.dtype).as_strided(tensor.size(), tensor.stride(),
-                                             tensor.storage_offset())
+    from cma.torch_zero_copy import share_version  # one version counter (autograd sees writes)
+    return share_version(raw, tensor).view(tensor.dtype).as_strided(
+        tensor.size(), tensor.stride(), tensor.storage_offset())
 
 
 def forget_stream(stream):

@@ -261,8 +261,25 @@ long long cpu_allocations();
 }  // namespace cma_torch
 
 #ifdef TORCH_EXTENSION_NAME  // built by torch.utils.cpp_extension (cma/torch_allocator.py)
+#include <torch/extension.h>  // at::Tensor arguments from Python
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+namespace cma_torch {
+
+// An alias that cma.torch's zero-copy .to() made over `source`'s memory
+// counts in-place writes with `source`'s version counter: autograd then
+// sees a write through either (a saved tensor modified in place raises at
+// backward, as for views), where separate counters would let a gradient be
+// computed from overwritten data. Inference tensors have no counter to
+// share: left as they are.
+void share_version_counter(const at::Tensor& alias, const at::Tensor& source) {
+  if (alias.is_inference() || source.is_inference()) return;
+  alias.unsafeGetTensorImpl()->set_version_counter(
+      source.unsafeGetTensorImpl()->version_counter());
+}
+
+}  // namespace cma_torch
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &cma_torch::install, "Makes cma PyTorch's CUDA allocator.");
@@ -271,6 +288,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cpu_off", &cma_torch::cpu_off, "Gives PyTorch its previous CPU allocator back.");
   m.def("cpu_is_on", &cma_torch::cpu_is_on);
   m.def("cpu_allocations", &cma_torch::cpu_allocations);
+  m.def("share_version_counter", &cma_torch::share_version_counter,
+        "The alias counts in-place writes with the source's version counter.");
 }
 #endif
 

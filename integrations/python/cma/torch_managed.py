@@ -32,9 +32,12 @@ While the switch is on:
     copied as before. Inside torch.compile'd code .to() is traced as
     PyTorch's copy.
   * Aliasing: the source and the result share memory, so an in-place write
-    through one is seen through the other (a copy would not be), and their
-    version counters are separate (autograd does not see a write through
-    the other alias: the reason tensors that require grad are copied).
+    through one is seen through the other (a copy would not be), and they
+    share one version counter: autograd sees a write through the other
+    alias, so refilling a CPU buffer whose alias a forward saved raises at
+    backward ("... modified by an inplace operation") instead of computing
+    gradients from the new contents. Tensors that require grad are copied
+    (an alias would carry no grad_fn).
     Using the source where it was after the move is correct and
     migrates the pages back on demand.
   * pin_memory() of a managed tensor copies it into pinned memory, as for
@@ -132,14 +135,15 @@ def move_counts():
 
 
 class _Allocation:
-    """Frees a host-pool allocation when the last tensor over it dies."""
-    __slots__ = ("ptr",)
+    """Frees a host-pool allocation when the last tensor over it dies; in a
+    forked child (whose CUDA runtime is unusable) it leaks instead."""
+    __slots__ = ("ptr", "pid")
 
     def __init__(self, ptr):
-        self.ptr = ptr
+        self.ptr, self.pid = ptr, os.getpid()
 
     def __del__(self):
-        if _lib is not None and self.ptr:
+        if _lib is not None and self.ptr and os is not None and self.pid == os.getpid():
             _lib.free(self.ptr)
 
 

@@ -37,10 +37,21 @@ Aliasing semantics, exactly:
     current stream: kernels queued there afterwards see the data in place.
   * The alias never requires grad: nn.Module.to() runs under no_grad and
     sets .data, so parameters keep requires_grad and their identity.
+  * The alias shares its source's version counter (as a view does): an
+    in-place write through either is seen by autograd, so a tensor saved
+    for backward and then overwritten through the other alias (a reused
+    CPU staging buffer refilled before backward) makes backward raise
+    "one of the variables needed for gradient computation has been
+    modified by an inplace operation", where a copy would have kept the
+    old values. Inference tensors have no counter: left apart.
+  * In a forked child (a DataLoader worker) nothing is aliased: the
+    parent's CUDA runtime is unusable there, so PyTorch's own copy runs
+    (and raises its own error for a CUDA target).
 
 ZeroCopyMode counts what it did: .aliased (zero-copy results) and .copied
 (calls it handed to PyTorch).
 """
+import os
 import weakref
 
 import torch
@@ -49,6 +60,23 @@ from torch.overrides import TorchFunctionMode
 from cma import _lib
 
 _TO, _CPU, _CUDA = torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda
+_forked = False  # this process is a fork of the one that imported cma.torch
+
+
+def _mark_forked():
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_mark_forked)
+
+
+def share_version(alias, source):
+    """`alias` (a tensor over `source`'s memory) counts in-place writes with
+    `source`'s version counter; returns it (torch_allocator.cc)."""
+    from cma import torch_allocator
+    torch_allocator.build().share_version_counter(alias, source)
+    return alias
 
 
 class _Root:
@@ -121,7 +149,7 @@ def _zero_copy(func, args, kwargs, wait_for_device=False):
     """The alias, or None to let PyTorch copy. `wait_for_device`: a move to
     a CUDA device also waits for its stream unless non_blocking (RFC-0023's
     rule, which the global switch follows; this mode orders it only)."""
-    if not args or type(args[0]) not in (torch.Tensor, torch.nn.Parameter):
+    if _forked or not args or type(args[0]) not in (torch.Tensor, torch.nn.Parameter):
         return None
     t = args[0]
     # Only plain strided tensors alias; and never while tracing (torch.jit)
@@ -173,7 +201,8 @@ def _zero_copy(func, args, kwargs, wait_for_device=False):
         if wait_for_device and not non_blocking:
             stream.synchronize()
         raw = torch.as_tensor(_CudaBuffer(ptr, nbytes, root), device=device)
-    return raw.view(t.dtype).as_strided(t.size(), t.stride(), 0)
+    # Shared before the views are made, so that they all share it (as views do).
+    return share_version(raw, t).view(t.dtype).as_strided(t.size(), t.stride(), 0)
 
 
 class ZeroCopyMode(TorchFunctionMode):
