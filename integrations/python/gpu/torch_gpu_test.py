@@ -299,6 +299,16 @@ def test_default_dataloader_under_the_switch():
     assert out.returncode == 0 and r.get("passed"), (r, out.stderr[-3000:])
 
 
+def test_offload_patterns():
+    """Staged step, activation offload and the switch's aliases against the
+    plain loop (offload_patterns_route.py prints PASS/FAIL per case)."""
+    out = subprocess.run([sys.executable, os.path.join(HERE, "offload_patterns_route.py")],
+                         capture_output=True, text=True, timeout=600)
+    RESULTS["offload_patterns"] = [l for l in out.stdout.splitlines()
+                                   if l.startswith(("PASS", "FAIL"))]
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
+
+
 def test_cupy_route():
     cupy = pytest.importorskip("cupy")
     import cma.cupy as cmac
