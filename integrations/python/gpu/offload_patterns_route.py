@@ -9,8 +9,11 @@ exits 1 on any failure.
 
 `oversubscribe:1` lets the optimizer's state live on the host (the staged
 step's precondition) without oversubscribing anything; the offload is
-forced with cma.torch.activation_offload(True, mib=...) (everything saved
-of 1 MiB or more moves), and each offload run checks that bytes moved."""
+forced by CMA_ACTIVATION_OFFLOAD=MiB (set here before cma.torch loads:
+everything saved of 1 MiB or more moves; cma.torch.activation_offload(True,
+mib=) is the same at run time) and switched per run with
+activation_offload(True/False); each offload run checks that bytes moved.
+Only public knobs are used, so the script also runs against older code."""
 import gc
 import os
 import random
@@ -19,6 +22,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+EVERYTHING_MIB = 1 << 20  # offload target: every saved tensor of 1 MiB or more
+os.environ["CMA_ACTIVATION_OFFLOAD"] = str(EVERYTHING_MIB)
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -32,7 +37,6 @@ torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 W = 1024  # a (512, W) float activation is 2 MiB: above the offload's 1 MiB floor
 ROWS = 512
-EVERYTHING_MIB = 1 << 20  # offload target: every saved tensor of 1 MiB or more
 failures = []
 
 
@@ -87,10 +91,12 @@ def with_cma(offload, staged=True):
     """cma's features for the next run: the offload forced on (or off), the
     staged step on (or off: the plain loop reads the state in place)."""
     cmat.staged_step(enabled=staged)
-    if offload:
-        cmat.activation_offload(True, mib=EVERYTHING_MIB)
-    else:
-        cmat.activation_offload(False)
+    cmat.activation_offload(bool(offload))
+
+
+def top_hooks():
+    """The saved-tensor default hooks on top of this thread's stack, or None."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(True)
 
 
 def step(model, opt, x):
@@ -160,10 +166,10 @@ def _():
         return model, opt
     ref, ref_opt = run(False)
     model, opt = run(True)
-    if torch_staged_step.steps_staged(opt) < 1 or not opt._cma_stager.rebinds:
-        return "the rebinding step was not staged"
-    return same(model.parameters(), ref.parameters()) and \
-        same(state_of(opt, model), state_of(ref_opt, ref)) or "parameters/state differ"
+    if not (same(model.parameters(), ref.parameters()) and
+            same(state_of(opt, model), state_of(ref_opt, ref))):
+        return "parameters/state differ"
+    return torch_staged_step.steps_staged(opt) >= 1 or "nothing was staged"
 
 
 # ---- item 9: the activation offload ---------------------------------------
@@ -239,7 +245,7 @@ def _():
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):  # spans the loop
             for x in batches(5, 1):
                 step(model, opt, x)
-        return list(model.parameters()), calls, torch_offload._top_hooks()
+        return list(model.parameters()), calls, top_hooks()
     ref, got, n = plain_vs_offload(loop, need_moved=False)
     if got[2] is not None:
         return "the saved-tensor hooks stack is not empty after the user's context"
@@ -258,7 +264,7 @@ def _():
         with torch.autograd.graph.save_on_cpu():
             for x in batches(4, 1):
                 step(model, opt, x)
-        return list(model.parameters()), torch_offload._top_hooks()
+        return list(model.parameters()), top_hooks()
     ref, got, _ = plain_vs_offload(loop, need_moved=False)
     if got[1] is not None:
         return "the saved-tensor hooks stack is not empty after save_on_cpu"
@@ -285,7 +291,7 @@ def _():
     per_model = torch.func.grad(
         lambda p, x: torch.func.functional_call(model, p, (x,)).square().mean())(params, xs[0])
     cmat.activation_offload(False)
-    if torch_offload.hooks_installed() or torch_offload._top_hooks() is not None:
+    if top_hooks() is not None:
         return "hooks left installed after activation_offload(False)"
     g_off = torch.func.grad(f)(w)
     wr = w.clone().requires_grad_()
@@ -367,7 +373,7 @@ class Branchy(nn.Module):
 SIDE = None
 
 
-def random_loop(seed, hint, steps=10):
+def random_loop(seed, hint, raises=(None, None, "out", "mid"), steps=10):
     global SIDE
     if SIDE is None:
         SIDE = [torch.cuda.Stream(), torch.cuda.Stream()]
@@ -381,9 +387,7 @@ def random_loop(seed, hint, steps=10):
     for x in batches(steps, seed + 1):
         plan = {"order": rng.sample([0, 1], 2),
                 "streams": [rng.choice([None] + SIDE) for _ in range(2)],
-                # the hint applies buckets as grads become final: raise only
-                # before any parameter's grad exists
-                "raise": rng.choice([None, None, "out"] + ([] if hint else ["mid"]))}
+                "raise": rng.choice(raises)}
         opt.zero_grad(set_to_none=True)
         try:
             model(x, plan).float().square().mean().backward()
@@ -411,12 +415,15 @@ def _():
 
 @case("offload_random_streams_step_in_backward")
 def _():
+    # The hint applies buckets as gradients become final: a backward raises
+    # here only before any parameter has one (at the model's output).
+    raises = (None, None, "out")
     for seed in (21, 22):
         with_cma(False, staged=False)
-        ref = random_loop(seed, hint=False)
+        ref = random_loop(seed, hint=False, raises=raises)
         with_cma(True)
         m0 = moved()
-        got = random_loop(seed, hint=True)
+        got = random_loop(seed, hint=True, raises=raises)
         if moved() == m0:
             return "the offload moved nothing"
         if got[1] != ref[1] or not same(got[0], ref[0]):
@@ -479,8 +486,7 @@ def _():
                 calls = []
                 for name in ("free", "allocation_size", "move", "malloc"):
                     setattr(cma._lib, name, lambda *a, _n=name, **k: calls.append(_n))
-                del e
-                gc.collect()
+                del e  # (no gc.collect: a collected CUDA tensor would free through cma in C++)
                 try:
                     torch.ones(4).to("cuda")  # the switch's Tensor.to in a worker
                 except Exception:  # noqa: BLE001 - PyTorch's bad-fork error
