@@ -19,32 +19,16 @@ optimizers qualify (torch.optim's Adam, AdamW, SGD, Adagrad, RMSprop,
 Adamax, NAdam, RAdam): the update of a parameter reads its gradient and
 state alone, so it is bit-identical to the whole step's.
 
-Contract (issue 47; docs/pytorch.md states it in full): a loop gives the
-plain loop's result, or raises naming the fix.
- * Gradients stay readable after backward, until the caller's zero_grad
-   (None inside optimizer.step(), between this hint's last pre-hook and its
-   post-hook). free_grads=True frees each once applied (None after
-   backward; zero_grad(set_to_none=False) is then refused).
- * The first _PROBE_STEPS (2) steps are plain and checked: nothing is
-   applied in backward, and a loop the hint cannot serve raises before any
-   parameter changed: hyperparameters or groups changed between backward
-   and step, gradients edited or replaced there, a second backward before
-   the step, gradients discarded by optimizer.zero_grad() without a step.
- * Later, the same checks raise where the hint sees the misuse, after that
-   backward's updates were made (the residual: a pattern that first shows
-   after the probe is loud, not prevented).
- * Refused before anything of a backward is applied: torch.distributed
-   initialised (at attach and at every gradient), clip_grad_norm_ and
-   clip_grad_value_ (looked up at call time) on a parameter a backward
-   reached, GradScaler.scale. Param groups rebuilt between steps are
-   followed. Sparse gradients, and a step(closure)'s backward, are left to
-   optimizer.step().
- * Parameters are updated in place on the side stream: a stream of the
-   caller's that reads them after backward must wait on the current stream.
-The state of the bucket applied last in the first applying backward moves
-to the device where it fits (tail_state_bytes). The hint holds its
-optimizer weakly; a parameter carries one live optimizer's hint at most.
-Hooks run on autograd's threads under one lock per optimizer.
+Contract (issue 47, stated in full in docs/pytorch.md): a loop gives the
+plain loop's result, or raises naming the fix. Gradients stay readable after
+backward (free_grads=True frees each once applied). The first _PROBE_STEPS
+steps are plain and checked, so a loop the hint cannot serve (hyperparameters
+or gradients changed between backward and step, a second backward, a
+discarded backward) raises before anything changed; later the same misuse
+raises one update late (the residual). torch.distributed, clipping and
+GradScaler are refused before anything of a backward is applied; param
+groups rebuilt between steps are followed. Parameters are updated in place
+on a side stream that the caller's streams wait for at backward's end.
 """
 import threading
 import weakref
@@ -310,6 +294,10 @@ class _InBackward:
             self.end_task = None
             self.pending, self.pending_bytes, self.full = {}, {}, set()
             self._join()
+            for p, g in self.hidden:  # a step that raised kept them
+                if p.grad is None:
+                    p.grad = g
+            self.hidden = []
             self.in_step = True
             opt = self.opt()
             if not self.tail_placed and opt is not None and self.last_bucket:
@@ -587,7 +575,7 @@ def detach(opt):
         for p, g in state.hidden:
             if p.grad is None:
                 p.grad = g
-        state.hidden, state.pending, state.pending_bytes = [], {}, {}
+        state.hidden, state.pending, state.pending_bytes, state.full = [], {}, {}, set()
         state.reached, state.noted, state.applied, state.in_step = {}, {}, set(), False
     for h in state.handles:
         h.remove()
