@@ -359,25 +359,30 @@ def host_resident(optimizer):
     return optimizer
 
 
-def step_in_backward(optimizer, enabled=True, bucket_mib=64, sms=8):
+def step_in_backward(optimizer, enabled=True, bucket_mib=64, sms=8, free_grads=False):
     """Opt-in hint, one line after building the optimizer: each parameter
     is updated during backward, as soon as its gradient is final (every
     `bucket_mib` of parameters, on a side stream limited to `sms` SMs where
-    torch offers green contexts; 0: all), and its gradient freed; when
-    backward ends the caller's stream waits for those updates, and
-    optimizer.step() has only what came some other way to apply. Beyond the
-    GPU's memory this overlaps the link-bound step with backward and frees
-    the gradients' memory; results stay bit-identical. Gradients are None
-    after backward, so clipping, accumulation over several backward passes,
-    GradScaler and data parallelism are refused (torch_step_in_backward.py
-    states the contract). TypeError for a non-optimizer, ValueError (nothing
+    torch offers green contexts; 0: all); when backward ends the caller's
+    stream waits for those updates, and optimizer.step() has only what came
+    some other way to apply. Beyond the GPU's memory this overlaps the
+    link-bound step with backward; results stay bit-identical. A loop gives
+    the plain loop's result or raises naming the fix: the first two steps
+    are plain and checked (hyperparameters or gradients changed between
+    backward and step, a second backward, gradients discarded without a
+    step raise there, before anything changed); later the same misuse
+    raises after that backward's updates. Gradients stay readable after
+    backward; free_grads=True frees each once applied (less memory; None
+    after backward). torch_step_in_backward.py and docs/pytorch.md state
+    the contract. TypeError for a non-optimizer, ValueError (nothing
     changed) for one whose update is not elementwise, a non-CUDA parameter,
-    a differentiable group or a parameter hinted by another live optimizer.
-    enabled=False removes it. Returns the optimizer."""
+    a differentiable group, a parameter hinted by another live optimizer,
+    or torch.distributed initialised. enabled=False removes it. Returns the
+    optimizer."""
     from cma import torch_step_in_backward
     if not enabled:
         return torch_step_in_backward.detach(optimizer)
-    return torch_step_in_backward.attach(optimizer, bucket_mib, sms)
+    return torch_step_in_backward.attach(optimizer, bucket_mib, sms, free_grads)
 
 
 def activation_offload(enabled=None, mib=None):

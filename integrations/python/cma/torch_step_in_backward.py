@@ -1,62 +1,34 @@
 """The optimizer's step during backward: an opt-in hint for training beyond
 the GPU's memory (cma.torch.step_in_backward(optimizer)).
 
-Why: with the optimizer's state on the host (oversubscription's placement),
+Why: with the optimizer's state on the host (oversubscription's placement)
 the step is bound by the link (a fused AdamW over 7.3 GB of state: 0.175 s
-on an H200, as long as the forward pass), while backward is bound by the
-SMs. Run during backward, each parameter's update overlaps the backward of
-the layers before it, and its gradient is freed as soon as it is applied,
-so gradients never all live at once: the memory they took is the
-activations' and the overflow's.
+on an H200), while backward is bound by the SMs. Run during backward, each
+parameter's update overlaps the backward of the layers before it.
 
 How: a post-accumulate-grad hook on every parameter collects those whose
 gradient is final; every `bucket_mib` of them (and the rest when backward
-ends) are updated by the optimizer class's own step, restricted to them,
-on a side stream that first waits for the gradients; each gradient is then
-released (its memory returns once the side stream is done with it) and set
-to None. The side stream belongs to a green context of `sms` SMs where
-torch offers one (torch.cuda.green_contexts): update kernels that read the
-host over the link hold their SMs while they wait, and on all SMs they
-slowed backward's memory-bound kernels several times over (measured, see
-bench/results/h200_oversub_inbwd/); sms=0, or a torch without green
-contexts, uses an ordinary stream. When backward ends, the caller's streams
-wait for the side stream (autograd runs its end callbacks on them), so what
-the caller queues after backward sees the updated parameters; the caller's
-`optimizer.step()` waits again (before and after the step itself: a
-closure's backward runs inside it) and updates only parameters whose
-gradient came some other way.
-Only elementwise optimizers qualify (torch.optim's Adam, AdamW, SGD,
-Adagrad, RMSprop, Adamax, NAdam, RAdam): their update of one parameter
-reads that parameter's gradient and state alone, so the update is the same
-kernel on the same values as the whole step's: bit-identical.
+ends) are updated by the optimizer class's own step, restricted to them, in
+the hyperparameters of the group each is in then, on a side stream (a green
+context of `sms` SMs where torch offers one) that first waits for the
+gradients. A full bucket is applied at the next parameter's hook or at
+backward's end, after the hooks registered behind this one. At backward's
+end the caller's streams wait for the side stream; optimizer.step() waits
+again and updates only what came some other way. Only elementwise
+optimizers qualify (torch.optim's Adam, AdamW, SGD, Adagrad, RMSprop,
+Adamax, NAdam, RAdam): the update of a parameter reads its gradient and
+state alone, so it is bit-identical to the whole step's.
 
-Contract: what changes for the caller is when gradients exist: after
-backward they are None (applied already). So these cannot be combined with
-it, and are refused loudly rather than silently ignored where the hint can
-see them: gradient accumulation over several backward passes (the second
-backward reaching a parameter before optimizer.step() raises RuntimeError
-and leaves that gradient unset; the first's updates stand), clipping
-(torch.nn.utils.clip_grad_norm_ and clip_grad_value_, looked up at call
-time, raise when given an updated parameter; a name imported before the
-hint, or torch's lower-level norm helpers, are not caught), GradScaler
-(its scale() raises while a hint is attached) and data parallelism (refused
-at attach while torch.distributed is initialised: gradients would be
-applied before their all-reduce). Sparse gradients are left for
-optimizer.step(). With zero_grad(set_to_none=False), a parameter that a
-backward does not reach is not updated, where a plain loop would apply its
-zero gradient (weight decay, momentum). Hyperparameters (a scheduler's lr)
-are read when each bucket is applied: change them between optimizer.step()
-and the next backward, as schedulers do. State made in backward (the first
-step's) follows oversubscription's placement (the host), except the state
-of the bucket applied last in the first backward, which overlaps nothing:
-after that backward it moves to the device where the device's part had
-room for it at its peak (tail_state_bytes(opt) says how much). The hint
-holds its optimizer weakly: an optimizer that is gone leaves its hooks
-inert, and a parameter can carry the hint of one live optimizer only
-(ValueError).
-Thread safety: backward's hooks run on autograd's threads (one per device)
-under one lock per optimizer; the optimizer itself is not thread-safe, as
-torch.optim is not.
+Contract (issue 47, stated in full in docs/pytorch.md): a loop gives the
+plain loop's result, or raises naming the fix. Gradients stay readable after
+backward (free_grads=True frees each once applied). The first _PROBE_STEPS
+steps are plain and checked, so a loop the hint cannot serve (hyperparameters
+or gradients changed between backward and step, a second backward, a
+discarded backward) raises before anything changed; later the same misuse
+raises one update late (the residual). torch.distributed, clipping and
+GradScaler are refused before anything of a backward is applied; param
+groups rebuilt between steps are followed. Parameters are updated in place
+on a side stream that the caller's streams wait for at backward's end.
 """
 import threading
 import weakref
@@ -67,27 +39,71 @@ from cma import torch_staged_step
 
 _ELEMENTWISE = torch_staged_step._ELEMENTWISE
 _DEFAULT_SMS = 8  # on an H200, 8 SMs kept the link full (16 and 32 were slower)
+_PROBE_STEPS = 2  # plain steps first: a whole step-to-step cycle is seen before any update
 _green = {}  # (device, sms) -> (green context, side stream), shared by optimizers
 _green_errors = {}  # (device, sms) -> why no green context was made
 _live = []  # weak references to attached states, for the guards
+_graph_task = getattr(torch._C, "_current_graph_task_id", None)
+_NAME = "cma.torch.step_in_backward"
+_DROP = f"or drop the hint ({_NAME}(opt, False))"
+
+
+def _freeze(v):
+    """A comparable picture of a hyperparameter (a tensor by identity and version)."""
+    if torch.is_tensor(v):
+        return ("tensor", id(v), v._version)
+    if isinstance(v, (tuple, list)):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+def _hyper(group):
+    return tuple(sorted(((k, _freeze(v)) for k, v in group.items() if k != "params"),
+                        key=lambda kv: kv[0]))
+
+
+def _same(a, b):
+    try:
+        return bool(a == b)
+    except Exception:  # values that do not compare as one bool (arrays)
+        return a is b
+
+
+def _distributed():
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized()
+
+
+def _shape(p):
+    return tuple(p.shape)
 
 
 class _InBackward:
-    def __init__(self, opt, bucket_bytes, sms):
+    def __init__(self, opt, bucket_bytes, sms, free_grads):
         self._opt = weakref.ref(opt, self._on_opt_gone)
         self.bucket_bytes = bucket_bytes
         self.sms = sms
+        self.free_grads = free_grads
         self.raw_step = torch_staged_step._unhooked(type(opt).step)
         self.lock = threading.RLock()
-        self.group_index = {}  # id(param) -> index of its group
-        self.pending = {}  # id(param) -> param with a final gradient, not yet applied
-        self.pending_bytes = 0
-        self.applied = set()  # ids applied since the last optimizer.step()
-        self.ready = {}  # (device, stream id) -> (stream, event after the last final gradient)
+        self.hooked = set()  # ids of the parameters carrying the hook
+        self.group_index = {}  # id(param) -> index of its group, looked up each iteration
+        self.probe_left = _PROBE_STEPS  # plain steps still to check
+        self.in_step = False  # inside optimizer.step() (a closure's backward applies nothing)
+        self.reached = {}  # id -> param with a final gradient since the last step
+        self.pending = {}  # device -> {id: param} not yet applied
+        self.pending_bytes = {}  # device -> bytes of it
+        self.full = set()  # devices whose pending filled a bucket (applied at the next hook)
+        self.noted = {}  # id -> (param, hyperparameters, grad, grad version) as applied
+        self.applied = set()  # ids applied in backward since the last step
+        self.hidden = []  # (param, grad) set aside while optimizer.step() runs
+        self.ready = {}  # (device, stream id) -> (stream, event after its last final gradient)
+        self.events = {}  # device -> events free for reuse
         self.side = {}  # device index -> side stream
         self.side_sms = {}  # device index -> SMs of its green context, or None (all)
-        self.end_queued = False
+        self.end_task = None  # the graph task whose end callback is queued
         self.handles = []
+        self.first_id = self.last_id = None  # this hint's first and last step pre-hooks
         self.buckets = 0  # buckets applied, for tests and benchmarks
         self.last_bucket = []  # the parameters applied last (their update overlaps nothing)
         self.tail_placed = False  # whether the last bucket's state placement was decided
@@ -103,72 +119,139 @@ class _InBackward:
             h.remove()
         self.handles = []
 
+    @property
+    def probing(self):
+        return self.probe_left > 0
+
+    def _when(self):
+        return ("nothing was updated: the hint's first steps are checked before it applies "
+                "anything" if self.probing else
+                "the hint had already applied that backward's updates")
+
     # ------------------------------------------------------------ backward
     def on_grad(self, p):
         with self.lock:
-            if self.opt() is None or p.grad is None:
+            if self.opt() is None or p.grad is None or self.in_step:
                 return
-            if id(p) in self.applied:
-                p.grad = None  # refused: nothing of this backward is applied
+            if _distributed():
                 raise RuntimeError(
-                    "cma.torch.step_in_backward: a second backward reached a parameter "
-                    f"{tuple(p.shape)} before optimizer.step(); its first gradient was applied "
-                    "already, so gradients cannot accumulate over backward passes (call "
-                    "optimizer.step() after each backward, or drop the hint)")
+                    f"{_NAME}: torch.distributed was initialised after the hint was attached "
+                    "(init_process_group, DDP); each gradient would be applied before its "
+                    "all-reduce and the ranks would diverge. Nothing of this backward was "
+                    f"applied. Fix: use data parallelism without the hint, {_DROP}")
+            if id(p) in self.reached:
+                n = self.noted.get(id(p))
+                p.grad = None  # refused: this backward's gradient is dropped
+                if n is not None:
+                    self.noted[id(p)] = (p, n[1], None, None)
+                raise RuntimeError(
+                    f"{_NAME}: a second backward reached a parameter {_shape(p)} before "
+                    f"optimizer.step() ({self._when()}); gradients cannot accumulate over "
+                    "backward passes, and a backward for another purpose (a GAN's generator "
+                    "loss through the discriminator, saliency, an LR finder) would update the "
+                    "parameters. Fix: call optimizer.step() after each backward (sum the "
+                    "losses into one backward); compute other gradients with "
+                    "torch.autograd.grad(loss, inputs) or with these parameters' "
+                    f"requires_grad off for that backward; {_DROP}")
             if p.grad.is_sparse:
                 return  # left for optimizer.step()
-            stream = torch.cuda.current_stream(p.device)
-            key = (p.device.index, stream.stream_id)
-            entry = self.ready.get(key)
-            if entry is None:
-                entry = self.ready[key] = (stream, torch.cuda.Event())
-            entry[1].record(stream)
-            if id(p) not in self.pending:
-                self.pending[id(p)] = p
-                self.pending_bytes += p.numel() * p.element_size()
-            if not self.end_queued:
-                self.end_queued = True
+            self.reached[id(p)] = p
+            task = _graph_task() if _graph_task is not None else 0
+            if task != self.end_task:
+                # Keyed by graph task: a backward that raised never ran its
+                # callback, and must not keep the next one from queueing.
+                self.end_task = task
                 torch.autograd.Variable._execution_engine.queue_callback(self.on_backward_end)
-            if self.pending_bytes >= self.bucket_bytes:
-                self.apply_pending()
+            device = p.device.index
+            if not self.probing:
+                # After every earlier parameter's gradient and hooks.
+                self._mark_ready(device, torch.cuda.current_stream(p.device))
+            if device in self.full:
+                self.apply_pending(device)  # not p: its later hooks have not run
+            self.pending.setdefault(device, {})[id(p)] = p
+            nbytes = self.pending_bytes.get(device, 0) + p.numel() * p.element_size()
+            self.pending_bytes[device] = nbytes
+            if nbytes >= self.bucket_bytes:
+                self.full.add(device)
 
     def on_backward_end(self):
-        # Runs on the caller's streams (autograd's post-processing): they wait
-        # for the updates, so what the caller queues between backward and
-        # step() (an EMA, a norm, a checkpoint) reads the updated parameters.
+        # Runs on the caller's streams (autograd's post-processing, synced
+        # with the streams that made gradients): the last bucket waits for
+        # them (hooks after the hint included), and they wait for the
+        # updates, so what the caller queues next reads updated parameters.
         with self.lock:
-            self.end_queued = False
+            self.end_task = None
+            if not self.probing:
+                for device in [d for d, ps in self.pending.items() if ps]:
+                    self._mark_ready(device, torch.cuda.current_stream(device))
             self.apply_pending()
-            for device, side in self.side.items():
-                torch.cuda.current_stream(device).wait_stream(side)
-                for (d, _), (stream, _) in self.ready.items():
-                    if d == device:
-                        stream.wait_stream(side)
+            self._join()
 
-    def apply_pending(self):
+    def _mark_ready(self, device, stream):
+        key = (device, stream.stream_id)
+        entry = self.ready.get(key)
+        if entry is None:
+            free = self.events.setdefault(device, [])
+            entry = self.ready[key] = (stream, free.pop() if free else torch.cuda.Event())
+        entry[1].record(stream)
+
+    def _join(self):
+        """The current streams, and the streams that made gradients, wait for
+        the side streams; the latter are then forgotten (not kept alive)."""
+        for device, side in self.side.items():
+            torch.cuda.current_stream(device).wait_stream(side)
+            for (d, _), (stream, _) in self.ready.items():
+                if d == device:
+                    stream.wait_stream(side)
+        for (d, _), (_, ev) in self.ready.items():
+            self.events.setdefault(d, []).append(ev)
+        self.ready = {}
+
+    def apply_pending(self, device=None):
         with self.lock:
-            params = [p for p in self.pending.values() if p.grad is not None]
-            self.pending, self.pending_bytes = {}, 0
             opt = self.opt()
-            if not params or opt is None:
-                return
-            by_device = {}
-            for p in params:
-                by_device.setdefault(p.device.index, []).append(p)
-            for device, ps in by_device.items():
-                side = self._side(device)
-                for (d, _), (_, ev) in self.ready.items():
-                    if d == device:
+            done = []
+            for d in ([device] if device is not None else list(self.pending)):
+                ps = list(self.pending.pop(d, {}).values())
+                self.pending_bytes.pop(d, None)
+                self.full.discard(d)
+                if opt is None:
+                    continue
+                if not self.noted:  # the iteration's first: groups as they are now
+                    self.group_index = {id(q): i for i, g in enumerate(opt.param_groups)
+                                        for q in g["params"]}
+                # Not in any group now: optimizer.step() would not update it.
+                ps = [p for p in ps if p.grad is not None and id(p) in self.group_index]
+                if not ps:
+                    continue
+                hyper = {}
+                for p in ps:
+                    i = self.group_index[id(p)]
+                    if i not in hyper:
+                        hyper[i] = _hyper(opt.param_groups[i])
+                if self.probing:  # what would be applied, checked at the step
+                    for p in ps:
+                        self.noted[id(p)] = (p, hyper[self.group_index[id(p)]], p.grad,
+                                             p.grad._version)
+                    continue
+                side = self._side(d)
+                for (dd, _), (_, ev) in self.ready.items():
+                    if dd == d:
                         side.wait_event(ev)
                 grads = [p.grad for p in ps]
                 with torch.cuda.stream(side):
                     self._step(opt, ps)
                 for p, g in zip(ps, grads):
                     g.record_stream(side)  # its memory returns after the update
-                    p.grad = None
+                    keep = None if self.free_grads else g
+                    p.grad = keep  # (the staging's path takes it)
                     self.applied.add(id(p))
-            self.buckets += 1
-            self.last_bucket = params
+                    self.noted[id(p)] = (p, hyper[self.group_index[id(p)]], keep,
+                                         None if keep is None else g._version)
+                done += ps
+                self.buckets += 1
+            if done:
+                self.last_bucket = done
 
     def _step(self, opt, params):
         """The class's own step over `params` alone, each in its own group's
@@ -202,30 +285,136 @@ class _InBackward:
             self.side[device] = s
         return s
 
-    # --------------------------------------------------- optimizer.step()
-    def catch_up(self):
-        """The current streams wait for the side streams: what the caller
-        queues next sees every update applied so far."""
+    # ------------------------------------------ optimizer.step(), zero_grad()
+    def first_pre_hook(self):
+        """First of the optimizer's pre-hooks: the streams catch up."""
         with self.lock:
-            # A backward that raised never ran its end callback: its pending
-            # parameters are applied here, and the next backward queues anew.
-            self.end_queued = False
-            self.apply_pending()
-            for device, side in self.side.items():
-                torch.cuda.current_stream(device).wait_stream(side)
-
-    def before_step(self):
-        with self.lock:
-            self.catch_up()
-            self.applied.clear()
+            # A backward that raised never ended: its parameters not applied
+            # keep their gradients for this step, as in a plain loop.
+            self.end_task = None
+            self.pending, self.pending_bytes, self.full = {}, {}, set()
+            self._join()
+            for p, g in self.hidden:  # a step that raised kept them
+                if p.grad is None:
+                    p.grad = g
+            self.hidden = []
+            self.in_step = True
             opt = self.opt()
             if not self.tail_placed and opt is not None and self.last_bucket:
                 self.tail_placed = True
                 self.tail_state_bytes = _tail_to_device(opt, self.last_bucket, self._side)
 
+    def last_pre_hook(self):
+        """After the caller's pre-hooks (before the staging's): the checks,
+        then the step is kept from applying again what backward applied."""
+        with self.lock:
+            opt = self.opt()
+            if opt is None:
+                return
+            self._check(opt, grads=True)
+            for i in self.applied:
+                p = self.noted[i][0]
+                if p.grad is not None:
+                    self.hidden.append((p, p.grad))
+                    p.grad = None
+
+    def post_hook(self):
+        with self.lock:
+            self._join()
+            hidden, self.hidden = self.hidden, []
+            for p, g in hidden:
+                if p.grad is None:
+                    p.grad = g
+            opt = self.opt()
+            try:
+                if opt is not None and not self.probing:
+                    # A pre-hook registered since the last step ran after the check.
+                    self._check(opt, grads=False)
+            finally:
+                self.reached, self.noted, self.applied = {}, {}, set()
+                self.in_step = False
+                if self.probe_left:
+                    self.probe_left -= 1
+                if opt is not None:
+                    self.order_hooks(opt)
+
+    def _check(self, opt, grads):
+        if not self.noted:
+            return
+        now = {}
+        for g in opt.param_groups:
+            h = None
+            for p in g["params"]:
+                if id(p) in self.noted:
+                    h = _hyper(g) if h is None else h
+                    now[id(p)] = h
+        moved = [(n, now.get(i)) for i, n in self.noted.items() if not _same(now.get(i), n[1])]
+        if moved:
+            (p, before, _, _), after = moved[0]
+            keys = sorted(k for k in dict(before) if after is None or
+                          not _same(dict(before).get(k), dict(after).get(k, object())))
+            if after is not None:
+                keys += sorted(set(dict(after)) - set(dict(before)))
+            what = ("left the param groups" if after is None else
+                    "changed " + ", ".join(keys or ["group"]))
+            raise RuntimeError(
+                f"{_NAME}: the hyperparameters of {len(moved)} parameter(s) changed between "
+                f"backward and optimizer.step() (parameter {_shape(p)}: {what}; a scheduler "
+                "stepped before the optimizer, warmup or ReduceLROnPlateau writing lr before "
+                "the step, a step pre-hook, param groups rebuilt), while the hint applies "
+                f"them during backward with the values set then; {self._when()}. Fix: change "
+                "hyperparameters after optimizer.step() (step schedulers after the "
+                f"optimizer) or before the forward, {_DROP}")
+        if not grads:
+            return
+        edited = [n[0] for n in self.noted.values()
+                  if n[0].grad is not n[2] or (n[2] is not None and n[2]._version != n[3])]
+        if edited:
+            raise RuntimeError(
+                f"{_NAME}: the gradients of {len(edited)} parameter(s) (the first "
+                f"{_shape(edited[0])}) were edited or replaced between backward and "
+                "optimizer.step() (loss unscaling, clipping, gradient noise, a filter), while "
+                f"the hint applies each gradient during backward; {self._when()}. Fix: edit "
+                "gradients inside backward with param.register_post_accumulate_grad_hook "
+                f"(it runs before the hint applies them), {_DROP}")
+
+    def before_zero_grad(self, set_to_none):
+        with self.lock:
+            if self.in_step or self.opt() is None:
+                return
+            if self.free_grads and not set_to_none:
+                raise ValueError(
+                    f"{_NAME}: zero_grad(set_to_none=False) with free_grads=True: a parameter "
+                    "that a backward does not reach would not be updated, where a plain loop "
+                    "applies its zero gradient (weight decay, momentum). Fix: zero_grad() "
+                    "(set_to_none=True), or the hint with free_grads=False")
+            if self.reached:
+                raise RuntimeError(
+                    f"{_NAME}: zero_grad() discards the gradients of {len(self.reached)} "
+                    "parameter(s) that a backward made since the last optimizer.step() "
+                    f"(a skipped step, or a backward for another purpose); {self._when()}. Fix: "
+                    "compute gradients you do not step with by torch.autograd.grad(loss, "
+                    "inputs) or with these parameters' requires_grad off for that backward (a "
+                    "GAN's discriminator during the generator's loss); loops that skip steps "
+                    f"(NaN/inf checks, errors in backward) cannot use the hint: {_DROP}")
+
+    def order_hooks(self, opt):
+        """This hint's first pre-hook first, its last after the caller's (and
+        before the staging's, which must not see what backward applied)."""
+        pre = getattr(opt, "_optimizer_step_pre_hooks", None)
+        if not hasattr(pre, "move_to_end"):
+            return
+        if self.first_id in pre:
+            pre.move_to_end(self.first_id, last=False)
+        if self.last_id in pre:
+            pre.move_to_end(self.last_id)
+        for hid, fn in list(pre.items()):
+            if getattr(fn, "__module__", None) == torch_staged_step.__name__:
+                pre.move_to_end(hid)
+
 
 def _tail_to_device(opt, params, side_of):
-    """After the first backward: the state of the bucket applied last (the
+    """After the first applying backward: the state of the bucket applied last (the
     parameters whose gradient is final last, such as a tied embedding) is
     updated after backward has ended, so over the link it adds its time to
     every step. It moves to the device where the device's part kept room
@@ -265,6 +454,7 @@ def _tail_to_device(opt, params, side_of):
             if _placed_on_host(new):
                 continue  # no room after all: the host copy stays
             new.copy_(t)
+        t.record_stream(side)  # read there: freed in its order whatever made it
         opt.state[p][k] = new  # the host copy is freed in the side stream's order
         moved += t.numel() * t.element_size()
     for device in {t.device.index for _, _, t in parts}:
@@ -305,60 +495,73 @@ def _side_stream(device, sms):
     return torch.cuda.Stream(device=device), None
 
 
-def attach(opt, bucket_mib=64, sms=_DEFAULT_SMS):
+def attach(opt, bucket_mib=64, sms=_DEFAULT_SMS, free_grads=False):
     """Installs the hint on `opt`; see cma.torch.step_in_backward."""
     if not isinstance(opt, torch.optim.Optimizer):
-        raise TypeError(f"cma.torch.step_in_backward: {type(opt).__name__} is not a "
-                        "torch.optim.Optimizer")
+        raise TypeError(f"{_NAME}: {type(opt).__name__} is not a torch.optim.Optimizer")
     if getattr(opt, "_cma_in_backward", None) is not None:
         return opt
     if type(opt) not in _ELEMENTWISE:
         raise ValueError(
-            f"cma.torch.step_in_backward: {type(opt).__name__}'s update of a parameter may "
-            "read others (only torch.optim's " +
-            ", ".join(c.__name__ for c in _ELEMENTWISE) + " qualify)")
+            f"{_NAME}: {type(opt).__name__}'s update of a parameter may read others (only "
+            "torch.optim's " + ", ".join(c.__name__ for c in _ELEMENTWISE) + " qualify)")
     if int(bucket_mib) <= 0 or int(sms) < 0:
-        raise ValueError("cma.torch.step_in_backward: bucket_mib must be positive and sms "
-                         f"non-negative, not {bucket_mib} and {sms}")
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        raise ValueError("cma.torch.step_in_backward: torch.distributed is initialised; with "
-                         "data parallelism each gradient would be applied before its all-reduce")
-    state = _InBackward(opt, int(bucket_mib) << 20, int(sms))
+        raise ValueError(f"{_NAME}: bucket_mib must be positive and sms non-negative, not "
+                         f"{bucket_mib} and {sms}")
+    if _distributed():
+        raise ValueError(f"{_NAME}: torch.distributed is initialised; with data parallelism "
+                         "each gradient would be applied before its all-reduce")
+    state = _InBackward(opt, int(bucket_mib) << 20, int(sms), bool(free_grads))
     if state.raw_step is None:
-        raise ValueError("cma.torch.step_in_backward: the optimizer class's step has no "
-                         "unhooked form")
+        raise ValueError(f"{_NAME}: the optimizer class's step has no unhooked form")
     taken = _hinted_ids()
     params = []
-    for i, group in enumerate(opt.param_groups):
+    for group in opt.param_groups:
         if group.get("differentiable"):
-            raise ValueError("cma.torch.step_in_backward: a differentiable parameter group "
-                             "cannot be stepped inside backward")
+            raise ValueError(f"{_NAME}: a differentiable parameter group cannot be stepped "
+                             "inside backward")
         for p in group["params"]:
             if not p.is_cuda:
-                raise ValueError("cma.torch.step_in_backward: a parameter is not a CUDA "
-                                 f"tensor ({tuple(p.shape)} on {p.device})")
+                raise ValueError(f"{_NAME}: a parameter is not a CUDA tensor ({_shape(p)} on "
+                                 f"{p.device})")
             if id(p) in taken:
-                raise ValueError("cma.torch.step_in_backward: a parameter "
-                                 f"{tuple(p.shape)} carries another live optimizer's hint "
-                                 "(remove it with step_in_backward(other, False))")
-            if p.requires_grad and id(p) not in state.group_index:
-                state.group_index[id(p)] = i
+                raise ValueError(f"{_NAME}: a parameter {_shape(p)} carries another live "
+                                 "optimizer's hint (remove it with step_in_backward(other, False))")
+            if p.requires_grad and id(p) not in state.hooked:
+                state.hooked.add(id(p))
                 params.append(p)
     for p in params:
         state.handles.append(p.register_post_accumulate_grad_hook(state.on_grad))
-    state.handles.append(opt.register_step_pre_hook(lambda o, a, k: state.before_step()))
-    # First among this optimizer's pre-hooks (torch's global ones run before
-    # them): the staging's and the caller's see the streams caught up.
-    hooks = getattr(opt, "_optimizer_step_pre_hooks", None)
-    if hasattr(hooks, "move_to_end"):
-        hooks.move_to_end(state.handles[-1].id, last=False)
-    # After the step too: a closure's backward runs inside it.
-    state.handles.append(opt.register_step_post_hook(lambda o, a, k: state.catch_up()))
+    first = opt.register_step_pre_hook(lambda o, a, k: state.first_pre_hook())
+    last = opt.register_step_pre_hook(lambda o, a, k: state.last_pre_hook())
+    state.first_id, state.last_id = first.id, last.id
+    state.handles += [first, last, opt.register_step_post_hook(lambda o, a, k: state.post_hook())]
+    state.order_hooks(opt)
+    _wrap_zero_grad(opt)
     opt._cma_in_backward = state
     _live.append(weakref.ref(state))
     _install_guards()
     return opt
+
+
+def _wrap_zero_grad(opt):
+    """optimizer.zero_grad() first asks the hint (a discarded backward is
+    refused); the optimizer is reached weakly, so no cycle is made."""
+    prev = opt.__dict__.get("zero_grad")
+    if getattr(prev, "_cma_in_backward", False):
+        return
+    ref, cls_zero = weakref.ref(opt), type(opt).zero_grad
+
+    def zero_grad(*args, **kwargs):
+        o = ref()
+        s = getattr(o, "_cma_in_backward", None)
+        if s is not None:
+            s.before_zero_grad(kwargs.get("set_to_none", args[0] if args else True))
+        return prev(*args, **kwargs) if prev is not None else cls_zero(o, *args, **kwargs)
+    zero_grad._cma_in_backward = True
+    zero_grad._cma_prev = prev
+    zero_grad.__doc__ = cls_zero.__doc__
+    opt.zero_grad = zero_grad
 
 
 def detach(opt):
@@ -367,10 +570,22 @@ def detach(opt):
     state = getattr(opt, "_cma_in_backward", None)
     if state is None:
         return opt
-    state.before_step()
+    with state.lock:
+        state._join()
+        for p, g in state.hidden:
+            if p.grad is None:
+                p.grad = g
+        state.hidden, state.pending, state.pending_bytes, state.full = [], {}, {}, set()
+        state.reached, state.noted, state.applied, state.in_step = {}, {}, set(), False
     for h in state.handles:
         h.remove()
     state.handles = []
+    z = opt.__dict__.get("zero_grad")
+    if getattr(z, "_cma_in_backward", False):
+        if z._cma_prev is None:
+            del opt.zero_grad
+        else:
+            opt.zero_grad = z._cma_prev
     opt._cma_in_backward = None
     return opt
 
@@ -379,6 +594,12 @@ def buckets_applied(opt):
     """How many buckets `opt` applied inside backward (0 without the hint)."""
     s = getattr(opt, "_cma_in_backward", None)
     return 0 if s is None else s.buckets
+
+
+def probe_steps_left(opt):
+    """How many plain, checked steps remain before backward applies updates."""
+    s = getattr(opt, "_cma_in_backward", None)
+    return 0 if s is None else s.probe_left
 
 
 def tail_state_bytes(opt):
@@ -390,8 +611,8 @@ def tail_state_bytes(opt):
 
 def side_stream_sms(opt):
     """{device: SMs its side stream may use, None for all} (empty before the
-    first backward or without the hint; why a green context could not be
-    made: torch_step_in_backward._green_errors)."""
+    first applying backward or without the hint; why a green context could
+    not be made: torch_step_in_backward._green_errors)."""
     s = getattr(opt, "_cma_in_backward", None)
     return {} if s is None else dict(s.side_sms)
 
@@ -408,13 +629,14 @@ def _states():
 
 
 def _hinted_ids():
-    return {i for s in _states() for i in s.group_index}
+    return {i for s in _states() for i in s.hooked}
 
 
 def _install_guards():
     """What would silently do nothing, or the wrong thing, once gradients are
-    applied in backward is refused while a hint is attached: clipping an
-    updated parameter, and GradScaler's scaling."""
+    applied in backward is refused while a hint is attached: clipping a
+    parameter a backward reached since the last step, and GradScaler's
+    scaling."""
     import torch.nn.utils as nn_utils
     from torch.nn.utils import clip_grad
     if getattr(nn_utils.clip_grad_norm_, "_cma_guarded", False):
@@ -423,13 +645,15 @@ def _install_guards():
     def guarded(original):
         def clip(parameters, *args, **kwargs):
             ps = [parameters] if torch.is_tensor(parameters) else list(parameters)
-            applied = {i for s in _states() for i in s.applied}
-            hit = [p for p in ps if id(p) in applied]
+            states = [s for s in _states() if not s.in_step]
+            hit = [p for p in ps if any(id(p) in s.reached for s in states)]
             if hit:
+                probing = all(s.probing for s in states if any(id(p) in s.reached for p in hit))
                 raise RuntimeError(
-                    f"{original.__name__}: {len(hit)} parameter(s) were updated during backward "
-                    "by cma.torch.step_in_backward, so their gradients are gone; clipping "
-                    "cannot be combined with the hint")
+                    f"{original.__name__}: {len(hit)} parameter(s) are updated during backward "
+                    f"by {_NAME} ({'not yet: its first steps are checked, nothing changed' if probing else 'already'}), "
+                    "before their gradients could be clipped; clipping cannot be combined "
+                    f"with the hint: {_DROP}")
             return original(ps, *args, **kwargs)
         clip._cma_guarded = True
         clip.__name__ = original.__name__
@@ -448,9 +672,9 @@ def _install_guards():
         def scale(self, outputs):
             if self.is_enabled() and _states():
                 raise RuntimeError(
-                    "GradScaler.scale: cma.torch.step_in_backward applies gradients during "
-                    "backward, before the scaler could unscale or skip them; use bf16 autocast "
-                    "(no scaler) or drop the hint")
+                    f"GradScaler.scale: {_NAME} applies gradients during backward, before the "
+                    "scaler could unscale or skip them; use bf16 autocast (no scaler) or drop "
+                    "the hint")
             return original_scale(self, outputs)
         scale.__doc__ = original_scale.__doc__
         scaler.scale = scale

@@ -359,9 +359,11 @@ def test_step_in_backward_is_bit_identical(impl):
         for key in ("losses", "params", "state"):
             assert runs[r][key] == runs["native"][key], (r, key, runs)
         # 8 MiB buckets over 14 weights of 16 MiB: a bucket a weight or more,
-        # every backward; no gradient left for optimizer.step().
-        assert runs[r]["buckets_applied"] >= 8 * 14, runs[r]
-        assert runs[r]["grads_after_backward"] == 0 and not runs[r]["post_hook_saw_grads"]
+        # every backward after the two plain, checked steps the hint begins
+        # with. Gradients stay readable (free_grads=False): a post-hook the
+        # caller registered after the hint sees them, and they live on.
+        assert runs[r]["buckets_applied"] >= 6 * 14, runs[r]
+        assert runs[r]["grads_after_backward"] > 0 and runs[r]["post_hook_saw_grads"], runs[r]
         assert runs[r]["refused"] == {"clip": True, "accumulate": True, "scaler": True,
                                       "bad_input": [True, True, True, True]}, runs[r]
         # Hopper offers green contexts: the side stream holds 8 SMs.
