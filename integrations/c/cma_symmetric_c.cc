@@ -169,6 +169,50 @@ int HostAllGather(void* ctx, const void* send, size_t len, void* recv) {
   return 0;
 }
 
+// Every process's verdict on its own arguments, gathered before anything
+// else (fixed size): ok, or the start of its reason (printable ASCII only:
+// the bytes come through the framework's all-gather, which is not trusted).
+struct Verdict {
+  char ok;
+  char reason[255];
+};
+
+Verdict ToVerdict(const absl::Status& s) {
+  Verdict v{};
+  v.ok = s.ok() ? 1 : 0;
+  const std::string why(s.message().substr(0, sizeof(v.reason) - 1));
+  std::memcpy(v.reason, why.data(), why.size());
+  return v;
+}
+
+// With `allgather`, every process's verdict: OK when all passed; otherwise
+// this process's own error, or one naming the first process that refused
+// (with its reason), so that every process fails together, before any
+// rendezvous, rather than the others waiting in the framework's all-gather
+// or in a heap whose first collective times out.
+absl::Status AgreeOnArguments(const char* who, const absl::Status& mine, int process_count,
+                              cma_allgather_fn allgather, void* ctx) {
+  const Verdict v = ToVerdict(mine);
+  std::vector<Verdict> all(static_cast<std::size_t>(process_count));
+  if (allgather(ctx, &v, sizeof(v), all.data()) != 0) {
+    return mine.ok() ? absl::UnavailableError(absl::StrCat(who, ": the allgather callback failed"))
+                     : mine;
+  }
+  if (!mine.ok()) return mine;
+  for (int p = 0; p < process_count; ++p) {
+    const Verdict& their = all[static_cast<std::size_t>(p)];
+    if (their.ok == 1) continue;
+    std::string why(their.reason, strnlen(their.reason, sizeof(their.reason)));
+    for (char& c : why) {
+      if (c < 0x20 || c > 0x7e) c = '?';
+    }
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: process %d refused its own arguments (%s), so no process makes the heap", who, p,
+        why));
+  }
+  return absl::OkStatus();
+}
+
 // What every process says about itself before the set-up (fixed size):
 // whether its own arguments passed, whether it has a leaders' callback,
 // and its host id (NUL-padded).
@@ -201,6 +245,19 @@ absl::Status CheckCreate(const char* who, int world_size, const int* local_ranks
     return absl::InvalidArgumentError(absl::StrCat(
         who, ": needs world_size >= 1 and 1..world_size local members with their ranks and "
              "devices"));
+  }
+  std::set<int> seen;
+  for (int i = 0; i < n_local; ++i) {
+    if (local_ranks[i] < 0 || local_ranks[i] >= world_size || !seen.insert(local_ranks[i]).second) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: local rank %d is out of range or repeated (world size %d)", who, local_ranks[i],
+          world_size));
+    }
+    if (local_devices[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: local device %d of rank %d is negative", who, local_devices[i],
+                          local_ranks[i]));
+    }
   }
   // Checked here as a double, before any conversion (NaN compares false;
   // absl::Seconds of a huge double saturates to infinity), and for every
@@ -243,17 +300,23 @@ cma_symmetric_heap* cma_symmetric_create(int world_size, const int* local_ranks,
                                          int process_index, int process_count,
                                          cma_allgather_fn allgather, void* ctx,
                                          double timeout_seconds, const char* options) {
+  constexpr const char* kWho = "cma_symmetric_create";
   cma::CachingManagedAllocator* a = cma::capi::Get();
   if (a == nullptr) return nullptr;
-  if (absl::Status s = CheckCreate("cma_symmetric_create", world_size, local_ranks,
-                                   local_devices, n_local, timeout_seconds);
-      !s.ok()) {
-    Fail(s);
-    return nullptr;
-  }
+  absl::Status mine = CheckCreate(kWho, world_size, local_ranks, local_devices, n_local,
+                                  timeout_seconds);
   absl::StatusOr<cma::SymmetricOptions> opts = cma::capi::ParseOptions(options);
-  if (!opts.ok()) {
-    Fail(opts.status());
+  if (mine.ok() && !opts.ok()) mine = opts.status();
+  // With other processes, each one's verdict on its own arguments is
+  // gathered first (one more use of the callback), so that bad input on
+  // one process fails every process at once, naming it. Without a usable
+  // all-gather (none, or a bad index or count) there is no one to tell.
+  if (allgather != nullptr && process_count > 1 && process_index >= 0 &&
+      process_index < process_count) {
+    mine = AgreeOnArguments(kWho, mine, process_count, allgather, ctx);
+  }
+  if (!mine.ok()) {
+    Fail(mine);
     return nullptr;
   }
   const cma::SymmetricGroup g = Group(world_size, local_ranks, local_devices, n_local);
