@@ -122,8 +122,14 @@ absl::StatusOr<std::unique_ptr<ByteExchange>> MakeTcpByteExchange(const std::str
 // every other process. `process_index` and `process_count` are global (the
 // group's process order); every process of every host passes the same
 // count and `token` (which the launcher gives every process; it must pass
-// the token rule of exchange.h). Set-up is collective: it takes two rounds
-// of each host exchange and three leaders' rounds (the proof and its
+// the token rule of exchange.h). Every process proves the token to every
+// other process of its host (a MAC over every process's fresh nonce), and
+// the leaders to each other, so every process is authenticated by the
+// launcher's token whatever token its host exchange ran on (with one host
+// too); a process with another token fails the set-up on every process of
+// every host (kPermissionDenied on its host, naming it; kAborted on the
+// others, whose leaders heard its leader refuse). Set-up is collective: it
+// takes three rounds of each host exchange and three leaders' rounds (the proof and its
 // verdict, MAC'd under the token; a refusal, like an ok, is bound to this
 // set-up: to its sender's fresh nonce), and fails on every process, naming
 // the cause, if any leader does not prove it knows the token or the hosts'
