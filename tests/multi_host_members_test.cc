@@ -4,11 +4,18 @@
 // so a process of another job that got into a host exchange was never
 // checked against the launcher's token; with one host, no one was. Real
 // processes (fork), real sockets.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
 
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -115,6 +122,75 @@ TEST(MultiHostMembersTest, OnOneHostEveryProcessProvesTheLaunchersToken) {
     });
     EXPECT_EQ(codes, std::vector<int>(3, 0)) << (stranger ? "a stranger" : "one token");
   }
+}
+
+// A non-blocking connection to 127.0.0.1:port that says nothing, or -1.
+int Silent(int port) {
+  const int c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  if (connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 && errno != EINPROGRESS) {
+    close(c);
+    return -1;
+  }
+  return c;
+}
+
+// An unauthenticated flood of connections on leader 0's port (no token is
+// needed to open one): 300 held open before leader 1 comes, and more opened
+// while it joins. Leader 1 still gets in well within the timeout: leader 0
+// accepts everything waiting, challenges at once, drops the oldest silent
+// connection when full (telling it it was busy), and a connector dropped
+// before its hello was judged tries again. Before, 64 pending slots of 2 s
+// each, a backlog of 64 and one connect attempt kept it out for the flood's
+// whole length.
+TEST(MultiHostFloodTest, AFloodOfConnectionsDoesNotKeepALeaderOut) {
+  const std::string token = Launcher();
+  TcpListener l = *ListenTcp("127.0.0.1", 0);
+  const int port = l.port();
+  constexpr absl::Duration kTimeout = absl::Seconds(30);
+  absl::StatusOr<std::unique_ptr<ByteExchange>> root;
+  std::thread t([&] { root = MakeTcpByteExchangeRoot(std::move(l), 2, kTimeout, token); });
+  std::vector<int> flood;
+  for (int k = 0; k < 300; ++k) {
+    const int c = Silent(port);
+    if (c >= 0) flood.push_back(c);
+  }
+  std::atomic<bool> joined{false};
+  std::thread more([&] {  // the flood goes on while leader 1 joins
+    std::vector<int> extra;
+    while (!joined.load() && extra.size() < 2000) {
+      const int c = Silent(port);
+      if (c >= 0) extra.push_back(c);
+      if (extra.size() > 300) {
+        close(extra.front());
+        extra.erase(extra.begin());
+      }
+      absl::SleepFor(absl::Microseconds(200));
+    }
+    for (int c : extra) close(c);
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<ByteExchange>> member =
+      MakeTcpByteExchange("127.0.0.1", port, 1, 2, kTimeout, token);
+  const absl::Duration took = absl::Now() - start;
+  joined = true;
+  more.join();
+  t.join();
+  for (int c : flood) close(c);
+  RecordProperty("flood_connections", static_cast<int>(flood.size()));
+  RecordProperty("join_ms", static_cast<int>(absl::ToInt64Milliseconds(took)));
+  ASSERT_TRUE(member.ok()) << member.status();
+  ASSERT_TRUE(root.ok()) << root.status();
+  EXPECT_LT(took, absl::Seconds(3)) << "kept out by the flood";
+  // And the exchange works.
+  std::thread r([&] { EXPECT_TRUE((*root)->AllGather("zero").ok()); });
+  absl::StatusOr<std::vector<std::string>> got = (*member)->AllGather("one");
+  r.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, (std::vector<std::string>{"zero", "one"}));
 }
 
 }  // namespace
