@@ -22,7 +22,17 @@
 //    allocation.
 //  * Sizes must match across members unless make_symmetric is set, which
 //    rounds every member up to the largest request; a mismatch, cache hit or
-//    miss, is kInvalidArgument on every process.
+//    miss, is kInvalidArgument on every process. Every member derives the
+//    group's size and stride itself from every member's request (never from
+//    one member's word); a size whose stride (or the reservation of
+//    world_size strides) overflows is kInvalidArgument ("too large") and
+//    changes nothing; the build's last round checks that every member built
+//    the same size and stride.
+//  * Create is collective across processes (one round): every process's
+//    verdict on its own arguments, so that one with a bad rank, device or
+//    option fails every process at once, naming it; the members must agree
+//    on world_size, the provider and signal_bytes (kInvalidArgument naming
+//    those that differ); non_dumpable is the group's strictest choice.
 //  * The signal area of member r is the last signal_bytes of its stride, so
 //    it stays in place when a cached allocation is reused with another size.
 //  * Allocate returns a SymmetricHandle: the allocation and the generation
@@ -148,7 +158,9 @@ struct SymmetricOptions {
   // setting found before the first such heap took memory comes back when
   // the last one holds none (2, suid_dumpable's value, comes back as 1:
   // prctl cannot set 2). A failure to set it fails the Allocate on every
-  // member, like any local failure.
+  // member, like any local failure. Agreed at Create: every member maps
+  // every other's memory, so if any member asks for it, every member of
+  // the group holds it.
   bool non_dumpable = false;
 };
 
@@ -240,8 +252,9 @@ class SymmetricHeap {
   // member `rank`'s buffer at `offset` (Put), or from there into `dst`
   // (Get), in `stream`'s order (see the contract). kInvalidArgument, with
   // nothing copied, for a handle that is not live (as Free), a rank out of
-  // range, [offset, offset + bytes) past the allocation's bytes, or a null
-  // local pointer; 0 bytes copy nothing.
+  // range, [offset, offset + bytes) past the allocation's bytes or past the
+  // mapped stride less its signal area (checked without wrapping), or a
+  // null local pointer; 0 bytes copy nothing.
   absl::Status Put(const SymmetricHandle& handle, int rank, std::size_t offset, const void* src,
                    std::size_t bytes, Stream stream = kDefaultStream);
   absl::Status Get(const SymmetricHandle& handle, int rank, std::size_t offset, void* dst,
