@@ -185,7 +185,7 @@ std::unique_ptr<Exchange> MakeSingleProcessExchange() {
 }
 
 absl::StatusOr<std::string> MakeRendezvousToken() {
-  for (;;) {  // a draw that fails the screens (below 1e-17) is drawn again
+  for (;;) {  // a draw that fails the screens (below 1e-13) is drawn again
     absl::StatusOr<std::string> raw = wire::RandomBytes(32);
     if (!raw.ok()) return raw.status();
     std::string token = absl::BytesToHexString(*raw);

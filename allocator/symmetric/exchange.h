@@ -88,12 +88,16 @@ absl::StatusOr<std::string> MakeRendezvousToken();
 // Every member passes the same `token`; a bootstrap (MakeCallbackExchange,
 // MPI, torch.distributed) distributes it. Process 0 answers any same-user
 // hello with a MAC under the token, so a weak token can be guessed offline:
-// it must carry 128 bits. The rule: kMinTokenBytes to kMaxTokenBytes hex
-// digits (either case; 4 bits each at most), at least 3/4 of its 3-digit
-// substrings distinct, and at most 2/3 of its adjacent digits equal or
-// consecutive (these screens refuse repeats and runs, not every guessable
+// it must carry 128 bits. The rule (token_rule.cc): kMinTokenBytes to
+// kMaxTokenBytes hex digits (either case; 4 bits each at most), at least
+// 3/4 of its 3-digit substrings distinct, at most 2/3 of its adjacent
+// digits equal or consecutive, not the hex of printable text (a
+// passphrase), at least 2.5 bits per digit in its digits' histogram (not a
+// few digits reused), and no digit fixed every 2nd, 3rd or 4th position.
+// These screens refuse what people make by hand, not every guessable
 // token; a random token of 32 digits fails them with probability below
-// 1e-8). Make it with MakeRendezvousToken.
+// 1e-6 (64 digits: 1e-13). Make it with MakeRendezvousToken (or
+// secrets.token_hex(32), openssl rand -hex 32).
 // `timeout` bounds connection set-up and every AllGather.
 // kInvalidArgument for a bad index, path, token or timeout (not in
 // (0, kMaxExchangeTimeout]); kPermissionDenied when process 0 is another

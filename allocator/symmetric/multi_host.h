@@ -100,14 +100,21 @@ absl::StatusOr<TcpListener> ListenTcp(const std::string& host, int port);
 // answers with its own HMAC of the same, so each side knows the other knows
 // the token, in this hello: an ack recorded from another hello, even one
 // offering the same nonce of party 0, does not verify) before it takes a
-// slot. Connectors in their hello are served together, each within 2 s,
-// at most 64 at once: a silent or wrong one is closed (never told why) and
-// the wait goes on. Each later round is bounded by `timeout` too, and by
-// 64 MiB in all. The others connect to `host`:`port` (retrying until party
-// 0 listens or the timeout); one that party 0 closes before the ack gets
-// kUnavailable (party 0's error says why); an ack without party 0's proof
-// is kPermissionDenied. kDeadlineExceeded naming the parties that never
-// came. The hello does not encrypt: the rounds' bytes are in the clear.
+// slot. Anyone who reaches the port can connect, so party 0 accepts every
+// connection waiting (a backlog of 4096, capped by net.core.somaxconn),
+// challenges it at once and serves every connector's hello together, each
+// within 1 s, at most 256 at once: past that, or past its second, a
+// connection not yet judged is dropped with a busy notice (which proves
+// nothing), the oldest first; one whose hello does not verify is closed
+// without a word and the wait goes on. Each later round is bounded by
+// `timeout` too, and by 64 MiB in all. The others connect to `host`:`port`,
+// retrying until `timeout` while party 0 does not listen yet, or drops
+// them busy, or closes before challenging them (so a flood of connections
+// delays a party by a few round trips); one that party 0 closes once it
+// has its hello gets kUnavailable at once (party 0's error says why); an
+// ack without party 0's proof is kPermissionDenied. kDeadlineExceeded
+// naming the parties that never came (party 0) or the attempts (the
+// others). The hello does not encrypt: the rounds' bytes are in the clear.
 absl::StatusOr<std::unique_ptr<ByteExchange>> MakeTcpByteExchangeRoot(TcpListener listener,
                                                                       int count,
                                                                       absl::Duration timeout,
@@ -122,8 +129,14 @@ absl::StatusOr<std::unique_ptr<ByteExchange>> MakeTcpByteExchange(const std::str
 // every other process. `process_index` and `process_count` are global (the
 // group's process order); every process of every host passes the same
 // count and `token` (which the launcher gives every process; it must pass
-// the token rule of exchange.h). Set-up is collective: it takes two rounds
-// of each host exchange and three leaders' rounds (the proof and its
+// the token rule of exchange.h). Every process proves the token to every
+// other process of its host (a MAC over every process's fresh nonce), and
+// the leaders to each other, so every process is authenticated by the
+// launcher's token whatever token its host exchange ran on (with one host
+// too); a process with another token fails the set-up on every process of
+// every host (kPermissionDenied on its host, naming it; kAborted on the
+// others, whose leaders heard its leader refuse). Set-up is collective: it
+// takes three rounds of each host exchange and three leaders' rounds (the proof and its
 // verdict, MAC'd under the token; a refusal, like an ok, is bound to this
 // set-up: to its sender's fresh nonce), and fails on every process, naming
 // the cause, if any leader does not prove it knows the token or the hosts'

@@ -3,7 +3,12 @@
 // leaders' round between them.
 //
 // Set-up:
-//   host round 1:   every process: {magic, version, global index, count}
+//   host round 1:   every process: {magic, version, global index, count, nonce}
+//   host round 1b:  every process: HMAC(token, "cma-proc" version index
+//                   SHA256(host round 1)); each process checks every other
+//                   process of its host (the launcher's token is the proof of
+//                   every process, not of the leaders alone: a host exchange
+//                   may run on a token of its own, as MakeCallbackExchange's)
 //   leaders round A: {magic, version, leader index, n, n global indices, nonce}
 //   leaders round B: HMAC(token, "cma-lead" version index SHA256(transcript A))
 //   leaders verdict: {ok, HMAC(token, "cma-vset" version index ok
@@ -36,7 +41,8 @@ namespace {
 
 constexpr std::uint32_t kSetupMagic = 0x434d4153;   // "CMAS": host round 1 of set-up
 constexpr std::uint32_t kLeaderMagic = 0x434d414c;  // "CMAL": leaders' round A
-constexpr std::uint32_t kVersion = 2;
+// 3: every process proves the launcher's token to its host (host round 1b).
+constexpr std::uint32_t kVersion = 3;
 constexpr std::size_t kMac = crypto_auth_hmacsha256_BYTES;
 
 template <typename T>
@@ -78,6 +84,14 @@ std::string Transcript(const std::vector<std::string>& a) {
 }
 std::string LeaderProof(const std::string& token, std::int32_t index, const std::string& hash) {
   std::string msg = "cma-lead";
+  Put(msg, kVersion);
+  Put(msg, index);
+  return wire::HmacSha256(token, msg + hash);
+}
+// A process's proof to the others of its host: its global index and the
+// host's round 1 (every process's nonce) under the launcher's token.
+std::string ProcessProof(const std::string& token, std::int32_t index, const std::string& hash) {
+  std::string msg = "cma-proc";
   Put(msg, kVersion);
   Put(msg, index);
   return wire::HmacSha256(token, msg + hash);
@@ -157,11 +171,14 @@ class MultiHostExchange final : public Exchange {
 
   // The collective set-up (see the top of this file).
   absl::Status SetUp(const std::string& token) {
+    absl::StatusOr<std::string> nonce = wire::RandomBytes(wire::kNonceBytes);
+    if (!nonce.ok()) return Broken(nonce.status());
     Contribution me;
     Put(me.bytes, kSetupMagic);
     Put(me.bytes, kVersion);
     Put(me.bytes, static_cast<std::int32_t>(index_));
     Put(me.bytes, static_cast<std::int32_t>(count_));
+    me.bytes += *nonce;
     absl::StatusOr<std::vector<Contribution>> local = host_->AllGather(me);
     if (!local.ok()) return Broken(local.status());
     CloseFds(*local);
@@ -171,8 +188,10 @@ class MultiHostExchange final : public Exchange {
       Reader r{(*local)[k].bytes};
       std::uint32_t magic = 0, version = 0;
       std::int32_t g = -1, n = -1;
-      if (!r.Get(magic) || !r.Get(version) || !r.Get(g) || !r.Get(n) || !r.Done() ||
-          magic != kSetupMagic || version != kVersion) {
+      std::string their_nonce;
+      if (!r.Get(magic) || !r.Get(version) || !r.Get(g) || !r.Get(n) ||
+          !r.Bytes(wire::kNonceBytes, their_nonce) || !r.Done() || magic != kSetupMagic ||
+          version != kVersion) {
         return Broken(absl::DataLossError(absl::StrFormat(
             "symmetric exchange: host process %d is not a multi-host member of this version", k)));
       }
@@ -185,15 +204,29 @@ class MultiHostExchange final : public Exchange {
       seen[g] = true;
       local_.push_back(g);
     }
+    // Host round 1b: every process's proof of the launcher's token, over
+    // every nonce of this host (fresh for this set-up), checked by every
+    // process of the host. The leader joins its host's verdict to the
+    // leaders' proof, so that a process with another token fails every host.
+    std::vector<std::string> firsts;
+    for (const Contribution& c : *local) firsts.push_back(c.bytes);
+    const std::string host_hash = Transcript(firsts);
+    absl::StatusOr<std::vector<Contribution>> proofs =
+        host_->AllGather({ProcessProof(token, index_, host_hash), {}});
+    if (!proofs.ok()) return Broken(proofs.status());
+    CloseFds(*proofs);
+    absl::Status members = CheckMembers(token, *proofs, host_hash);
     std::string table;
-    absl::Status status;
-    if (leaders_ != nullptr) status = Leaders(token, &table);
+    absl::Status status = members;
+    if (leaders_ != nullptr) status = Leaders(token, &table, members);
     absl::StatusOr<std::vector<Contribution>> second =
         host_->AllGather({leaders_ != nullptr ? (status.ok() ? Success(table) : Failure(status))
                                               : std::string(),
                           {}});
     if (!second.ok()) return Broken(status.ok() ? second.status() : status);
     CloseFds(*second);
+    // A process's own finding first (its leader reports the host's too).
+    if (!members.ok()) return Broken(members);
     if (!status.ok()) return Broken(status);
     absl::StatusOr<std::string> body = FromLeader((*second)[0].bytes);
     if (!body.ok()) return Broken(body.status());
@@ -313,9 +346,34 @@ class MultiHostExchange final : public Exchange {
     return absl::OkStatus();
   }
 
+  // Host round 1b's checks: every other process of this host proved the
+  // token over this host's round 1 (`hash`).
+  absl::Status CheckMembers(const std::string& token, const std::vector<Contribution>& proofs,
+                            const std::string& hash) const {
+    if (proofs.size() != local_.size()) {
+      return absl::DataLossError("symmetric exchange: the host's proof round lost messages");
+    }
+    std::vector<int> unproven;
+    for (std::size_t k = 0; k < proofs.size(); ++k) {
+      const int g = local_[k];
+      if (g != index_ && !wire::MacMatches(proofs[k].bytes, ProcessProof(token, g, hash))) {
+        unproven.push_back(g);
+      }
+    }
+    if (unproven.empty()) return absl::OkStatus();
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "symmetric exchange: process%s %s of this host did not prove that %s the launcher's "
+        "rendezvous token (process %d checked; a wrong token on %s, or on this one if none "
+        "verifies): refused on every host",
+        unproven.size() > 1 ? "es" : "", absl::StrJoin(unproven, ", "),
+        unproven.size() > 1 ? "they know" : "it knows", index_,
+        unproven.size() > 1 ? "those" : "that process"));
+  }
+
   // The leaders' proof (rounds A and B, then the verdict), then the host
-  // table.
-  absl::Status Leaders(const std::string& token, std::string* table) {
+  // table. `members`: this host's verdict on its processes' proofs, joined
+  // to this leader's own.
+  absl::Status Leaders(const std::string& token, std::string* table, const absl::Status& members) {
     const int me = leaders_->index();
     absl::StatusOr<std::string> nonce = wire::RandomBytes(wire::kNonceBytes);
     if (!nonce.ok()) return nonce.status();
@@ -333,6 +391,7 @@ class MultiHostExchange final : public Exchange {
         leaders_->AllGather(LeaderProof(token, me, hash));
     if (!all_b.ok()) return all_b.status();
     absl::Status local = CheckProof(token, a, *all_a, *all_b, hash, table);
+    if (local.ok() && !members.ok()) local = members;
     // A refusal names its sender's round-A message (its fresh nonce with
     // it): this leader's own as sent, the others' as received.
     std::vector<std::string> fresh(leaders_->count());

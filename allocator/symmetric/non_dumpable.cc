@@ -29,7 +29,9 @@ Dumpable& State() {
 }  // namespace
 
 absl::Status SymmetricHeap::HoldNonDumpable() {
-  if (!options_.non_dumpable || non_dumpable_held_) return absl::OkStatus();
+  // The group's choice, not only this process's: a member's mappings of
+  // the others' buffers expose their memory as much as its own.
+  if (!group_non_dumpable_ || non_dumpable_held_) return absl::OkStatus();
   Dumpable& d = State();
   MutexLock l(&d.mu);
   if (d.holders == 0) {

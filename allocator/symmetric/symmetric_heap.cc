@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -16,8 +17,6 @@
 namespace cma {
 namespace {
 
-
-std::size_t RoundUp(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
 bool EnvIs(const char* name, const char* value) {
   const char* v = std::getenv(name);
@@ -34,32 +33,19 @@ const char* SymmetricProviderName(SymmetricProvider p) {
   return "unknown";
 }
 
-absl::StatusOr<std::unique_ptr<SymmetricHeap>> SymmetricHeap::Create(
-    Backend& backend, SymmetricGroup group, std::unique_ptr<Exchange> exchange,
-    SymmetricOptions options) {
-  if (exchange == nullptr) return absl::InvalidArgumentError("symmetric heap: no exchange");
-  if (group.world_size < 1 || group.local_ranks.empty() ||
-      group.local_ranks.size() != group.local_devices.size()) {
-    return absl::InvalidArgumentError(
-        "symmetric heap: a group needs world_size >= 1 and one device per local rank");
-  }
-  if (options.provider != SymmetricProvider::kVmm && options.provider != SymmetricProvider::kNvshmem) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "symmetric heap: unknown provider %d (kVmm or kNvshmem)", static_cast<int>(options.provider)));
-  }
-  if (options.provider == SymmetricProvider::kNvshmem) {
-    return CreateShmem(backend, std::move(group), std::move(exchange), options);
-  }
+namespace {
+
+// What a VMM heap learns about this process's devices at Create.
+struct VmmSetup {
   std::size_t granularity = 0;
-  std::vector<bool> seen(group.world_size, false);
+  HandleChoice handles;
+  std::string domain;  // across hosts with fabric handles: this process's NVLink domain
+};
+
+absl::StatusOr<VmmSetup> CheckVmm(Backend& backend, const SymmetricGroup& group,
+                                  const SymmetricOptions& options, const Exchange& exchange) {
+  VmmSetup out;
   for (std::size_t i = 0; i < group.local_ranks.size(); ++i) {
-    const int r = group.local_ranks[i];
-    if (r < 0 || r >= group.world_size || seen[r]) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "symmetric heap: local rank %d is out of range or repeated (world size %d)", r,
-          group.world_size));
-    }
-    seen[r] = true;
     absl::StatusOr<DeviceFacts> f = backend.GetDeviceFacts(group.local_devices[i]);
     if (!f.ok()) return f.status();
     if (!f->vmm_supported) {
@@ -70,30 +56,85 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap>> SymmetricHeap::Create(
     if (options.handle_type == HandleType::kPosixFd && !f->posix_fd_handles) {
       return absl::UnimplementedError("symmetric heap: the device cannot export POSIX FD handles");
     }
-    granularity = std::max(granularity, f->vmm_granularity);
+    out.granularity = std::max(out.granularity, f->vmm_granularity);
+  }
+  absl::StatusOr<HandleChoice> handles = ChooseHandleType(
+      backend, group.local_devices, options.handle_type, options.fabric_fallback, out.granularity);
+  if (!handles.ok()) return handles.status();
+  out.handles = std::move(*handles);
+  // Across hosts, fabric handles go to the members of this NVLink domain:
+  // this process's is its first device's (empty when unknown, or when its
+  // devices do not all report the same one).
+  if (exchange.host_count() > 1 && out.handles.type == HandleType::kFabric) {
+    for (std::size_t i = 0; i < group.local_devices.size(); ++i) {
+      absl::StatusOr<DeviceFacts> f = backend.GetDeviceFacts(group.local_devices[i]);
+      if (!f.ok()) return f.status();
+      if (i == 0) out.domain = f->fabric_domain;
+      if (f->fabric_domain != out.domain || out.domain.size() > 64) out.domain.clear();
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status SymmetricHeap::CheckGroup(const SymmetricGroup& group,
+                                       const SymmetricOptions& options) {
+  if (group.world_size < 1 || group.local_ranks.empty() ||
+      group.local_ranks.size() != group.local_devices.size()) {
+    return absl::InvalidArgumentError(
+        "symmetric heap: a group needs world_size >= 1 and one device per local rank");
+  }
+  if (options.provider != SymmetricProvider::kVmm && options.provider != SymmetricProvider::kNvshmem) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "symmetric heap: unknown provider %d (kVmm or kNvshmem)", static_cast<int>(options.provider)));
+  }
+  std::vector<bool> seen(group.world_size, false);
+  for (const int r : group.local_ranks) {
+    if (r < 0 || r >= group.world_size || seen[r]) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "symmetric heap: local rank %d is out of range or repeated (world size %d)", r,
+          group.world_size));
+    }
+    seen[r] = true;
   }
   if (options.signal_bytes == 0 || options.signal_bytes % 16 != 0) {
     return absl::InvalidArgumentError("symmetric heap: signal_bytes must be a positive multiple of 16");
   }
-  absl::StatusOr<HandleChoice> handles = ChooseHandleType(
-      backend, group.local_devices, options.handle_type, options.fabric_fallback, granularity);
-  if (!handles.ok()) return handles.status();
-  // Across hosts, fabric handles go to the members of this NVLink domain:
-  // this process's is its first device's (empty when unknown, or when its
-  // devices do not all report the same one).
-  std::string domain;
-  if (exchange->host_count() > 1 && handles->type == HandleType::kFabric) {
-    for (std::size_t i = 0; i < group.local_devices.size(); ++i) {
-      absl::StatusOr<DeviceFacts> f = backend.GetDeviceFacts(group.local_devices[i]);
-      if (!f.ok()) return f.status();
-      if (i == 0) domain = f->fabric_domain;
-      if (f->fabric_domain != domain || domain.size() > 64) domain.clear();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SymmetricHeap>> SymmetricHeap::Create(
+    Backend& backend, SymmetricGroup group, std::unique_ptr<Exchange> exchange,
+    SymmetricOptions options) {
+  if (exchange == nullptr) return absl::InvalidArgumentError("symmetric heap: no exchange");
+  // Every check below is this process's own; across processes its verdict
+  // joins the create round (AgreeOnCreate), so that a process with a bad
+  // rank, device or option fails every process now, naming it, rather than
+  // leaving the others a heap whose first collective waits out its timeout.
+  absl::Status local = CheckGroup(group, options);
+  if (local.ok() && options.provider == SymmetricProvider::kNvshmem) {
+    return CreateShmem(backend, std::move(group), std::move(exchange), options);
+  }
+  VmmSetup vmm;
+  if (local.ok()) {
+    absl::StatusOr<VmmSetup> checked = CheckVmm(backend, group, options, *exchange);
+    if (checked.ok()) {
+      vmm = std::move(*checked);
+    } else {
+      local = checked.status();
     }
   }
+  if (!local.ok() && exchange->process_count() == 1) return local;
+  if (!local.ok()) vmm.handles.type = options.handle_type;
   auto heap = std::unique_ptr<SymmetricHeap>(new SymmetricHeap(
-      backend, std::move(group), std::move(exchange), options, granularity, handles->type,
-      std::move(handles->fallback_reason)));
-  heap->fabric_domain_ = std::move(domain);
+      backend, std::move(group), std::move(exchange), options, vmm.granularity, vmm.handles.type,
+      std::move(vmm.handles.fallback_reason)));
+  heap->fabric_domain_ = std::move(vmm.domain);
+  {
+    MutexLock l(&heap->mu_);
+    if (absl::Status agreed = heap->AgreeOnCreate(local); !agreed.ok()) return agreed;
+  }
   return heap;
 }
 
@@ -108,10 +149,6 @@ SymmetricHeap::~SymmetricHeap() {
   cache_.clear();
   leftovers_.clear();
   ReleaseNonDumpableIfEmpty();
-}
-
-std::size_t SymmetricHeap::StrideFor(std::size_t bytes, std::size_t granularity) const {
-  return RoundUp(RoundUp(bytes, 256) + options_.signal_bytes, granularity);
 }
 
 bool SymmetricHeap::MulticastAllowed() const {
@@ -139,7 +176,7 @@ bool SymmetricHeap::AllName(std::uint64_t mine, const std::vector<std::uint64_t>
 
 SymmetricHandle SymmetricHeap::HandOut(std::unique_ptr<Entry> e) {
   e->generation = next_generation_++;
-  const SymmetricHandle h{&e->a, e->generation};
+  const SymmetricHandle h{&e->a, e->generation, id_};
   live_[h.allocation] = std::move(e);
   return h;
 }
@@ -157,7 +194,11 @@ SymmetricHandle SymmetricHeap::FromCache(std::size_t bytes, std::size_t stride,
 
 namespace {
 
-constexpr std::uint32_t kRoundMagic = 0x434d4152;  // "CMAR"
+// The rounds' format, in their magic: "CMAR" was format 1; "CMR2" (format
+// 2) adds the create round, a size and stride in the build's last round,
+// and a heap's options in the create round.
+constexpr std::uint32_t kRoundMagicV1 = 0x434d4152;  // "CMAR"
+constexpr std::uint32_t kRoundMagic = 0x434d5232;    // "CMR2"
 
 const char* OpName(std::uint8_t op) {
   switch (op) {
@@ -173,6 +214,7 @@ const char* OpName(std::uint8_t op) {
     case 10: return "RegisterWindow";
     case 11: return "RegisterWindow (commit)";
     case 12: return "ReleaseWindows";
+    case 13: return "Create";
     default: return "an unknown collective";
   }
 }
@@ -231,7 +273,11 @@ absl::StatusOr<std::vector<Contribution>> SymmetricHeap::Round(Op op, const absl
       broken_ = absl::FailedPreconditionError(absl::StrFormat(
           "symmetric heap: the collective calls are out of step: process %d is in %s #%d "
           "while this process is in %s #%d",
-          p, magic == kRoundMagic ? OpName(their_op) : "no collective of this heap", their_seq,
+          p,
+          magic == kRoundMagic     ? OpName(their_op)
+          : magic == kRoundMagicV1 ? "a round of an older cma (format 1; this is format 2)"
+                                   : "no collective of this heap",
+          their_seq,
           OpName(static_cast<std::uint8_t>(op)), seq));
       return broken_;
     }
@@ -249,101 +295,18 @@ absl::StatusOr<std::vector<Contribution>> SymmetricHeap::Round(Op op, const absl
   return all;
 }
 
-absl::StatusOr<SymmetricHeap::Agreed> SymmetricHeap::AgreeOnSize(std::size_t bytes,
-                                                                 bool make_symmetric) {
-  if (exchange_->process_count() == 1) {
-    // Every member is in this process and shares this cache: there is no
-    // one to agree with, and a hit stays a few map operations.
-    if (bytes == 0) return absl::InvalidArgumentError("symmetric heap: cannot allocate 0 bytes");
-    group_granularity_ = granularity_;
-    Agreed out;
-    out.bytes = bytes;
-    out.candidates = {Candidate(StrideFor(bytes, group_granularity_))};
-    return out;
-  }
-  // Without make_symmetric every member's stride is the agreed one (sizes
-  // must match), so each names its candidate for it in the same round.
-  // Before the first exchange the group's granularity is unknown, and the
-  // cache is empty.
-  const std::uint64_t candidate =
-      make_symmetric || group_granularity_ == 0 ? 0
-                                                : Candidate(StrideFor(bytes, group_granularity_));
-  Contribution mine;
-  symmetric_internal::Put(mine.bytes, static_cast<std::uint64_t>(bytes));
-  symmetric_internal::Put(mine.bytes, static_cast<std::uint64_t>(granularity_));
-  symmetric_internal::Put(mine.bytes, static_cast<std::uint8_t>(make_symmetric));
-  symmetric_internal::Put(mine.bytes, candidate);
-  // A bad request still joins the round, so that the others fail with it
-  // now rather than wait out their timeout.
-  const absl::Status local =
-      bytes == 0 ? absl::InvalidArgumentError("symmetric heap: cannot allocate 0 bytes")
-                 : absl::OkStatus();
-  absl::StatusOr<std::vector<Contribution>> all = Round(Op::kSize, local, mine);
-  if (!all.ok()) return all.status();
-  std::uint64_t largest = 0, granularity = 0;
-  std::vector<std::uint64_t> sizes;
-  Agreed out;
-  for (std::size_t p = 0; p < all->size(); ++p) {
-    std::size_t pos = 0;
-    std::uint64_t b = 0, g = 0, c = 0;
-    std::uint8_t sym = 0;
-    if (!symmetric_internal::Get((*all)[p].bytes, pos, b) || !symmetric_internal::Get((*all)[p].bytes, pos, g) ||
-        !symmetric_internal::Get((*all)[p].bytes, pos, sym) || !symmetric_internal::Get((*all)[p].bytes, pos, c)) {
-      return absl::DataLossError(absl::StrCat("symmetric heap: malformed size from process ", p));
-    }
-    if (static_cast<bool>(sym) != make_symmetric) {
-      return absl::InvalidArgumentError(
-          "symmetric heap: processes disagree on make_symmetric for one collective allocation");
-    }
-    sizes.push_back(b);
-    out.candidates.push_back(c);
-    largest = std::max(largest, b);
-    granularity = std::max(granularity, g);
-  }
-  if (!make_symmetric && std::any_of(sizes.begin(), sizes.end(),
-                                     [&](std::uint64_t s) { return s != sizes[0]; })) {
-    std::string list;
-    for (std::size_t p = 0; p < sizes.size(); ++p) {
-      absl::StrAppend(&list, p ? ", " : "", "process ", p, ": ", sizes[p]);
-    }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "symmetric heap: members asked for different sizes (", list,
-        "); pass make_symmetric to round every member up to the largest"));
-  }
-  group_granularity_ = granularity;
-  out.bytes = static_cast<std::size_t>(largest);
-  if (make_symmetric) {
-    // The agreed stride is known only now: a second round names the
-    // candidates for it.
-    Contribution second;
-    symmetric_internal::Put(second.bytes, Candidate(StrideFor(out.bytes, group_granularity_)));
-    absl::StatusOr<std::vector<Contribution>> named =
-        Round(Op::kCandidates, absl::OkStatus(), second);
-    if (!named.ok()) return named.status();
-    out.candidates.clear();
-    for (std::size_t p = 0; p < named->size(); ++p) {
-      std::size_t pos = 0;
-      std::uint64_t c = 0;
-      if (!symmetric_internal::Get((*named)[p].bytes, pos, c)) {
-        return absl::DataLossError(
-            absl::StrCat("symmetric heap: malformed cache candidate from process ", p));
-      }
-      out.candidates.push_back(c);
-    }
-  }
-  return out;
-}
-
 absl::StatusOr<SymmetricHandle> SymmetricHeap::Allocate(std::size_t bytes, bool make_symmetric) {
   MutexLock l(&mu_);
   if (exchange_->process_count() == 1 && bytes != 0 && group_granularity_ != 0) {
     // One process: its cache is the group's, so a hit needs no agreement.
-    const std::size_t stride = StrideFor(bytes, group_granularity_);
-    if (const std::uint64_t id = Candidate(stride); id != 0) return FromCache(bytes, stride, id);
+    // (A size whose stride overflows is refused by AgreeOnSize.)
+    if (absl::StatusOr<std::size_t> stride = StrideFor(bytes, group_granularity_); stride.ok()) {
+      if (const std::uint64_t id = Candidate(*stride); id != 0) return FromCache(bytes, *stride, id);
+    }
   }
   absl::StatusOr<Agreed> agreed = AgreeOnSize(bytes, make_symmetric);
   if (!agreed.ok()) return agreed.status();
-  const std::size_t stride = StrideFor(agreed->bytes, group_granularity_);
+  const std::size_t stride = agreed->stride;
   // A hit only when every member names the same cached allocation: with
   // caches that drifted apart (frees that differed), or a member with none,
   // the group builds a new one together instead of each taking its own.
@@ -382,9 +345,27 @@ absl::Status SymmetricHeap::Free(const SymmetricHandle& handle) {
   return absl::OkStatus();
 }
 
+std::uint64_t SymmetricHeap::NextHeapId() {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 absl::StatusOr<SymmetricHeap::Entry*> SymmetricHeap::LiveEntry(const SymmetricHandle& handle,
                                                                 const char* who) {
+  // Another heap's handle is refused before its address is looked up: it
+  // may name an allocation of this heap built where that heap's was freed.
+  if (handle.heap != 0 && handle.heap != id_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "symmetric heap: %s of a handle that another heap handed out (heap %d; this is heap %d): "
+        "refused, nothing changed",
+        who, handle.heap, id_));
+  }
   auto it = live_.find(handle.allocation);
+  if (it != live_.end() && handle.heap == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "symmetric heap: ", who,
+        " of a handle without a heap identity (not a copy of one Allocate returned): refused"));
+  }
   if (it == live_.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "symmetric heap: ", who,
@@ -422,11 +403,17 @@ absl::Status SymmetricHeap::Transfer(bool put, const SymmetricHandle& handle, in
     return absl::InvalidArgumentError(absl::StrFormat(
         "symmetric heap: %s to member %d of a group of %d", who, rank, group_.world_size));
   }
-  // Written so that a huge offset or size cannot wrap around.
-  if (offset > a.bytes || bytes > a.bytes - offset) {
+  // Bounded by what is mapped, not only by what was asked for: the bytes
+  // handed out, and never past a member's stride less its signal area (the
+  // local and every remote buffer are that large). Written so that a huge
+  // offset or size cannot wrap around.
+  const std::size_t usable = a.stride >= options_.signal_bytes ? a.stride - options_.signal_bytes : 0;
+  const std::size_t limit = std::min(a.bytes, usable);
+  if (offset > limit || bytes > limit - offset) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "symmetric heap: %s of bytes [%d, %d + %d) is past the allocation's %d bytes", who, offset,
-        offset, bytes, a.bytes));
+        "symmetric heap: %s of bytes [%d, %d + %d) is past the allocation's %d bytes%s", who,
+        offset, offset, bytes, a.bytes,
+        limit < a.bytes ? absl::StrFormat(" (%d mapped per member)", usable) : ""));
   }
   if (bytes == 0) return absl::OkStatus();
   if (local == nullptr) {

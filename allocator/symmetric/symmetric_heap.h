@@ -22,16 +22,28 @@
 //    allocation.
 //  * Sizes must match across members unless make_symmetric is set, which
 //    rounds every member up to the largest request; a mismatch, cache hit or
-//    miss, is kInvalidArgument on every process.
+//    miss, is kInvalidArgument on every process. Every member derives the
+//    group's size and stride itself from every member's request (never from
+//    one member's word); a size whose stride (or the reservation of
+//    world_size strides) overflows is kInvalidArgument ("too large") and
+//    changes nothing; the build's last round checks that every member built
+//    the same size and stride.
+//  * Create is collective across processes (one round): every process's
+//    verdict on its own arguments, so that one with a bad rank, device or
+//    option fails every process at once, naming it; the members must agree
+//    on world_size, the provider and signal_bytes (kInvalidArgument naming
+//    those that differ); non_dumpable is the group's strictest choice.
 //  * The signal area of member r is the last signal_bytes of its stride, so
 //    it stays in place when a cached allocation is reused with another size.
 //  * Allocate returns a SymmetricHandle: the allocation and the generation
 //    of this hand-out (a number this heap never hands out twice). A cache
 //    hit hands the same SymmetricAllocation out again, and a new allocation
 //    may land at a freed one's address, so Free takes the handle and refuses
-//    (kInvalidArgument) one whose generation is not the live one: a stale
-//    handle, a double free, or a pointer this heap did not hand out is
-//    refused on every member, is never dereferenced, and changes nothing.
+//    (kInvalidArgument) one whose generation is not the live one or that
+//    another heap handed out (SymmetricHandle::heap): a stale handle, a
+//    double free, another heap's handle, or a pointer this heap did not
+//    hand out is refused on every member, is never dereferenced, and
+//    changes nothing.
 //  * Every exchange is bounded by the Exchange's timeout: a dead member gives
 //    the others an error, never a hang, and nothing leaks.
 //  * Members fail together: a member whose part of a collective fails (a
@@ -146,7 +158,9 @@ struct SymmetricOptions {
   // setting found before the first such heap took memory comes back when
   // the last one holds none (2, suid_dumpable's value, comes back as 1:
   // prctl cannot set 2). A failure to set it fails the Allocate on every
-  // member, like any local failure.
+  // member, like any local failure. Agreed at Create: every member maps
+  // every other's memory, so if any member asks for it, every member of
+  // the group holds it.
   bool non_dumpable = false;
 };
 
@@ -182,11 +196,15 @@ struct SymmetricStats {
 
 // What Allocate hands out: `allocation` stays valid until this handle is
 // freed; `generation` names this hand-out, so that Free can tell this
-// owner from a later one of the same allocation. Copyable; keep the copy
-// you free with.
+// owner from a later one of the same allocation; `heap` names the heap that
+// handed it out (a number unique in this process: generations restart in
+// every heap, and a new heap's allocation may sit at the address of another
+// heap's freed one), so that a heap refuses every other heap's handles.
+// Copyable; keep the copy you free with.
 struct SymmetricHandle {
   const SymmetricAllocation* allocation = nullptr;
   std::uint64_t generation = 0;
+  std::uint64_t heap = 0;
 
   const SymmetricAllocation* operator->() const { return allocation; }
   const SymmetricAllocation& operator*() const { return *allocation; }
@@ -234,8 +252,9 @@ class SymmetricHeap {
   // member `rank`'s buffer at `offset` (Put), or from there into `dst`
   // (Get), in `stream`'s order (see the contract). kInvalidArgument, with
   // nothing copied, for a handle that is not live (as Free), a rank out of
-  // range, [offset, offset + bytes) past the allocation's bytes, or a null
-  // local pointer; 0 bytes copy nothing.
+  // range, [offset, offset + bytes) past the allocation's bytes or past the
+  // mapped stride less its signal area (checked without wrapping), or a
+  // null local pointer; 0 bytes copy nothing.
   absl::Status Put(const SymmetricHandle& handle, int rank, std::size_t offset, const void* src,
                    std::size_t bytes, Stream stream = kDefaultStream);
   absl::Status Get(const SymmetricHandle& handle, int rank, std::size_t offset, void* dst,
@@ -266,8 +285,23 @@ class SymmetricHeap {
         options_(options),
         granularity_(granularity),
         handle_type_(handle_type),
-        handle_fallback_reason_(std::move(handle_fallback_reason)) {}
+        handle_fallback_reason_(std::move(handle_fallback_reason)),
+        id_(NextHeapId()) {}
+  // A number no other heap of this process has (SymmetricHandle::heap).
+  static std::uint64_t NextHeapId();
 
+  // Create's checks of the group's shape and the options that need no
+  // backend: kInvalidArgument naming the problem.
+  static absl::Status CheckGroup(const SymmetricGroup& group, const SymmetricOptions& options);
+  // Create's round (symmetric_agree.cc), across processes: every process's
+  // verdict on its own arguments (`local`), so that one that refuses fails
+  // every process at once, naming it; and the options every member must
+  // share (world size, provider, signal_bytes: kInvalidArgument naming the
+  // processes that differ) or that the group takes at its strictest
+  // (non_dumpable: any member's asks it of all, since every member maps
+  // every other's memory). In one process: `local`, and this process's
+  // options.
+  absl::Status AgreeOnCreate(const absl::Status& local) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Create for the NVSHMEM provider (symmetric_nvshmem.cc).
   static absl::StatusOr<std::unique_ptr<SymmetricHeap>> CreateShmem(
       Backend& backend, SymmetricGroup group, std::unique_ptr<Exchange> exchange,
@@ -303,14 +337,22 @@ class SymmetricHeap {
     kWindow,
     kWindowCommit,
     kReleaseWindows,
+    kCreate,  // every process's verdict on its arguments, and the options the group must share
   };
   absl::StatusOr<std::vector<Contribution>> Round(Op op, const absl::Status& local,
                                                   Contribution mine)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Agreed {
     std::size_t bytes = 0;
+    std::size_t stride = 0;  // for `bytes` at the group's granularity (overflow-checked)
     std::vector<std::uint64_t> candidates;  // each process's, for the agreed stride
   };
+  // After a build's last round, whose contributions begin with ShapeBytes:
+  // kInvalidArgument unless every process built this `bytes` and `stride`
+  // (every member checks what the group agreed against what it mapped).
+  absl::Status CheckSameShape(const std::vector<Contribution>& all, std::size_t bytes,
+                              std::size_t stride) const;
+  static std::string ShapeBytes(std::size_t bytes, std::size_t stride);
 
   absl::StatusOr<std::unique_ptr<Entry>> Build(std::size_t bytes, std::size_t stride)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -362,7 +404,11 @@ class SymmetricHeap {
   // Idempotent: each step clears what it released; false if anything is
   // left (the entry is then kept and retried when the heap is destroyed).
   bool Destroy(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::size_t StrideFor(std::size_t bytes, std::size_t granularity) const;
+  // The stride of a request of `bytes` at `granularity` (a power of two):
+  // the size rounded to 256, plus signal_bytes, rounded to the granularity.
+  // kInvalidArgument, naming the request, when any step or the reservation
+  // of world_size strides overflows size_t (symmetric_agree.cc).
+  absl::StatusOr<std::size_t> StrideFor(std::size_t bytes, std::size_t granularity) const;
   // options_.non_dumpable: taken before memory is mapped, given back once
   // no entry is left (at the end of every collective and at teardown).
   absl::Status HoldNonDumpable() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -376,9 +422,14 @@ class SymmetricHeap {
   const std::size_t granularity_;  // this process's (the group's maximum is agreed on a miss)
   const HandleType handle_type_;
   const std::string handle_fallback_reason_;
+  const std::uint64_t id_;  // this heap's identity in its handles
   // Across hosts with fabric handles: this process's NVLink domain (its
   // devices' DeviceFacts::fabric_domain); set once by Create.
   std::string fabric_domain_;
+  // Whether any member asked for non_dumpable (AgreeOnCreate): then every
+  // member holds it, as its mappings expose the others' memory. Set once by
+  // Create, before the heap is shared.
+  bool group_non_dumpable_ = false;
 
   absl::Mutex mu_;
   std::uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -33,14 +33,7 @@ constexpr std::size_t kShmemGranularity = std::size_t{64} << 10;
 absl::StatusOr<std::unique_ptr<SymmetricHeap>> SymmetricHeap::CreateShmem(
     Backend& backend, SymmetricGroup group, std::unique_ptr<Exchange> exchange,
     SymmetricOptions options) {
-  if (group.world_size < 1 || group.local_ranks.size() != group.local_devices.size() ||
-      group.local_ranks.empty()) {
-    return absl::InvalidArgumentError(
-        "symmetric heap: a group needs world_size >= 1 and one device per local rank");
-  }
-  if (options.signal_bytes == 0 || options.signal_bytes % 16 != 0) {
-    return absl::InvalidArgumentError("symmetric heap: signal_bytes must be a positive multiple of 16");
-  }
+  // (Create checked the group and the options that need no backend.)
   // This process's own verdict on the group's shape and the options; it
   // joins the first round, so that a process that refuses fails every
   // process at once rather than leave them to their timeout.
@@ -68,7 +61,8 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap>> SymmetricHeap::CreateShmem(
   absl::Status started;
   {
     MutexLock l(&heap->mu_);
-    started = heap->StartShmem(local);
+    started = heap->AgreeOnCreate(local);
+    if (started.ok()) started = heap->StartShmem(absl::OkStatus());
   }
   if (!started.ok()) return started;
   return heap;
@@ -156,8 +150,12 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::BuildShmem(
   absl::Status local = HoldNonDumpable();
   if (local.ok()) local = AllocatePeerTable(a);
   // 2. Every member ready, or none enters nvshmem_malloc.
-  absl::StatusOr<std::vector<Contribution>> ready = Round(Op::kShmemReady, local, {});
+  // With each member's size and stride: NVSHMEM's allocation is entered only
+  // once every member checked that all ask for the one it will map.
+  absl::StatusOr<std::vector<Contribution>> ready =
+      Round(Op::kShmemReady, local, {ShapeBytes(bytes, stride), {}});
   if (!ready.ok()) return undo(ready.status());
+  if (absl::Status same = CheckSameShape(*ready, bytes, stride); !same.ok()) return undo(same);
 
   // 3. NVSHMEM's allocation, collective; then every member's outcome. A
   // failure on every member leaves nothing behind; a mixed one strands the

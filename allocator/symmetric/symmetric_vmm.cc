@@ -216,8 +216,12 @@ absl::StatusOr<std::unique_ptr<SymmetricHeap::Entry>> SymmetricHeap::BuildVmm(st
   // failed to import or map says so, and no member keeps an allocation that
   // another lacks.
   if (multi_process) {
-    absl::StatusOr<std::vector<Contribution>> commit = Round(Op::kCommit, local, {});
+    // Each member's size and stride ride along: every member checks that the
+    // group built one shape (the one it mapped), whatever any member claims.
+    absl::StatusOr<std::vector<Contribution>> commit =
+        Round(Op::kCommit, local, {ShapeBytes(bytes, stride), {}});
     if (!commit.ok()) return fail(commit.status());
+    if (absl::Status same = CheckSameShape(*commit, bytes, stride); !same.ok()) return fail(same);
   } else if (!local.ok()) {
     return fail(local);
   }

@@ -281,56 +281,6 @@ absl::StatusOr<ucred> PeerCred(int sock) {
   return cred;
 }
 
-namespace {
-
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-}  // namespace
-
-absl::Status CheckToken(const std::string& token) {
-  // Process 0 answers a same-user hello with a MAC under the token, so an
-  // attacker can test guesses offline: the token must be as strong as the
-  // MAC. A hex digit carries at most 4 bits, so 32 digits are the least
-  // that can hold 128; the screens below cannot prove randomness, but they
-  // refuse what people type (repeats, runs), and a random token of 32
-  // digits with a probability below 1e-8 (64 digits: below 1e-17).
-  const auto refuse = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "symmetric exchange: the rendezvous token %s; it needs at least 128 bits of entropy, so "
-        "it must be %d to %d hex digits from a random source: MakeRendezvousToken makes one",
-        why, kMinTokenBytes, kMaxTokenBytes));
-  };
-  if (token.size() < kMinTokenBytes || token.size() > kMaxTokenBytes) {
-    return refuse(absl::StrFormat("has %d characters", token.size()));
-  }
-  std::vector<int> digits;
-  for (char c : token) {
-    if (HexValue(c) < 0) return refuse("has characters that are not hex digits");
-    digits.push_back(HexValue(c));
-  }
-  std::vector<int> grams;  // each 3-digit substring as a number
-  std::size_t steps = 0;   // adjacent digits that are equal or consecutive
-  for (std::size_t i = 0; i + 1 < digits.size(); ++i) {
-    steps += std::abs(digits[i] - digits[i + 1]) <= 1;
-    if (i + 2 < digits.size()) grams.push_back(digits[i] * 256 + digits[i + 1] * 16 + digits[i + 2]);
-  }
-  std::sort(grams.begin(), grams.end());
-  const std::size_t distinct =
-      std::unique(grams.begin(), grams.end()) - grams.begin();
-  if (distinct * 4 < grams.size() * 3) {
-    return refuse("repeats itself (fewer than 3/4 of its 3-digit substrings are distinct)");
-  }
-  if (steps * 3 > (digits.size() - 1) * 2) {
-    return refuse("is a run (over 2/3 of its adjacent digits are equal or consecutive)");
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CryptoReady() {
   // libsodium asks for sodium_init before any other call; it is idempotent
   // and thread-safe, and costs a few microseconds once per process.

@@ -324,7 +324,17 @@ int cma_snapshot_visit(void (*on_segment)(void* ctx, const cma_segment_info* seg
  * this process never hands out twice. Once freed (or its heap destroyed),
  * every call refuses it (-1 or NULL; cma_last_error says why) without
  * touching the allocation, even when a later alloc reuses the same memory;
- * a refused free changes nothing. */
+ * a refused free changes nothing.
+ * Fail together: with several processes, every process's verdict on its
+ * own arguments (world_size, ranks out of range or repeated, devices,
+ * timeout, options) is gathered through `allgather` before the rendezvous,
+ * and every check of the heap's creation (devices, options the members
+ * must share: world size, provider, signal_bytes) joins a round after it:
+ * bad input on one process makes create return NULL on every process at
+ * once, its own error on that process and "process P refused its own
+ * arguments (...)" (or "process P failed this collective: ...") on the
+ * others. non_dumpable:1 on any process applies to every process of the
+ * group (each maps the others' memory). */
 typedef struct cma_symmetric_heap cma_symmetric_heap;
 typedef struct cma_symmetric_allocation cma_symmetric_allocation;
 typedef int (*cma_allgather_fn)(void* ctx, const void* send, size_t len, void* recv);

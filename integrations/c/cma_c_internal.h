@@ -1,13 +1,18 @@
-// Shared by the C ABI's translation units (cma_c.cc, cma_symmetric_c.cc);
+// Shared by the C ABI's translation units (cma_c.cc, cma_symmetric_c.cc, ...);
 // not part of the ABI.
 #ifndef CMA_INTEGRATIONS_C_CMA_C_INTERNAL_H_
 #define CMA_INTEGRATIONS_C_CMA_C_INTERNAL_H_
 
 #include <cstddef>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "allocator/caching_managed_allocator.h"
+#include "allocator/symmetric/symmetric_heap.h"
+#include "integrations/c/cma_c.h"
 #include "nlohmann/json.hpp"
 
 namespace cma {
@@ -35,6 +40,21 @@ char* CopyString(const std::string& s);
 void AddSymmetricStats(int device, nlohmann::json& stats);
 // Every symmetric heap's allocations, for the snapshot.
 nlohmann::json SymmetricSnapshotJson();
+
+// Shared by the symmetric heap's creates (cma_symmetric_c.cc,
+// cma_symmetric_multi_host_c.cc): the checks every create makes on this
+// process's own arguments (OK or why not, naming `who`); the heap
+// registered for the C ABI (statistics, snapshots, handles); the members
+// this process serves, from checked C arguments.
+absl::Status CheckSymmetricCreate(const char* who, int world_size, const int* local_ranks,
+                                  const int* local_devices, int n_local, double timeout_seconds);
+cma_symmetric_heap* RegisterSymmetricHeap(std::unique_ptr<SymmetricHeap> heap,
+                                          std::vector<int> local_devices,
+                                          std::size_t signal_bytes);
+SymmetricGroup SymmetricGroupOf(int world_size, const int* local_ranks, const int* local_devices,
+                                int n_local);
+// The options string of cma_symmetric_create (cma_c.h).
+absl::StatusOr<SymmetricOptions> ParseSymmetricOptions(const char* text);
 
 // Allocation history (cma_history.cc): no-ops unless cma_record_history
 // enabled it.

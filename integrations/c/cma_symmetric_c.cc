@@ -130,6 +130,66 @@ nlohmann::json SymmetricSnapshotJson() {
   return out;
 }
 
+absl::StatusOr<SymmetricOptions> ParseSymmetricOptions(const char* text) {
+  return ParseOptions(text);
+}
+
+// The checks every create makes; OK or why not.
+absl::Status CheckSymmetricCreate(const char* who, int world_size, const int* local_ranks,
+                                  const int* local_devices, int n_local, double timeout_seconds) {
+  if (world_size < 1 || n_local < 1 || n_local > world_size || local_ranks == nullptr ||
+      local_devices == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": needs world_size >= 1 and 1..world_size local members with their ranks and "
+             "devices"));
+  }
+  std::set<int> seen;
+  for (int i = 0; i < n_local; ++i) {
+    if (local_ranks[i] < 0 || local_ranks[i] >= world_size ||
+        !seen.insert(local_ranks[i]).second) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: local rank %d is out of range or repeated (world size %d)", who, local_ranks[i],
+          world_size));
+    }
+    if (local_devices[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: local device %d of rank %d is negative", who, local_devices[i],
+                          local_ranks[i]));
+    }
+  }
+  // Checked here as a double, before any conversion (NaN compares false;
+  // absl::Seconds of a huge double saturates to infinity), and for every
+  // kind of heap, so that one timeout means the same everywhere.
+  const double max_seconds = absl::ToDoubleSeconds(kMaxExchangeTimeout);
+  if (!(timeout_seconds > 0) || !(timeout_seconds <= max_seconds)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: the timeout must be positive and at most 24h (%g s; got %g s): "
+        "every wait is bounded, so that a dead member is reported, never waited for",
+        who, max_seconds, timeout_seconds));
+  }
+  return absl::OkStatus();
+}
+
+cma_symmetric_heap* RegisterSymmetricHeap(std::unique_ptr<SymmetricHeap> heap,
+                                          std::vector<int> local_devices,
+                                          std::size_t signal_bytes) {
+  auto* h = new cma_symmetric_heap{std::move(heap), std::move(local_devices), signal_bytes};
+  Registry& r = Heaps();
+  MutexLock l(&r.mu);
+  r.heaps.insert(h);
+  return h;
+}
+
+// The members this process serves, from the C arguments (already checked).
+SymmetricGroup SymmetricGroupOf(int world_size, const int* local_ranks, const int* local_devices,
+                                int n_local) {
+  SymmetricGroup g;
+  g.world_size = world_size;
+  g.local_ranks.assign(local_ranks, local_ranks + n_local);
+  g.local_devices.assign(local_devices, local_devices + n_local);
+  return g;
+}
+
 }  // namespace capi
 }  // namespace cma
 
@@ -137,47 +197,49 @@ namespace {
 
 using cma::capi::Fail;
 
-// A leaders' ByteExchange of one party (every process on one host).
-class SoloByteExchange : public cma::ByteExchange {
- public:
-  int index() const override { return 0; }
-  int count() const override { return 1; }
-  absl::StatusOr<std::vector<std::string>> AllGather(const std::string& mine) override {
-    return std::vector<std::string>{mine};
-  }
+// Every process's verdict on its own arguments, gathered before anything
+// else (fixed size): ok, or the start of its reason (printable ASCII only:
+// the bytes come through the framework's all-gather, which is not trusted).
+struct Verdict {
+  char ok;
+  char reason[255];
 };
 
-// One host's all-gather carved out of the caller's all-gather of every
-// process: every process of every host calls it at the same point (each
-// host's MakeCallbackExchange uses its callback once), and each keeps its
-// own host's parts, in process order.
-struct HostGather {
-  cma_allgather_fn all = nullptr;
-  void* ctx = nullptr;
-  int process_count = 0;
-  std::vector<int> members;  // this host's processes, ascending
-};
-
-int HostAllGather(void* ctx, const void* send, size_t len, void* recv) {
-  auto* g = static_cast<HostGather*>(ctx);
-  std::vector<char> all(len * static_cast<std::size_t>(g->process_count));
-  if (g->all(g->ctx, send, len, all.data()) != 0) return 1;
-  char* out = static_cast<char*>(recv);
-  for (std::size_t i = 0; i < g->members.size(); ++i) {
-    std::memcpy(out + i * len, all.data() + static_cast<std::size_t>(g->members[i]) * len, len);
-  }
-  return 0;
+Verdict ToVerdict(const absl::Status& s) {
+  Verdict v{};
+  v.ok = s.ok() ? 1 : 0;
+  const std::string why(s.message().substr(0, sizeof(v.reason) - 1));
+  std::memcpy(v.reason, why.data(), why.size());
+  return v;
 }
 
-// What every process says about itself before the set-up (fixed size):
-// whether its own arguments passed, whether it has a leaders' callback,
-// and its host id (NUL-padded).
-constexpr std::size_t kMaxHostId = 64;
-struct HostRecord {
-  char ok;
-  char has_leaders;
-  char host[kMaxHostId];
-};
+// With `allgather`, every process's verdict: OK when all passed; otherwise
+// this process's own error, or one naming the first process that refused
+// (with its reason), so that every process fails together, before any
+// rendezvous, rather than the others waiting in the framework's all-gather
+// or in a heap whose first collective times out.
+absl::Status AgreeOnArguments(const char* who, const absl::Status& mine, int process_count,
+                              cma_allgather_fn allgather, void* ctx) {
+  const Verdict v = ToVerdict(mine);
+  std::vector<Verdict> all(static_cast<std::size_t>(process_count));
+  if (allgather(ctx, &v, sizeof(v), all.data()) != 0) {
+    return mine.ok() ? absl::UnavailableError(absl::StrCat(who, ": the allgather callback failed"))
+                     : mine;
+  }
+  if (!mine.ok()) return mine;
+  for (int p = 0; p < process_count; ++p) {
+    const Verdict& their = all[static_cast<std::size_t>(p)];
+    if (their.ok == 1) continue;
+    std::string why(their.reason, strnlen(their.reason, sizeof(their.reason)));
+    for (char& c : why) {
+      if (c < 0x20 || c > 0x7e) c = '?';
+    }
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: process %d refused its own arguments (%s), so no process makes the heap", who, p,
+        why));
+  }
+  return absl::OkStatus();
+}
 
 // The live allocation behind a C handle, or null (an error set, naming
 // `who`) for a null, freed or unknown one.
@@ -193,47 +255,6 @@ const cma::SymmetricAllocation* Find(const cma_symmetric_allocation* a, const ch
   return it->second.handle.allocation;
 }
 
-// The checks every create makes; OK or why not.
-absl::Status CheckCreate(const char* who, int world_size, const int* local_ranks,
-                         const int* local_devices, int n_local, double timeout_seconds) {
-  if (world_size < 1 || n_local < 1 || n_local > world_size || local_ranks == nullptr ||
-      local_devices == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": needs world_size >= 1 and 1..world_size local members with their ranks and "
-             "devices"));
-  }
-  // Checked here as a double, before any conversion (NaN compares false;
-  // absl::Seconds of a huge double saturates to infinity), and for every
-  // kind of heap, so that one timeout means the same everywhere.
-  const double max_seconds = absl::ToDoubleSeconds(cma::kMaxExchangeTimeout);
-  if (!(timeout_seconds > 0) || !(timeout_seconds <= max_seconds)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: the timeout must be positive and at most 24h (%g s; got %g s): "
-        "every wait is bounded, so that a dead member is reported, never waited for",
-        who, max_seconds, timeout_seconds));
-  }
-  return absl::OkStatus();
-}
-
-cma_symmetric_heap* Register(std::unique_ptr<cma::SymmetricHeap> heap,
-                             std::vector<int> local_devices, std::size_t signal_bytes) {
-  auto* h = new cma_symmetric_heap{std::move(heap), std::move(local_devices), signal_bytes};
-  cma::capi::Registry& r = cma::capi::Heaps();
-  cma::MutexLock l(&r.mu);
-  r.heaps.insert(h);
-  return h;
-}
-
-// The members this process serves, from the C arguments (already checked).
-cma::SymmetricGroup Group(int world_size, const int* local_ranks, const int* local_devices,
-                          int n_local) {
-  cma::SymmetricGroup g;
-  g.world_size = world_size;
-  g.local_ranks.assign(local_ranks, local_ranks + n_local);
-  g.local_devices.assign(local_devices, local_devices + n_local);
-  return g;
-}
-
 }  // namespace
 
 extern "C" {
@@ -243,20 +264,26 @@ cma_symmetric_heap* cma_symmetric_create(int world_size, const int* local_ranks,
                                          int process_index, int process_count,
                                          cma_allgather_fn allgather, void* ctx,
                                          double timeout_seconds, const char* options) {
+  constexpr const char* kWho = "cma_symmetric_create";
   cma::CachingManagedAllocator* a = cma::capi::Get();
   if (a == nullptr) return nullptr;
-  if (absl::Status s = CheckCreate("cma_symmetric_create", world_size, local_ranks,
-                                   local_devices, n_local, timeout_seconds);
-      !s.ok()) {
-    Fail(s);
-    return nullptr;
-  }
+  absl::Status mine = cma::capi::CheckSymmetricCreate(kWho, world_size, local_ranks, local_devices, n_local,
+                                  timeout_seconds);
   absl::StatusOr<cma::SymmetricOptions> opts = cma::capi::ParseOptions(options);
-  if (!opts.ok()) {
-    Fail(opts.status());
+  if (mine.ok() && !opts.ok()) mine = opts.status();
+  // With other processes, each one's verdict on its own arguments is
+  // gathered first (one more use of the callback), so that bad input on
+  // one process fails every process at once, naming it. Without a usable
+  // all-gather (none, or a bad index or count) there is no one to tell.
+  if (allgather != nullptr && process_count > 1 && process_index >= 0 &&
+      process_index < process_count) {
+    mine = AgreeOnArguments(kWho, mine, process_count, allgather, ctx);
+  }
+  if (!mine.ok()) {
+    Fail(mine);
     return nullptr;
   }
-  const cma::SymmetricGroup g = Group(world_size, local_ranks, local_devices, n_local);
+  const cma::SymmetricGroup g = cma::capi::SymmetricGroupOf(world_size, local_ranks, local_devices, n_local);
   const absl::Duration timeout = absl::Seconds(timeout_seconds);
   absl::StatusOr<std::unique_ptr<cma::Exchange>> x;
   if (allgather == nullptr) {
@@ -278,126 +305,7 @@ cma_symmetric_heap* cma_symmetric_create(int world_size, const int* local_ranks,
     Fail(heap.status());
     return nullptr;
   }
-  return Register(std::move(*heap), g.local_devices, opts->signal_bytes);
-}
-
-cma_symmetric_heap* cma_symmetric_create_multi_host(
-    int world_size, const int* local_ranks, const int* local_devices, int n_local,
-    int process_index, int process_count, const char* host_id, const char* token,
-    cma_allgather_fn allgather, void* ctx, cma_allgather_fn leaders_allgather, void* leaders_ctx,
-    double timeout_seconds, const char* options) {
-  constexpr const char* kWho = "cma_symmetric_create_multi_host";
-  cma::CachingManagedAllocator* a = cma::capi::Get();
-  if (a == nullptr) return nullptr;
-  // Without a valid all-gather nothing can be shared: refused at once.
-  if (allgather == nullptr || process_count < 1 || process_index < 0 ||
-      process_index >= process_count) {
-    Fail(absl::InvalidArgumentError(absl::StrCat(
-        kWho, ": needs an allgather callback among every process and 0 <= process_index (",
-        process_index, ") < process_count (", process_count, ")")));
-    return nullptr;
-  }
-  // Every other check is local; its verdict is gathered with the host ids,
-  // so that a process with bad arguments fails every process at once
-  // rather than leaving the others to their timeout.
-  absl::Status mine = CheckCreate(kWho, world_size, local_ranks, local_devices, n_local,
-                                  timeout_seconds);
-  const std::size_t host_len = host_id == nullptr ? 0 : std::strlen(host_id);
-  if (mine.ok() && (host_len == 0 || host_len > kMaxHostId)) {
-    mine = absl::InvalidArgumentError(absl::StrCat(
-        kWho, ": host_id must be 1 to ", kMaxHostId,
-        " bytes naming this process's host (the same string on every process of a host)"));
-  }
-  if (mine.ok()) {
-    mine = token == nullptr ? absl::InvalidArgumentError("no token") : cma::wire::CheckToken(token);
-    if (!mine.ok()) {
-      mine = absl::InvalidArgumentError(absl::StrCat(
-          kWho, ": the token (the same on every process, from the launcher): ", mine.message()));
-    }
-  }
-  absl::StatusOr<cma::SymmetricOptions> opts = cma::capi::ParseOptions(options);
-  if (mine.ok() && !opts.ok()) mine = opts.status();
-  HostRecord rec{};
-  rec.ok = mine.ok() ? 1 : 0;
-  rec.has_leaders = leaders_allgather != nullptr ? 1 : 0;
-  if (host_id != nullptr) std::memcpy(rec.host, host_id, std::min(host_len, kMaxHostId));
-  std::vector<HostRecord> all(static_cast<std::size_t>(process_count));
-  if (allgather(ctx, &rec, sizeof(rec), all.data()) != 0) {
-    Fail(absl::UnavailableError(absl::StrCat(kWho, ": the allgather callback failed")));
-    return nullptr;
-  }
-  if (!mine.ok()) {
-    Fail(mine);
-    return nullptr;
-  }
-  // Hosts in the order of their first process; each host's leader is its
-  // first process.
-  std::vector<std::string> hosts;
-  std::vector<int> host_of(static_cast<std::size_t>(process_count));
-  for (int p = 0; p < process_count; ++p) {
-    const HostRecord& r = all[static_cast<std::size_t>(p)];
-    if (r.ok == 0) {
-      Fail(absl::FailedPreconditionError(absl::StrCat(
-          kWho, ": process ", p, " refused its own arguments (its error says why)")));
-      return nullptr;
-    }
-    const std::string h(r.host, strnlen(r.host, kMaxHostId));
-    auto it = std::find(hosts.begin(), hosts.end(), h);
-    host_of[static_cast<std::size_t>(p)] = static_cast<int>(it - hosts.begin());
-    if (it == hosts.end()) hosts.push_back(h);
-  }
-  const int host_count = static_cast<int>(hosts.size());
-  const int my_host = host_of[static_cast<std::size_t>(process_index)];
-  HostGather g;
-  g.all = allgather;
-  g.ctx = ctx;
-  g.process_count = process_count;
-  for (int p = 0; p < process_count; ++p) {
-    if (host_of[static_cast<std::size_t>(p)] == my_host) g.members.push_back(p);
-    const bool leads = std::find(host_of.begin(), host_of.begin() + p,
-                                 host_of[static_cast<std::size_t>(p)]) == host_of.begin() + p;
-    if (host_count > 1 && leads && all[static_cast<std::size_t>(p)].has_leaders == 0) {
-      Fail(absl::InvalidArgumentError(absl::StrCat(
-          kWho, ": process ", p, " leads host '", hosts[host_of[static_cast<std::size_t>(p)]],
-          "' (its first process) of ", host_count, " hosts but passed no leaders_allgather")));
-      return nullptr;
-    }
-  }
-  const int local_index = static_cast<int>(
-      std::find(g.members.begin(), g.members.end(), process_index) - g.members.begin());
-  const absl::Duration timeout = absl::Seconds(timeout_seconds);
-  auto host_x = cma::MakeCallbackExchange(HostAllGather, &g, local_index,
-                                          static_cast<int>(g.members.size()), timeout);
-  if (!host_x.ok()) {
-    Fail(host_x.status());
-    return nullptr;
-  }
-  std::unique_ptr<cma::ByteExchange> leaders;
-  if (local_index == 0) {
-    if (host_count == 1) {
-      leaders = std::make_unique<SoloByteExchange>();
-    } else {
-      auto l = cma::MakeCallbackByteExchange(leaders_allgather, leaders_ctx, my_host, host_count);
-      if (!l.ok()) {
-        Fail(l.status());
-        return nullptr;
-      }
-      leaders = std::move(*l);
-    }
-  }
-  auto x = cma::MakeMultiHostExchange(std::move(*host_x), std::move(leaders), process_index,
-                                      process_count, token);
-  if (!x.ok()) {
-    Fail(x.status());
-    return nullptr;
-  }
-  const cma::SymmetricGroup group = Group(world_size, local_ranks, local_devices, n_local);
-  auto heap = cma::SymmetricHeap::Create(a->backend(), group, std::move(*x), *opts);
-  if (!heap.ok()) {
-    Fail(heap.status());
-    return nullptr;
-  }
-  return Register(std::move(*heap), group.local_devices, opts->signal_bytes);
+  return cma::capi::RegisterSymmetricHeap(std::move(*heap), g.local_devices, opts->signal_bytes);
 }
 
 void cma_symmetric_destroy(cma_symmetric_heap* heap) {

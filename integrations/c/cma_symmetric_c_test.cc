@@ -10,6 +10,8 @@
 #include <cstring>
 #include <string>
 
+#include "absl/time/clock.h"
+
 #include "gmock/gmock.h"
 #include "integrations/c/capi_test_util.h"
 #include "gtest/gtest.h"
@@ -264,6 +266,65 @@ TEST(SymmetricCApiProcessTest, TwoProcessesWriteIntoEachOthersBuffers) {
     int status = 0;
     waitpid(pids[r], &status, 0);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "process " << r;
+  }
+}
+
+// Issue 47: bad arguments on one process (a rank out of range, an option,
+// a timeout) fail cma_symmetric_create on every process at once, naming
+// that process. Before, that process alone got NULL: with a bad rank the
+// other got a heap whose first collective waited out its timeout; with a
+// bad option or timeout it waited in the framework's all-gather.
+TEST(SymmetricCApiProcessTest, BadArgumentsOnOneProcessFailEveryProcessAtOnce) {
+  struct Case {
+    const char* what;
+    int rank1;
+    const char* options1;
+    double timeout1;
+    const char* says1;  // process 1's own error
+  };
+  const Case cases[] = {
+      {"a rank out of range", 5, "", 20.0, "local rank 5 is out of range"},
+      {"a bad option", 1, "colour:red", 20.0, "bad option 'colour:red'"},
+      {"a bad timeout", 1, "", -1.0, "timeout must be positive"},
+  };
+  for (const Case& c : cases) {
+    int pair[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
+    const absl::Time start = absl::Now();
+    pid_t pids[2];
+    for (int r = 0; r < 2; ++r) {
+      pids[r] = fork();
+      if (pids[r] != 0) continue;
+      close(pair[1 - r]);  // so that the other's exit is seen, not waited for
+      auto run = [&]() -> bool {
+        if (cma_init("", "host") != 0) return false;
+        int ctx[2] = {r, pair[r]};
+        const int rank = r == 1 ? c.rank1 : 0, device = 0;
+        cma_symmetric_heap* h = cma_symmetric_create(
+            2, &rank, &device, 1, r, 2, PairAllGather, ctx, r == 1 ? c.timeout1 : 20.0,
+            r == 1 ? c.options1 : "");
+        const std::string error = cma_last_error();
+        if (h != nullptr) {
+          std::fprintf(stderr, "%s: process %d made a heap\n", c.what, r);
+          cma_symmetric_destroy(h);
+          return false;
+        }
+        const bool named = r == 1 ? error.find(c.says1) != std::string::npos
+                                  : error.find("process 1") != std::string::npos;
+        if (!named) std::fprintf(stderr, "%s: process %d: %s\n", c.what, r, error.c_str());
+        cma_shutdown();
+        return named;
+      };
+      _exit(run() ? 0 : 1);
+    }
+    close(pair[0]);
+    close(pair[1]);
+    for (int r = 0; r < 2; ++r) {
+      int status = 0;
+      waitpid(pids[r], &status, 0);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << c.what << ": process " << r;
+    }
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << c.what << ": at once, not at a timeout";
   }
 }
 

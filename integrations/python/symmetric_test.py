@@ -1,5 +1,6 @@
 """cma.symmetric on the host backend (no GPU): one rank, and two real
 processes whose communicator is a pipe (what mpi4py's allgather does)."""
+import ctypes
 import multiprocessing
 import os
 import sys
@@ -216,15 +217,25 @@ def _relay(conns):
         pass
 
 
-def _host_rank(rank, conn, lead_conn, token, q):
+class BytesOnlyRelayComm(RelayComm):
+    """A transport that carries bytes only (as a store or a tensor all-gather
+    does): anything else is refused, as it would have to be pickled."""
+
+    def allgather(self, obj):
+        if type(obj) is not bytes:
+            raise TypeError(f"this communicator carries bytes only, not {type(obj).__name__}")
+        return super().allgather(obj)
+
+
+def _host_rank(rank, conn, lead_conn, token, q, comm_cls=RelayComm):
     try:
         os.environ["CMA_HOST_EMULATED_HOST"] = "pyh%d_%d" % (rank // 2, os.getppid() % 100000)
         cma.init("", backend="host")
-        comm = RelayComm(rank, 4, conn)
+        comm = comm_cls(rank, 4, conn)
 
         def leaders(ranks):
             assert ranks == [0, 2], ranks
-            return RelayComm(ranks.index(rank), 2, lead_conn) if rank in ranks else None
+            return comm_cls(ranks.index(rank), 2, lead_conn) if rank in ranks else None
 
         heap = sym.Heap(comm, timeout=20.0, host="pyh%d" % (rank // 2), token=token,
                         leaders=leaders)
@@ -244,14 +255,14 @@ def _host_rank(rank, conn, lead_conn, token, q):
         q.put((rank, repr(e)))
 
 
-def _run_hosts(tokens):
+def _run_hosts(tokens, comm_cls=RelayComm):
     ctx = multiprocessing.get_context("fork")
     pairs = [ctx.Pipe() for _ in range(4)]
     lead = [ctx.Pipe() for _ in range(2)]
     q = ctx.Queue()
     procs = [ctx.Process(target=_host_rank,
                          args=(r, pairs[r][1], lead[r // 2][1] if r % 2 == 0 else None,
-                               tokens[r], q)) for r in range(4)]
+                               tokens[r], q, comm_cls)) for r in range(4)]
     for p in procs:
         p.start()
     import threading
@@ -271,6 +282,108 @@ def test_two_hosts_of_two_map_their_own_host_and_list_the_others():
     results = _run_hosts([TOKEN] * 4)
     assert results == [(0, 101, True, [2, 3], True), (1, 100, True, [2, 3], True),
                        (2, 103, True, [0, 1], True), (3, 102, True, [0, 1], True)], results
+
+
+# Issue 47: the framework's transport is not trusted, so nothing it carries
+# may be unpickled. Every gather cma makes is of bytes (checked before use):
+# the multi-host set-up works over a communicator that carries bytes only
+# (it once gathered a (host, problem) tuple, which only a pickling
+# communicator could carry).
+def test_only_bytes_cross_the_communicator():
+    results = _run_hosts([TOKEN] * 4, comm_cls=BytesOnlyRelayComm)
+    assert results == [(0, 101, True, [2, 3], True), (1, 100, True, [2, 3], True),
+                       (2, 103, True, [0, 1], True), (3, 102, True, [0, 1], True)], results
+
+
+class _FakeTensor:
+    def __init__(self, arr):
+        self.arr = arr
+
+    def to(self, _device):
+        return self
+
+    def cpu(self):
+        return self
+
+    def numpy(self):
+        return self.arr
+
+
+_UNPICKLED = []
+
+
+class _Bomb:
+    """Runs code when unpickled: what a hostile rank or store could send."""
+
+    def __reduce__(self):
+        return (_UNPICKLED.append, ("unpickled a peer's bytes",))
+
+
+def _fake_torch(peer):
+    """torch and torch.distributed as far as cma.torch.symmetric's group
+    uses them, for a group of 2 whose other rank sends `peer(n)`; torch is
+    not installed here. all_gather_object refuses: it unpickles."""
+    import types
+    torch = types.ModuleType("torch")
+    dist = types.ModuleType("torch.distributed")
+    torch.uint8, torch.float32 = numpy.uint8, numpy.float32
+    torch.frombuffer = lambda b, dtype: _FakeTensor(numpy.frombuffer(bytes(b), numpy.uint8).copy())
+    torch.empty = lambda n, dtype, device: _FakeTensor(numpy.zeros(n, numpy.uint8))
+    torch.device = lambda *a: ("device",) + a
+    torch.cuda = types.SimpleNamespace(current_device=lambda: 0)
+    gathers = []
+
+    def all_gather(out, t, group=None):
+        gathers.append((len(out), t.arr.dtype))
+        out[0].arr[:] = t.arr
+        out[1].arr[:] = numpy.frombuffer(peer(len(t.arr)), numpy.uint8)
+
+    def all_gather_object(*_args, **_kwargs):
+        import pickle
+        pickle.loads(pickle.dumps(_Bomb()))  # what torch does with a peer's object
+        raise AssertionError("all_gather_object: a peer's bytes were unpickled")
+
+    dist.all_gather, dist.all_gather_object = all_gather, all_gather_object
+    dist.get_rank = lambda group=None: 0
+    dist.get_world_size = lambda group=None: 2
+    dist.get_backend = lambda group=None: "gloo"
+    torch.distributed = dist
+    return torch, dist, gathers
+
+
+def test_the_torch_group_gathers_bytes_and_never_unpickles(monkeypatch):
+    import importlib
+    import pickle
+    payload = pickle.dumps(_Bomb())
+    torch, dist, gathers = _fake_torch(lambda n: payload[:n].ljust(n, b"\0"))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    monkeypatch.delitem(sys.modules, "cma.torch_symmetric", raising=False)
+    ts = importlib.import_module("cma.torch_symmetric")
+    try:
+        comm = ts._GroupComm(None)
+        mine = bytes(range(len(payload)))
+        # The C ABI's all-gather callback, as the heap's bootstrap calls it.
+        callback = sym._allgather(comm, 2)
+        send = ctypes.create_string_buffer(mine, len(mine))
+        recv = ctypes.create_string_buffer(2 * len(mine))
+        rc = callback(None, ctypes.cast(send, ctypes.c_void_p), len(mine),
+                      ctypes.cast(recv, ctypes.c_void_p))
+        assert rc == 0
+        assert recv.raw == mine + payload   # the peer's bytes, as bytes
+        assert _UNPICKLED == [], _UNPICKLED
+        assert gathers == [(2, numpy.uint8)]  # uint8 tensors, no object gather
+    finally:
+        sys.modules.pop("cma.torch_symmetric", None)
+
+
+def test_malformed_host_records_are_refused():
+    ok = b"\0" + b"h0".ljust(64, b"\0")
+    assert sym._host_record(0, ok) == (0, "h0")
+    for bad in (b"\x07" + bytes(64), b"\0" + bytes(64), b"\0" + b"\xff\xfe".ljust(64, b"\0"),
+                b"\x01" + b"x".ljust(64, b"\0")):
+        with pytest.raises(ValueError, match="rank 3 sent a malformed host record"):
+            sym._host_record(3, bad)
 
 
 def test_a_wrong_token_on_one_host_fails_every_process():

@@ -10,9 +10,15 @@ read and write directly, nvmath-python style.
     sym.free(buf)        # collective; cached: the next same-size allocate is free
 
 One member per process. `comm` is anything with Get_rank(), Get_size() and
-allgather(obj) (an mpi4py communicator; cma.torch.symmetric passes a
-torch.distributed group); it is used once per heap, to bootstrap the
-authenticated socket rendezvous (file descriptors cannot travel through it).
+an all-gather of fixed-size bytes: allgather_bytes(data) -> [bytes per rank]
+if it has one (cma.torch.symmetric's group does, over uint8 tensors), else
+mpi4py's buffer Allgather, else allgather(data); it is used once per heap,
+to bootstrap the authenticated socket rendezvous (file descriptors cannot
+travel through it). Only bytes cross it, and cma checks every rank's part
+(type and length) before use and never unpickles anything: the transport
+is not trusted. A comm whose allgather pickles (mpi4py's lowercase one,
+torch's all_gather_object) would unpickle what other ranks send, so cma
+prefers the byte-buffer forms.
 Across hosts, pass host= (this process's host id), token= (the launcher's
 rendezvous token, the same everywhere) and leaders= (a communicator among
 each host's first rank, or a callable that makes one from their ranks,
@@ -103,21 +109,24 @@ class Heap:
     def _create_multi_host(self, comm, ranks, devices, timeout, options, host, token, leaders):
         problem = None
         if not isinstance(host, str) or not isinstance(token, str):
-            problem = ("host= and token= must be str (host: this process's host id; token: the "
-                       "launcher's, the same on every process)")
-        elif "\0" in host or not 1 <= len(host.encode()) <= 64:
-            problem = "host= must be 1 to 64 bytes of UTF-8 without NUL"
+            problem = _PROBLEMS[1]
+        elif "\0" in host or not 1 <= len(host.encode()) <= _HOST_BYTES:
+            problem = _PROBLEMS[2]
         # One gather carries every rank's host and any local problem, so that
         # bad input on one rank fails every rank here (the others would wait
         # in the next collective). The leaders (each host's first rank) are
         # then known to every rank, so that a framework can make their group.
-        gathered = comm.allgather((host if problem is None else None, problem))
-        bad = [(r, why) for r, (_, why) in enumerate(gathered) if why is not None]
+        # A fixed-size record of bytes, checked before use (never pickled).
+        kind = 0 if problem is None else (1 if "must be str" in problem else 2)
+        record = bytes([kind]) + (host.encode() if kind == 0 else b"").ljust(_HOST_BYTES, b"\0")
+        gathered = [_host_record(r, part)
+                    for r, part in enumerate(_gather_bytes(comm, record, self.world_size))]
+        bad = [(r, k) for r, (k, _) in enumerate(gathered) if k != 0]
         if bad:
-            r, why = bad[0]
-            error = TypeError if "must be str" in why else ValueError
-            raise error(f"cma.symmetric: rank {r}: {why}")
-        hosts = [h for h, _ in gathered]
+            r, k = bad[0]
+            error = TypeError if k == 1 else ValueError
+            raise error(f"cma.symmetric: rank {r}: {_PROBLEMS[k]}")
+        hosts = [h for _, h in gathered]
         self.hosts = list(dict.fromkeys(hosts))
         self.leader_ranks = [hosts.index(h) for h in self.hosts]
         self.host_index = self.hosts.index(host)
@@ -183,14 +192,54 @@ class Heap:
             self._h = None
 
 
+# The host gather's record: a kind (0: ok; else a problem of _PROBLEMS)
+# and the host id, NUL-padded.
+_HOST_BYTES = 64
+_PROBLEMS = {
+    1: ("host= and token= must be str (host: this process's host id; token: the launcher's, "
+        "the same on every process)"),
+    2: "host= must be 1 to 64 bytes of UTF-8 without NUL",
+}
+
+
+def _host_record(rank, part):
+    """A rank's (kind, host) from its gathered record, checked."""
+    kind, raw = part[0], part[1:].rstrip(b"\0")
+    try:
+        host = raw.decode()
+    except UnicodeDecodeError:
+        host = None
+    if kind not in (0, 1, 2) or (kind == 0 and (not host or "\0" in host)) or \
+            (kind != 0 and raw):
+        raise ValueError(f"cma.symmetric: rank {rank} sent a malformed host record")
+    return kind, host
+
+
+def _gather_bytes(comm, data, count):
+    """Every rank's `data` (bytes of one length on every rank), in rank order,
+    through comm's byte all-gather (see the module's docstring). Each part
+    is checked to be bytes of that length; nothing is unpickled here."""
+    if hasattr(comm, "allgather_bytes"):
+        parts = comm.allgather_bytes(data)
+    elif hasattr(comm, "Allgather"):  # mpi4py's buffer form: no pickle
+        out = numpy.empty(len(data) * count, dtype=numpy.uint8)
+        comm.Allgather(numpy.frombuffer(data, dtype=numpy.uint8), out)
+        parts = [out[i * len(data):(i + 1) * len(data)].tobytes() for i in range(count)]
+    else:
+        parts = comm.allgather(data)
+    parts = list(parts)
+    if len(parts) != count or any(type(p) is not bytes or len(p) != len(data) for p in parts):
+        raise ValueError(f"cma.symmetric: the all-gather returned {len(parts)} parts, not "
+                         f"{count} of {len(data)} bytes each")
+    return parts
+
+
 def _allgather(comm, count):
-    """A C all-gather callback over comm.allgather (fixed-size bytes)."""
+    """A C all-gather callback over comm's byte all-gather (fixed-size)."""
 
     def allgather(_ctx, send, length, recv):
         try:
-            parts = comm.allgather(ctypes.string_at(send, length))
-            if len(parts) != count or any(len(p) != length for p in parts):
-                return 1
+            parts = _gather_bytes(comm, ctypes.string_at(send, length), count)
             ctypes.memmove(recv, b"".join(parts), length * count)
             return 0
         except Exception:  # noqa: BLE001 - reported to C as a failure

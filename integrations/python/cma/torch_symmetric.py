@@ -31,7 +31,10 @@ _live = {}  # data_ptr -> (SymmetricBuffer, group)
 
 
 class _GroupComm:
-    """The small part of an MPI communicator that cma.symmetric needs."""
+    """The small part of an MPI communicator that cma.symmetric needs: an
+    all-gather of fixed-size bytes over uint8 tensors. Never
+    all_gather_object: it unpickles what every other rank sends, and the
+    transport (the framework's store and collectives) is not trusted."""
 
     def __init__(self, group):
         self.group = group
@@ -42,10 +45,21 @@ class _GroupComm:
     def Get_size(self):
         return dist.get_world_size(self.group)
 
-    def allgather(self, obj):
-        out = [None] * self.Get_size()
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
+    def _device(self):
+        # NCCL gathers CUDA tensors only; gloo (and a CPU side of a mixed
+        # group) gathers CPU ones.
+        backend = str(dist.get_backend(self.group)).lower()
+        if "nccl" in backend and "gloo" not in backend and "cpu" not in backend:
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def allgather_bytes(self, data):
+        device = self._device()
+        mine = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+        out = [torch.empty(len(data), dtype=torch.uint8, device=device)
+               for _ in range(self.Get_size())]
+        dist.all_gather(out, mine, group=self.group)
+        return [bytes(t.cpu().numpy().tobytes()) for t in out]
 
 
 _comms = {}
