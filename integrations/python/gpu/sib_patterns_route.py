@@ -353,8 +353,10 @@ def item3_grad_post_processing():
 def item4_hook_after_attach():
     def build(hint):
         r = adamw_run(hint)
+        def halve(p):  # a post-accumulate-grad hook must return None
+            p.grad.mul_(0.5)
         for p in r.model.parameters():  # after the hint: run after its hook
-            p.register_post_accumulate_grad_hook(lambda p: p.grad.mul_(0.5))
+            p.register_post_accumulate_grad_hook(halve)
         return r
     case("4_post_accumulate_grad_hook_after_attach", build, train_step, "same")
 
