@@ -23,7 +23,10 @@ fixed seeded tokens, deterministic kernels):
                     named only
   cma_oversub_inbwd  cma_oversub plus cma.torch.step_in_backward(optimizer):
                     the optimizer's step runs during backward on a side
-                    stream, each gradient freed once applied; named only
+                    stream (after two checked plain steps), gradients kept
+                    readable until opt.step(); named only
+  cma_oversub_inbwd_free  the same with free_grads=True: each gradient
+                    freed once applied; named only
 For each ratio R of --ratios the blocker leaves X = P / R + C free, C the
 cost of a route's CUDA context, measured before inmem with cudaMemGetInfo
 alone: a probe (the blocker holding nothing) reads free F with only its own
@@ -89,7 +92,7 @@ GiB, MiB = ob.GiB, ob.MiB
 TRAIN_ROUTES = ("fsdp2_offload", "managed_plain", "cma_oversub", "cma_oversub_hint")
 INFER_ROUTES = ("cma_oversub", "managed_plain", "accel_auto")
 ALL_ROUTES = ("inmem",) + TRAIN_ROUTES + ("cma_oversub_direct", "cma_oversub_inbwd",
-                                          "accel_auto", "accel_offload")
+                                          "cma_oversub_inbwd_free", "accel_auto", "accel_offload")
 STAT_WORDS = ("prefetch", "migrat", "evict", "host", "oversub", "resident", "fault")
 STEP_PREFIX, INFO_PREFIX = "STEP ", "INFO "
 DEFAULTS = {  # (mode, quick): sizes an H100 80GB holds for inmem, fp32
@@ -327,9 +330,12 @@ def train_route(torch, a, model, out):
         hint = cmat.host_resident
         if a.hint_at == "init":
             out["hint_result"] = repr(hint(opt))[:200]
-    if route == "cma_oversub_inbwd":
+    if route in ("cma_oversub_inbwd", "cma_oversub_inbwd_free"):
         import cma.torch as cmat
-        cmat.step_in_backward(opt, bucket_mib=int(os.environ.get("OVERSUB_INBWD_BUCKET", "64")))
+        # _free: gradients freed once applied (the hint's free_grads=True; its
+        # default keeps them readable until the step).
+        cmat.step_in_backward(opt, bucket_mib=int(os.environ.get("OVERSUB_INBWD_BUCKET", "64")),
+                              free_grads=route == "cma_oversub_inbwd_free")
     g = torch.Generator().manual_seed(1)
     data = [torch.randint(0, a.vocab, (a.batch, a.seq), generator=g) for _ in range(a.steps)]
     log = _StepLog(torch, a, out)
