@@ -19,9 +19,10 @@ logs=/tmp/logs; mkdir -p $logs
 ( cd $d/gpu && timeout 120 python3 sib_patterns_route.py > $logs/sib_native.log 2>&1; echo "rc=$?" >> $logs/sib_native.log )
 for f in sib_cma sib_native; do echo "== $f: $(tail -1 $logs/$f.log) $(grep -c '^PASS' $logs/$f.log) PASS"; grep '^FAIL' $logs/$f.log; done
 ( cd $d/gpu && timeout 300 python3 -m pytest -q torch_gpu_test.py \
-   -k "step_in_backward or oversubscription or managed_cpu or zero_copy or move or record_stream or offload_patterns or dataloader" \
+   -k "(step_in_backward and fused) or (oversubscription and fused) or managed_cpu or zero_copy or move or record_stream or offload_patterns or dataloader" \
    > $logs/pytest.log 2>&1; echo "rc=$?" >> $logs/pytest.log ); tail -4 $logs/pytest.log
-( cd $R/bench && PYTHONPATH=$d timeout 330 python3 torch_oversub_bench.py --layers 16 --width 2048 \
+left=$((585 - SECONDS)); echo "oversub gets ${left} s"
+( cd $R/bench && PYTHONPATH=$d timeout $left python3 torch_oversub_bench.py --layers 16 --width 2048 \
    --heads 16 --batch 4 --seq 512 --steps 6 --warmup 3 --ratios 1.5 --route-time 30 --setup-timeout 120 \
    --plain-steps 3 --cma-conf oversubscribe:1,device_headroom:512M,managed_budget:{budget_gib}G --fused \
    --routes cma_oversub,cma_oversub_inbwd,cma_oversub_inbwd_free --json $OUT/train_fused_15.json \
