@@ -164,7 +164,12 @@ class Squares(torch.utils.data.Dataset):
 
 
 if __name__ == "__main__":
-    loader = torch.utils.data.DataLoader(Squares(), batch_size=8, num_workers=2)
+    # fork chosen explicitly: this script is unguarded at module level, which
+    # forkserver (the switch's default for loaders, dataloader_route.py) would
+    # re-run in every worker; workers that make their own tensors are fine
+    # under fork.
+    loader = torch.utils.data.DataLoader(Squares(), batch_size=8, num_workers=2,
+                                         multiprocessing_context="fork")
     total = sum(b.to("cuda").sum().item() for b in loader)
     out["dataloader_workers"] = total == 256 * sum(i * i for i in range(64))
 
@@ -178,7 +183,7 @@ if __name__ == "__main__":
             return torch.arange(1 << 20, dtype=torch.float32) + i
 
     batches = torch.utils.data.DataLoader(
-        Rows(), batch_size=8, num_workers=2, pin_memory=True,
+        Rows(), batch_size=8, num_workers=2, pin_memory=True, multiprocessing_context="fork",
         collate_fn=cma.torch.ManagedBatches(copy_threads=3))
     moves_before = cma.torch.move_counts()["moved"]
     good = True
