@@ -262,7 +262,7 @@ int Run() {
                        {"peak_resident_bytes", sched->peak_resident},
                        {"never_resident", sched->never_resident.size()}};
     row["lower_bound"] = {{"h2d_bytes", lb->h2d}, {"d2h_bytes", lb->d2h},
-                          {"cold_h2d_bytes", lb->cold_h2d}};
+                          {"cold_h2d_bytes", lb->cold_h2d}, {"window_steps", lb->window_steps}};
     std::string line = absl::StrFormat("%-14s %9.3f | %9.3f %9.3f | %9.3f %9.3f |", p.label,
                                        p.bytes / kGiB, h / 1e9, d / 1e9, lb->h2d / 1e9,
                                        lb->d2h / 1e9);

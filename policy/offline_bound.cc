@@ -37,7 +37,8 @@
 // that enters the window from the step before costs only its fetch (its
 // write-back may lie before the window) and one that leaves it only its
 // write-back. Over many steps split into K-step windows the average is at
-// least LP_K / K; the bound is the best of a few K.
+// least LP_K / K; the bound is the best of a few K (the windows may start at
+// a step's start: the steady state is periodic, any phase of it will do).
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
@@ -247,13 +248,25 @@ absl::StatusOr<LinkLowerBound> LowerBoundLinkBytes(const Step& step,
   absl::Status fits = CheckKernelsFit(step, options.device_bytes);
   if (!fits.ok()) return fits;
   LinkLowerBound bound;
-  // One step alone has one window; a repeating one several.
-  const std::vector<int> windows = options.repeat ? std::vector<int>{1, 2, 4} : std::vector<int>{1};
+  // One step alone has one window. A repeating one: LP_K / K misses at most
+  // the bytes of the gaps that cross the window's two ends (every
+  // persistent allocation's, about) over K, so the windows double up to
+  // max_bound_steps while K copies stay within a few million gaps.
+  std::vector<int> windows = {1};
+  if (options.repeat) {
+    const std::size_t per_copy = std::max<std::size_t>(
+        1, step.accesses().size() + step.events().size());
+    constexpr std::size_t kMaxItems = std::size_t{1} << 22;
+    for (int k = 2; k <= options.max_bound_steps && per_copy * k <= kMaxItems; k *= 2) {
+      windows.push_back(k);
+    }
+  }
   for (int k : windows) {
     const Window w = BuildWindow(step, options.repeat, k);
     const double h2d =
         static_cast<double>(w.cold_h2d + CoverCost(w, options.device_bytes, &Gap::h2d)) / k;
     const double d2h = static_cast<double>(CoverCost(w, options.device_bytes, &Gap::d2h)) / k;
+    if (h2d >= bound.h2d) bound.window_steps = k;
     bound.h2d = std::max(bound.h2d, h2d);
     bound.d2h = std::max(bound.d2h, d2h);
     bound.cold_h2d = static_cast<double>(w.cold_h2d) / k;

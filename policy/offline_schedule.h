@@ -109,6 +109,9 @@ struct ScheduleOptions {
   // Repeat: steps simulated from a cold start while looking for the cycle
   // the heuristic settles into.
   int max_steps = 32;
+  // Repeat: the lower bound's longest window, in steps (its figure
+  // approaches the steady state's LP from below as the window grows).
+  int max_bound_steps = 32;
   bool record_moves = true;
 };
 
@@ -186,6 +189,8 @@ struct LinkLowerBound {
   double d2h = 0;
   // Of these, the cold fetches: carried data used after starting on the host.
   double cold_h2d = 0;
+  // Repeat: the window (in steps) that gave the H2D figure.
+  int window_steps = 1;
 };
 absl::StatusOr<LinkLowerBound> LowerBoundLinkBytes(const Step& step,
                                                    const ScheduleOptions& options);
