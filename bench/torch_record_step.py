@@ -27,7 +27,8 @@ How the events are found (the robust option, and why):
     arguments and that write nothing (views) run no kernel and are skipped,
     as are the allocating factories (empty, empty_strided, ...). A foreach
     or fused op over tensor lists becomes one use per list index (its
-    kernels take the lists in chunks, not all at once).
+    kernels take the lists in chunks, not all at once); any other op's
+    lists (cat, stack, index) are one use with all of them.
   - The two are put in one order by the allocator's cumulative counters
     (memory_stats' allocation.all.allocated and .freed), read before and
     after each op: the k-th alloc entry of the trace is the counter's k-th
@@ -114,8 +115,12 @@ def _arg_schema(func, args, kwargs):
 def kernel_touches(torch, func, args, kwargs, result):
     """The uses one op makes: a list of groups, each {ptr: [nbytes, reads, writes]};
     [] for an op that runs no kernel."""
-    if func.overloadpacket.__name__ in NO_KERNEL:
+    name = func.overloadpacket.__name__
+    if name in NO_KERNEL:
         return []
+    # Foreach and fused ops run their lists in chunks, index by index; any
+    # other op with a list (cat, stack, index) needs all of it at once.
+    per_index = name.startswith(("_foreach_", "_fused_"))
     singles, lists = {}, []  # singles: ptr -> [nbytes, r, w]; lists: [[(ptr, nbytes, w, r)]]
 
     def add(group, s, w, r=True):
@@ -128,7 +133,14 @@ def kernel_touches(torch, func, args, kwargs, result):
 
     in_ptrs, wrote = set(), False
     for v, w in _arg_schema(func, args, kwargs):
-        if isinstance(v, (list, tuple)) and v and any(isinstance(x, torch.Tensor) for x in v):
+        if not per_index and isinstance(v, (list, tuple)):
+            for x in v:
+                s = _storage(torch, x)
+                if s:
+                    add(singles, s, w)
+                    in_ptrs.add(s[0])
+                    wrote = wrote or w
+        elif isinstance(v, (list, tuple)) and v and any(isinstance(x, torch.Tensor) for x in v):
             lst = []
             for x in v:
                 s = _storage(torch, x)
@@ -152,7 +164,7 @@ def kernel_touches(torch, func, args, kwargs, result):
         tensors = list(r) if isinstance(r, (list, tuple)) else [r]
         tensors = [x for x in tensors if isinstance(x, torch.Tensor)]
         lst = [_storage(torch, x) for x in tensors]
-        if isinstance(r, (list, tuple)):
+        if isinstance(r, (list, tuple)) and per_index:
             out_lists.append([s and (s[0], s[1], True, False) for s in lst])
         else:
             out_single += [s for s in lst if s]

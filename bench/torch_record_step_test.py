@@ -80,6 +80,15 @@ class KernelTouchesTest(unittest.TestCase):
                                {200: [8, True, False], 600: [8, False, True]}])
 
 
+    def test_other_lists_are_one_kernel(self):
+        a, b, out = Tensor(100, 8), Tensor(200, 8), Tensor(300, 16)
+        self.assertEqual(touches(op("cat", ["tensors", "dim"]), ([a, b], 0), out),
+                         [{100: [8, True, False], 200: [8, True, False], 300: [16, False, True]}])
+        # split returns views of its argument: no kernel.
+        self.assertEqual(touches(op("split_with_sizes", ["self", "split_sizes"]), (out, [1, 1]),
+                                 [Tensor(300, 16), Tensor(300, 16)]), [])
+
+
 class MergeTest(unittest.TestCase):
     # The step: a weight W (live); op 1 allocates A and reads W into it; A is
     # freed between ops; op 2 allocates a temporary T and its result B at A's
