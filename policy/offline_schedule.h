@@ -175,15 +175,17 @@ struct OfflineSchedule {
 // The heuristic: demand fetching, and when a use needs room, Belady's rule:
 // evict the resident allocation whose next use is farthest (data kept past
 // its last use first; ties: the larger, then the clean one). Feasible by
-// construction; optimal in bytes when every allocation has the same size and
-// every use writes. kFailedPrecondition when a kernel alone exceeds the
-// device part.
+// construction; for one step alone, optimal in bytes when every allocation
+// has the same size and every use writes (tested against an exhaustive
+// search; with sizes that vary, or reads, it may move more than the
+// optimum). kFailedPrecondition when a kernel alone exceeds the device part.
 absl::StatusOr<OfflineSchedule> PlanOfflineSchedule(const Step& step,
                                                     const ScheduleOptions& options);
 
 // Per step, bytes that every schedule moves at least, each direction on
-// its own (no schedule need reach both at once). Repeat: the steady state's
-// average per step over any number of steps. kFailedPrecondition as above.
+// its own (no schedule need reach both at once). Repeat: at most the
+// average per step of every periodic schedule, whatever its period (the
+// steady state of a repeating step). kFailedPrecondition as above.
 struct LinkLowerBound {
   double h2d = 0;
   double d2h = 0;
