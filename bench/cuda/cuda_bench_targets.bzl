@@ -43,3 +43,21 @@ def cuda_bench_targets():
             "@system//:absl",
         ],
     )
+
+    # The link's bandwidth each way and both at once (issue 48): a GPU-only
+    # program whose JSON bench/link_limit reads. One .cu with its main.
+    native.genrule(
+        name = "link_duplex_bench_obj",
+        srcs = ["link_duplex_bench.cu"],
+        outs = ["link_duplex_bench.o"],
+        cmd = ("%s/bin/nvcc -O3 -std=c++17 -Xcompiler -fPIC " % CUDA_ROOT +
+               "-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 " +
+               "-gencode arch=compute_90,code=compute_90 -c $(location link_duplex_bench.cu) -o $@"),
+        local = True,
+    )
+
+    native.cc_binary(
+        name = "link_duplex_bench",
+        srcs = [":link_duplex_bench_obj"],
+        deps = ["@local_cuda//:cudart_static"],
+    )

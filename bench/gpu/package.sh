@@ -7,17 +7,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest="${1:-.gpu}"
-./bazelw build -c opt //bench:cma_bench //tests:backend_conformance_test //bench/cuda:all //tests/gpu:all \
+./bazelw build -c opt //bench:cma_bench //bench:link_limit //tests:backend_conformance_test //bench/cuda:all //tests/gpu:all \
   //integrations/c:libcma.so //:wheel
 rm -rf "$dest" && mkdir -p "$dest/bench/traces" "$dest/py/cma" "$dest/py/gpu"
-cp bazel-bin/bench/cma_bench bazel-bin/tests/backend_conformance_test \
+cp bazel-bin/bench/cma_bench bazel-bin/bench/link_limit bazel-bin/bench/cuda/link_duplex_bench \
+   bazel-bin/tests/backend_conformance_test \
    bazel-bin/tests/gpu/cuda_gpu_test bazel-bin/tests/gpu/cuda_symmetric_test "$dest/"
 cp bench/traces/*.csv.gz "$dest/bench/traces/"
 cp bench/torch_move_bench.py bench/torch_replay.py bench/torch_train_bench.py bench/torch_sleep_bench.py \
    bench/torch_footprint_probe.py bench/torch_record_trace.py bench/torch_routes.py \
    bench/torch_alloc_pair_bench.py bench/torch_compile_decoder_bench.py bench/gpu/torch_alloc_suite.sh \
    bench/torch_sleep_levels_bench.py bench/torch_offload_bench.py bench/torch_wake_settle_probe.py \
-   bench/torch_oversub_bench.py bench/torch_nvshmem_bench.py bench/torch_nccl_window_bench.py bench/oversub_blocker.py bench/oversub_report.py bench/gpu/oversub_suite.sh \
+   bench/torch_oversub_bench.py bench/torch_record_step.py bench/torch_nvshmem_bench.py bench/torch_nccl_window_bench.py bench/oversub_blocker.py bench/oversub_report.py bench/gpu/oversub_suite.sh \
    bench/cuda/*_experiment.cu bench/gpu/run_all.sh \
    bench/gpu/wheel_gpu_check.sh bazel-bin/cma_wheel/*.whl "$dest/"
 mkdir -p "$dest/traces" && cp bench/traces/*.csv.gz "$dest/traces/"
