@@ -183,7 +183,7 @@ def report(name, ok, detail):
 # ------------------------------------------------------------------ the cases
 def base_cases():
     def check_buckets(plain, hinted):
-        from cma import torch_step_in_backward as sib
+        from cma.torch.training import step_in_backward as sib
         n = sib.buckets_applied(hinted.hinted)
         # Two 1 MiB weights: at least two buckets a backward after the 2 checked steps.
         return None if n >= 2 * (ITERS - 2) else f"only {n} buckets applied inside backward"
