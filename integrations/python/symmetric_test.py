@@ -142,18 +142,24 @@ def _nvshmem_rank(rank, conn, q, unreachable):
         q.put((rank, repr(e), 0))
 
 
-@pytest.mark.parametrize("unreachable", [False, True])
-def test_nvshmem_provider_two_processes_put_and_get(unreachable):
+def _two_ranks(target, *args):
+    """target(rank, pipe end, queue, *args) in two forked processes; the
+    (rank, ...) each puts on the queue, sorted."""
     ctx = multiprocessing.get_context("fork")
     a, b = ctx.Pipe()
     q = ctx.Queue()
-    procs = [ctx.Process(target=_nvshmem_rank, args=(r, c, q, unreachable))
-             for r, c in ((0, a), (1, b))]
+    procs = [ctx.Process(target=target, args=(r, c, q) + args) for r, c in ((0, a), (1, b))]
     for p in procs:
         p.start()
     results = sorted(q.get(timeout=60) for _ in procs)
     for p in procs:
         p.join(timeout=60)
+    return results
+
+
+@pytest.mark.parametrize("unreachable", [False, True])
+def test_nvshmem_provider_two_processes_put_and_get(unreachable):
+    results = _two_ranks(_nvshmem_rank, unreachable)
     assert results == [(0, 201, 200), (1, 200, 201)], results
 
 
@@ -172,15 +178,7 @@ def test_timeouts_beyond_a_day_are_refused(host):
 
 
 def test_two_processes_write_into_each_others_buffers():
-    ctx = multiprocessing.get_context("fork")
-    a, b = ctx.Pipe()
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, c, q)) for r, c in ((0, a), (1, b))]
-    for p in procs:
-        p.start()
-    results = sorted(q.get(timeout=60) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
+    results = _two_ranks(_rank)
     assert results == [(0, 101, 256), (1, 100, 256)], results
 
 

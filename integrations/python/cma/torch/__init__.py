@@ -22,16 +22,22 @@ none of them imports it, training/ imports the modules above it, and
 _ext/build.py, _alias.py, _placement.py and _patches.py import no other
 module of cma.torch but _ext.
 """
-from cma.torch._default import pool, use_as_default  # noqa: F401
-from cma.torch._placement import host_tier  # noqa: F401
-from cma.torch.cpu_switch import (ManagedBatches, empty_managed, is_managed_cpu,  # noqa: F401
+from cma.torch._default import pool, use_as_default
+from cma.torch._placement import host_tier
+from cma.torch.cpu_switch import (ManagedBatches, empty_managed, is_managed_cpu,
                                   managed, managed_cpu, map_location, move_counts, prefer_host)
-from cma.torch.memory import (advise, forget_stream, last_placement_error,  # noqa: F401
+from cma.torch.memory import (advise, forget_stream, last_placement_error,
                               mark_disposable, mark_keep, memory_stats, move, prefetch,
                               release_staging, sleep, snapshot, wake)
-from cma.torch.training.hints import (activation_offload, host_resident,  # noqa: F401
+from cma.torch.training.hints import (activation_offload, host_resident,
                                       staged_step, step_in_backward)
-from cma.torch.zero_copy_mode import zero_copy  # noqa: F401
+from cma.torch.zero_copy_mode import zero_copy
+
+__all__ = ["ManagedBatches", "activation_offload", "advise", "empty_managed", "forget_stream",
+           "host_resident", "host_tier", "is_managed_cpu", "last_placement_error", "managed",
+           "managed_cpu", "map_location", "mark_disposable", "mark_keep", "memory_stats", "move",
+           "move_counts", "pool", "prefer_host", "prefetch", "release_staging", "sleep",
+           "snapshot", "staged_step", "step_in_backward", "use_as_default", "wake", "zero_copy"]
 
 
 def __getattr__(name):

@@ -9,7 +9,6 @@ offload are imported at their first use, as they read their environment
 variables when imported."""
 import weakref
 
-import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from cma import _lib
