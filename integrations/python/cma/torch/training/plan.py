@@ -9,8 +9,6 @@ offload are imported at their first use, as they read their environment
 variables when imported."""
 import weakref
 
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
 from cma import _lib
 from cma.torch import _placement
 
@@ -32,6 +30,8 @@ def route_new_optimizer_state():
     global _routing
     if _routing:
         return
+    from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                       register_optimizer_step_pre_hook)
     _routing = True
     known = weakref.WeakKeyDictionary()  # optimizer -> devices with a host part, or ()
     entered = []
