@@ -240,7 +240,7 @@ class _PinnedBatch:
 
     def pin_memory(self, device=None):
         import torch
-        from cma import torch_managed
+        from cma.torch import cpu_switch as torch_managed
 
         def pin(t):
             out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)

@@ -19,7 +19,7 @@ fixed seeded tokens, deterministic kernels):
   cma_oversub_direct  cma_oversub with CMA_STAGED_STEP=0 and
                     CMA_ACTIVATION_OFFLOAD=0: the allocator's placement alone,
                     without cma.torch's staged optimizer step and activation
-                    offload (cma/torch_staged_step.py, torch_offload.py);
+                    offload (cma/torch/training/staged_step.py, offload.py);
                     named only
   cma_oversub_inbwd  cma_oversub plus cma.torch.step_in_backward(optimizer):
                     the optimizer's step runs during backward on a side
@@ -368,12 +368,12 @@ def train_route(torch, a, model, out):
     if route == "fsdp2_offload":
         torch.distributed.destroy_process_group()
     if route in CMA_ROUTES:
-        from cma import torch_staged_step
+        from cma.torch.training import staged_step as torch_staged_step
         out["steps_staged"] = torch_staged_step.steps_staged(opt)
         out["unstaged_because"] = torch_staged_step.unstaged_because(opt)
-        from cma import torch_offload
+        from cma.torch.training import offload as torch_offload
         out["activation_offload"] = torch_offload.stats(torch.cuda.current_device())
-        from cma import torch_step_in_backward
+        from cma.torch.training import step_in_backward as torch_step_in_backward
         out["buckets_in_backward"] = torch_step_in_backward.buckets_applied(opt)
         out["tail_state_bytes"] = torch_step_in_backward.tail_state_bytes(opt)
     return log.steps

@@ -126,43 +126,51 @@ def _module_names(path):
 
 
 def _lazy_attributes(func):
-    """`if name == "X": from cma import M; return M` -> {"X": "M"}."""
+    """`if name == "X": from cma.p import M; return M` -> {"X": "cma.p.M"}."""
     out = {}
     for node in ast.walk(func):
         if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
             consts = [c.value for c in node.test.comparators if isinstance(c, ast.Constant)]
-            mods = [a.name for s in node.body if isinstance(s, ast.ImportFrom) for a in s.names]
+            mods = [s.module + "." + a.name for s in node.body if isinstance(s, ast.ImportFrom)
+                    for a in s.names]
             if len(consts) == 1 and len(mods) == 1:
                 out[consts[0]] = mods[0]
     return out
 
 
 class Package:
-    """integrations/python/cma, read as source."""
+    """integrations/python/cma, read as source (its subpackages too)."""
 
     def __init__(self, root):
         self.root = root
         self._cache = {}
 
     def _module(self, mod):
+        """(names, lazy) of module `mod` (cma.a.b), or None if there is none."""
         if mod not in self._cache:
-            path = os.path.join(self.root, "__init__.py" if mod == "cma" else mod[4:] + ".py")
-            self._cache[mod] = _module_names(path) if os.path.exists(path) else None
+            rel = os.path.join(self.root, *mod.split(".")[1:])
+            self._cache[mod] = None
+            for path in (os.path.join(rel, "__init__.py"), rel + ".py"):
+                if os.path.exists(path):
+                    self._cache[mod] = _module_names(path)
+                    break
         return self._cache[mod]
 
     def resolve(self, dotted):
         """None if every part of `cma.a.b...` exists, else what is missing.
-        Past the first name that is not a module (a function, a class) the
-        rest is left alone: attributes of objects are not known here."""
+        A name a module defines wins over a submodule of that name (as
+        Python's attribute lookup finds it once the module is imported). Past
+        the first name that is not a module (a function, a class) the rest is
+        left alone: attributes of objects are not known here."""
         parts = dotted.split(".")
         mod = parts[0]
         for part in parts[1:]:
-            if mod == "cma" and self._module(mod + "." + part) is not None:
+            names, lazy = self._module(mod)
+            if part not in names and self._module(mod + "." + part) is not None:
                 mod = mod + "." + part
                 continue
-            names, lazy = self._module(mod)
             if part in lazy:
-                mod = "cma." + lazy[part]
+                mod = lazy[part]
                 continue
             return None if part in names else "%s has no %r" % (mod, part)
         return None

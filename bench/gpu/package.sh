@@ -22,7 +22,11 @@ cp bench/torch_move_bench.py bench/torch_replay.py bench/torch_train_bench.py be
    bench/cuda/*_experiment.cu bench/gpu/run_all.sh \
    bench/gpu/wheel_gpu_check.sh bazel-bin/cma_wheel/*.whl "$dest/"
 mkdir -p "$dest/traces" && cp bench/traces/*.csv.gz "$dest/traces/"
-cp integrations/python/cma/*.py integrations/python/cma/*.cc integrations/python/cma/*.h "$dest/py/cma/"
+# The package as it is laid out (cma/torch/, cma/torch/_ext/, cma/torch/training/):
+# its .py, .cc and .h files (no __pycache__).
+dest_py="$(cd "$dest/py" && pwd)"
+(cd integrations/python && find cma -type f \( -name '*.py' -o -name '*.cc' -o -name '*.h' \) \
+   -not -path '*/__pycache__/*' -exec cp --parents {} "$dest_py/" \;)
 mkdir -p "$dest/py/cma/include" && cp integrations/c/cma_c.h "$dest/py/cma/include/"
 cp integrations/python/gpu/*.py "$dest/py/gpu/"
 cp bazel-bin/integrations/c/libcma.so "$dest/py/cma/"

@@ -1,5 +1,5 @@
 /* cma_c.h: the C ABI of caching_managed_allocator, for frameworks (PyTorch's
- * allocator class in cma/torch_allocator.cc, CuPy, Numba, anything with
+ * allocator class in cma/torch/_ext/cuda_allocator.cc, CuPy, Numba, anything with
  * ctypes).
  *
  * One process-wide allocator. cma_init creates it (later calls with the same

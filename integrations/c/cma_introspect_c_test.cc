@@ -1,5 +1,5 @@
 // cma_stats_pairs and cma_snapshot_visit: what a framework's allocator class
-// (PyTorch's c10 CUDAAllocator in cma/torch_allocator.cc) reads instead of JSON.
+// (PyTorch's c10 CUDAAllocator in cma/torch/_ext/cuda_allocator.cc) reads instead of JSON.
 #include <map>
 #include <string>
 #include <vector>

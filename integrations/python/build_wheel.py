@@ -1,10 +1,13 @@
 """Builds the cma wheel (run by the //:wheel genrule; no rules_python here).
 
 Contract: writes one platform wheel, tag py3-none-linux_x86_64, holding
-  cma/*.py                      the Python package (pure ctypes, no CPython
+  cma/**.py                     the Python package (pure ctypes, no CPython
                                 extension: any Python 3 of the platform loads it)
-  cma/*.cc, cma/*.h             C++ sources compiled on the user's machine on first
-                                use (torch_allocator*, against the installed torch)
+  cma/torch/_ext/*.cc, *.h      C++ sources compiled on the user's machine on first
+                                use (cma.torch's allocators, against the installed torch)
+  cma_torch.pth                 --pth: site-packages' startup line that makes cma
+                                PyTorch's allocator where CMA_TORCH is set
+                                (cma/_torch_start.py)
   cma/libcma.so                 the C ABI
   cma/lib*.so.N                 every shared library `ldd libcma.so` resolves
                                 whose name starts with one of --bundle's
@@ -70,6 +73,15 @@ def check_runpath(lib):
                  "libraries bundled beside it")
 
 
+def package_path(src):
+    """The archive name of a package source: its path from the last folder
+    named cma (.../integrations/python/cma/torch/x.py -> cma/torch/x.py),
+    or None for a file outside the package."""
+    parts = os.path.normpath(src).split(os.sep)
+    folders = [i for i, p in enumerate(parts[:-1]) if p == "cma"]
+    return "/".join(parts[folders[-1]:]) if folders else None
+
+
 def _digest(data):
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
@@ -118,6 +130,7 @@ def main():
                     help="comma-separated soname prefixes of the libraries to ship")
     ap.add_argument("--max_glibc", default="2.36")
     ap.add_argument("--max_glibcxx", default="3.4.30")
+    ap.add_argument("--pth", default="", help="a .pth file for the wheel's root (site-packages)")
     ap.add_argument("sources", nargs="+", help="the package's .py, .cc and .h files (cma/...)")
     a = ap.parse_args()
 
@@ -128,10 +141,16 @@ def main():
     caps = {"GLIBC": a.max_glibc, "GLIBCXX": a.max_glibcxx}
     files = {}
     for src in a.sources:
-        if os.path.basename(os.path.dirname(src)) != "cma" or not src.endswith((".py", ".cc", ".h")):
+        name = package_path(src)
+        if name is None or not src.endswith((".py", ".cc", ".h")):
             sys.exit(f"build_wheel: {src} is not a module of the cma package")
         with open(src, "rb") as f:
-            files["cma/" + os.path.basename(src)] = (f.read(), 0o644)
+            files[name] = (f.read(), 0o644)
+    if a.pth:
+        if not a.pth.endswith(".pth"):
+            sys.exit(f"build_wheel: --pth {a.pth} is not a .pth file")
+        with open(a.pth, "rb") as f:
+            files[os.path.basename(a.pth)] = (f.read(), 0o644)
     libs = [("libcma.so", a.lib)] + bundled_libraries(a.lib, a.bundle.split(","))
     for soname, path in libs:
         check_symbol_versions(path, caps)

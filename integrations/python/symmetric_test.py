@@ -142,18 +142,24 @@ def _nvshmem_rank(rank, conn, q, unreachable):
         q.put((rank, repr(e), 0))
 
 
-@pytest.mark.parametrize("unreachable", [False, True])
-def test_nvshmem_provider_two_processes_put_and_get(unreachable):
+def _two_ranks(target, *args):
+    """target(rank, pipe end, queue, *args) in two forked processes; the
+    (rank, ...) each puts on the queue, sorted."""
     ctx = multiprocessing.get_context("fork")
     a, b = ctx.Pipe()
     q = ctx.Queue()
-    procs = [ctx.Process(target=_nvshmem_rank, args=(r, c, q, unreachable))
-             for r, c in ((0, a), (1, b))]
+    procs = [ctx.Process(target=target, args=(r, c, q) + args) for r, c in ((0, a), (1, b))]
     for p in procs:
         p.start()
     results = sorted(q.get(timeout=60) for _ in procs)
     for p in procs:
         p.join(timeout=60)
+    return results
+
+
+@pytest.mark.parametrize("unreachable", [False, True])
+def test_nvshmem_provider_two_processes_put_and_get(unreachable):
+    results = _two_ranks(_nvshmem_rank, unreachable)
     assert results == [(0, 201, 200), (1, 200, 201)], results
 
 
@@ -172,15 +178,7 @@ def test_timeouts_beyond_a_day_are_refused(host):
 
 
 def test_two_processes_write_into_each_others_buffers():
-    ctx = multiprocessing.get_context("fork")
-    a, b = ctx.Pipe()
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, c, q)) for r, c in ((0, a), (1, b))]
-    for p in procs:
-        p.start()
-    results = sorted(q.get(timeout=60) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
+    results = _two_ranks(_rank)
     assert results == [(0, 101, 256), (1, 100, 256)], results
 
 
@@ -352,29 +350,30 @@ def _fake_torch(peer):
 
 
 def test_the_torch_group_gathers_bytes_and_never_unpickles(monkeypatch):
-    import importlib
+    import importlib.util
     import pickle
     payload = pickle.dumps(_Bomb())
     torch, dist, gathers = _fake_torch(lambda n: payload[:n].ljust(n, b"\0"))
     monkeypatch.setitem(sys.modules, "torch", torch)
     monkeypatch.setitem(sys.modules, "torch.distributed", dist)
-    monkeypatch.delitem(sys.modules, "cma.torch_symmetric", raising=False)
-    ts = importlib.import_module("cma.torch_symmetric")
-    try:
-        comm = ts._GroupComm(None)
-        mine = bytes(range(len(payload)))
-        # The C ABI's all-gather callback, as the heap's bootstrap calls it.
-        callback = sym._allgather(comm, 2)
-        send = ctypes.create_string_buffer(mine, len(mine))
-        recv = ctypes.create_string_buffer(2 * len(mine))
-        rc = callback(None, ctypes.cast(send, ctypes.c_void_p), len(mine),
-                      ctypes.cast(recv, ctypes.c_void_p))
-        assert rc == 0
-        assert recv.raw == mine + payload   # the peer's bytes, as bytes
-        assert _UNPICKLED == [], _UNPICKLED
-        assert gathers == [(2, numpy.uint8)]  # uint8 tensors, no object gather
-    finally:
-        sys.modules.pop("cma.torch_symmetric", None)
+    # cma/torch/distributed.py alone (cma.torch's own __init__ needs the
+    # real torch), under its own name.
+    path = os.path.join(os.path.dirname(cma.__file__), "torch", "distributed.py")
+    spec = importlib.util.spec_from_file_location("cma_torch_distributed_under_test", path)
+    ts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ts)
+    comm = ts._GroupComm(None)
+    mine = bytes(range(len(payload)))
+    # The C ABI's all-gather callback, as the heap's bootstrap calls it.
+    callback = sym._allgather(comm, 2)
+    send = ctypes.create_string_buffer(mine, len(mine))
+    recv = ctypes.create_string_buffer(2 * len(mine))
+    rc = callback(None, ctypes.cast(send, ctypes.c_void_p), len(mine),
+                  ctypes.cast(recv, ctypes.c_void_p))
+    assert rc == 0
+    assert recv.raw == mine + payload   # the peer's bytes, as bytes
+    assert _UNPICKLED == [], _UNPICKLED
+    assert gathers == [(2, numpy.uint8)]  # uint8 tensors, no object gather
 
 
 def test_malformed_host_records_are_refused():

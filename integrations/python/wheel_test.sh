@@ -35,11 +35,14 @@ for name, digest, size in rows:
     data = z.read(name)
     want = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     assert digest == want and int(size) == len(data), ("bad RECORD entry", name)
-for must in ("cma/__init__.py", "cma/_lib.py", "cma/torch.py", "cma/torch_allocator.py",
-             "cma/torch_allocator.cc", "cma/torch_allocator_history.cc",
-             "cma/torch_allocator.h", "cma/torch_capture_watch.cc",
-             "cma/torch_capture_watch.h", "cma/torch_cpu_allocator.cc", "cma/cupy.py",
-             "cma/numba.py", "cma/symmetric.py", "cma/libcma.so", "cma/include/cma_c.h"):
+for must in ("cma/__init__.py", "cma/_lib.py", "cma/_torch_start.py", "cma_torch.pth",
+             "cma/torch/__init__.py", "cma/torch/__main__.py", "cma/torch/_ext/build.py",
+             "cma/torch/_ext/cuda_allocator.cc", "cma/torch/_ext/history.cc",
+             "cma/torch/_ext/cuda_allocator.h", "cma/torch/_ext/capture_watch.cc",
+             "cma/torch/_ext/capture_watch.h", "cma/torch/_ext/cpu_allocator.cc",
+             "cma/torch/training/step_in_backward.py", "cma/torch/distributed.py",
+             "cma/cupy.py", "cma/numba.py", "cma/symmetric.py", "cma/libcma.so",
+             "cma/include/cma_c.h"):
     assert must in names, must
 absl = [n for n in names if n.startswith("cma/libabsl_")]
 assert len(absl) > 10, absl
@@ -57,10 +60,15 @@ echo "== import from the installed package"
 "$vpy" - "$site" <<'PY'
 import os, sys
 site = sys.argv[1]
-import cma, cma.numba, cma.symmetric, cma.torch_allocator
-assert os.path.exists(os.path.join(os.path.dirname(cma.torch_allocator.__file__), "torch_allocator.cc"))
-assert cma.torch_allocator._header_dir() == os.path.join(site, "cma", "include")
+import importlib.util
+import cma, cma.numba, cma.symmetric
 pkg = os.path.join(site, "cma")
+# cma/torch/_ext/build.py alone: importing it through cma.torch needs torch.
+spec = importlib.util.spec_from_file_location("build", os.path.join(pkg, "torch", "_ext", "build.py"))
+build = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(build)
+assert os.path.exists(os.path.join(build._HERE, "cuda_allocator.cc")), build._HERE
+assert build._header_dir() == os.path.join(site, "cma", "include")
 assert os.path.dirname(cma.__file__) == pkg, cma.__file__
 assert cma.library_path() == os.path.join(pkg, "libcma.so"), cma.library_path()
 cma.init("", backend="host")
@@ -72,6 +80,15 @@ except ModuleNotFoundError as e:
     assert e.name == "torch", e  # cma.torch itself is there; only torch is missing
 print("imported", cma.__file__, "library", cma.library_path())
 PY
+
+echo "== cma_torch.pth: CMA_TORCH set, a hook waits for torch; unset, nothing is imported"
+[[ -f $site/cma_torch.pth ]] || { echo "FAIL: cma_torch.pth is not in site-packages"; exit 1; }
+CMA_TORCH=1 "$vpy" -c "
+import sys
+assert [type(f).__name__ for f in sys.meta_path if type(f).__module__ == 'cma._torch_start'] == ['_Hook'], sys.meta_path"
+env -u CMA_TORCH "$vpy" -c "
+import sys
+assert 'cma' not in sys.modules and 'cma._torch_start' not in sys.modules, sorted(sys.modules)"
 
 echo "== the installed libcma.so resolves its libraries beside itself"
 ldd "$site/cma/libcma.so" | awk '/libabsl|libsodium/' > "$tmp/ldd.txt"

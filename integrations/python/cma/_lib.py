@@ -160,7 +160,7 @@ def shutdown():
     """Releases every allocation and the allocator. Refused while
     cma.torch.managed_cpu() is on: PyTorch's CPU tensors live in it."""
     import sys
-    managed = sys.modules.get("cma.torch_managed")
+    managed = sys.modules.get("cma.torch.cpu_switch")
     if managed is not None and managed.is_managed_cpu():
         raise CmaError("cma.shutdown(): CPU tensors live in cma while cma.torch.managed_cpu() is "
                        "on; turn it off (and let those tensors go) first")

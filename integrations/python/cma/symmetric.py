@@ -31,7 +31,6 @@ otherwise objects with __cuda_array_interface__ (numpy arrays on the host
 backend). Every call is collective: the same order on every rank.
 """
 import ctypes
-import json
 
 import numpy
 

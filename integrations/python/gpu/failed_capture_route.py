@@ -1,7 +1,7 @@
 """A CUDA graph capture that fails, then ordinary work, under one route, in a
 fresh process, for torch_gpu_test.py. PyTorch's CUDAGraph.capture_end raises
 on an invalidated capture before it ends the allocator's pool context; cma
-must not stay in its capture-safe mode for good (torch_capture_watch.h).
+must not stay in its capture-safe mode for good (cma/torch/_ext/capture_watch.h).
 
     python3 failed_capture_route.py native|default  ->  JSON of checks"""
 import faulthandler

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 import cma  # noqa: E402
 import cma.torch as cmat  # noqa: E402
-from cma import torch_managed  # noqa: E402
+from cma.torch import cpu_switch as torch_managed  # noqa: E402
 
 cmat.use_as_default()
 torch.cuda.init()

@@ -29,7 +29,8 @@ from torch import nn  # noqa: E402
 
 import cma  # noqa: E402
 import cma.torch as cmat  # noqa: E402
-from cma import torch_offload, torch_staged_step  # noqa: E402
+from cma.torch.training import offload as torch_offload  # noqa: E402
+from cma.torch.training import staged_step as torch_staged_step  # noqa: E402
 
 cmat.use_as_default("oversubscribe:1")
 torch.use_deterministic_algorithms(True)

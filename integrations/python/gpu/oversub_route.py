@@ -1,7 +1,7 @@
 """Oversubscription's training path in one process, for torch_gpu_test.py.
 Nothing is oversubscribed: `oversubscribe:1` only lets the optimizer's state
 live on the host (routed there by cma.torch's optimizer hooks), which is all
-the staged step (cma/torch_staged_step.py) needs.
+the staged step (cma/torch/training/staged_step.py) needs.
 
     python3 oversub_route.py native|staged|direct|offload fused|foreach|single  ->  JSON
 staged: 4 MiB chunks, so the two buffers alternate many times a step;
@@ -29,6 +29,7 @@ elif route == "offload":
 
 import torch  # noqa: E402
 import cma.torch as cmat  # noqa: E402
+from cma import _lib as cma_lib  # noqa: E402
 
 if route not in ("native", "inbwd_native"):
     cmat.use_as_default("oversubscribe:1")
@@ -74,7 +75,7 @@ out = {"route": route, "impl": impl, "losses": losses,
        "params": digest(model.parameters()), "state": digest(state),
        "post_hook_saw_grads": all(seen_grads)}
 if route.startswith("inbwd"):
-    from cma import torch_step_in_backward as sib
+    from cma.torch.training import step_in_backward as sib
     out["buckets_applied"] = sib.buckets_applied(opt)
     out["grads_after_backward"] = sum(p.grad is not None for p in model.parameters())
     out["side_stream_sms"] = {str(k): v for k, v in sib.side_stream_sms(opt).items()}
@@ -116,13 +117,13 @@ if route.startswith("inbwd"):
             refused.setdefault("bad_input", []).append(True)
     out["refused"] = refused
 if route not in ("native", "inbwd_native"):
-    from cma import torch_staged_step
+    from cma.torch.training import staged_step as torch_staged_step
     st = cmat.memory_stats()
     out["steps_staged"] = torch_staged_step.steps_staged(opt)
-    from cma import torch_offload
+    from cma.torch.training import offload as torch_offload
     out["offload"] = torch_offload.stats(0)
     out["num_host_placements"] = st.get("num_host_placements", 0)
-    out["state_on_host"] = sum(cmat._lib.placed_on_host(t.data_ptr()) for t in state
+    out["state_on_host"] = sum(cma_lib.placed_on_host(t.data_ptr()) for t in state
                                if t.numel() * t.element_size() >= (1 << 20))
     # A hint naming a tensor cma does not own: ValueError, nothing changed.
     cpu_opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(4))])

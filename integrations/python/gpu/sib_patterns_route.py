@@ -183,7 +183,7 @@ def report(name, ok, detail):
 # ------------------------------------------------------------------ the cases
 def base_cases():
     def check_buckets(plain, hinted):
-        from cma import torch_step_in_backward as sib
+        from cma.torch.training import step_in_backward as sib
         n = sib.buckets_applied(hinted.hinted)
         # Two 1 MiB weights: at least two buckets a backward after the 2 checked steps.
         return None if n >= 2 * (ITERS - 2) else f"only {n} buckets applied inside backward"
@@ -432,6 +432,18 @@ def gan_run(hint):
     return Run(hint, [d, g], [opt_d, opt_g], hinted=opt_d)  # the hint on D's optimizer
 
 
+class _Boom(torch.autograd.Function):
+    """Identity forward; its backward raises (a backward that fails half-way)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("boom (a backward that raises half-way)")
+
+
 def item7_other_backwards():
     def gan(freeze):
         def loop(r, i):
@@ -478,22 +490,13 @@ def item7_other_backwards():
         train_step(r, i)
     case("7_lr_finder_backward_late", adamw_run, lr_finder, "loud", match="discards", at=3)
 
-    class Boom(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.clone()
-
-        @staticmethod
-        def backward(ctx, g):
-            raise RuntimeError("boom (a backward that raises half-way)")
-
     def raised(r, i):
         x, y = DATA[i]
         r.opt.zero_grad()
-        h = r.model[:4](x)  # the second half's parameters are reached, then Boom raises
+        h = r.model[:4](x)  # the second half's parameters are reached, then _Boom raises
         if i == 3:
             try:
-                torch.nn.functional.mse_loss(r.model[4:](Boom.apply(h)), y).backward()
+                torch.nn.functional.mse_loss(r.model[4:](_Boom.apply(h)), y).backward()
             except RuntimeError as e:
                 if "boom" not in str(e):
                     raise
@@ -507,15 +510,6 @@ def item7_other_backwards():
 def hazards():
     # H4: a backward that raised must not keep later backwards from ending
     # (their last bucket applied, the caller's stream waiting) before step.
-    class Boom(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.clone()
-
-        @staticmethod
-        def backward(ctx, g):
-            raise RuntimeError("boom")
-
     def build(hint):
         torch.manual_seed(0)
         trunk, head_a, head_b = mlp(64, W), mlp(W, 8), torch.nn.Linear(W, 8).to(DEV)
@@ -529,7 +523,7 @@ def hazards():
         h = trunk(x)
         if i == 3:
             try:  # reaches head_a's parameters, then raises before the trunk
-                torch.nn.functional.mse_loss(head_a(Boom.apply(h)), y).backward()
+                torch.nn.functional.mse_loss(head_a(_Boom.apply(h)), y).backward()
             except RuntimeError as e:
                 if "boom" not in str(e):
                     raise

@@ -1,8 +1,8 @@
 // caching_managed_allocator as PyTorch's CUDA allocator: a subclass of
 // c10::cuda::CUDACachingAllocator::CUDAAllocator, installed in place of
-// PyTorch's own before CUDA initialises. cma/torch_allocator.py compiles
-// torch_allocator.cc (allocation, pools, install) and
-// torch_allocator_history.cc (history, snapshots, out-of-memory errors)
+// PyTorch's own before CUDA initialises. cma/torch/_ext/build.py compiles
+// cuda_allocator.cc (allocation, pools, install) and
+// history.cc (history, snapshots, out-of-memory errors)
 // against the installed torch on first use and calls install().
 //
 // Every virtual of the interface is served by cma through its C ABI
@@ -51,7 +51,7 @@
 #include <vector>
 
 #include "cma_c.h"
-#include "torch_capture_watch.h"
+#include "capture_watch.h"
 
 namespace cma_torch {
 namespace internal {
@@ -68,7 +68,8 @@ constexpr int kFailedPrecondition = 9;
 constexpr int kResourceExhausted = 8;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-// cma's C ABI, resolved once by install().
+// cma's C ABI: the one table of it in the extension, filled by LoadApi()
+// (the CUDA allocator's install() and the CPU allocator's cpu_on() both).
 struct Api {
   void* (*malloc)(size_t, int, void*);
   int (*free)(void*);
@@ -100,7 +101,11 @@ struct Api {
   int (*pool_checkpoint_restore)(const cma_pool_checkpoint*, cma_pool_ptr_fn, cma_pool_ptr_fn,
                                  void*);
 };
-extern Api api;  // torch_allocator.cc
+extern Api api;  // cuda_allocator.cc
+// Opens `library` (the libcma.so that cma._lib loaded) and resolves `api`
+// from it, once: later calls do nothing. On a missing symbol it raises and
+// leaves `api` as it was. Called under the GIL.
+void LoadApi(const std::string& library);
 
 std::string LastError();
 // Raises RuntimeError naming cma, the method and cma's reason.
@@ -276,7 +281,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     if (api.reset_peak_stats(device) != 0) Fail("resetPeakStats");
   }
 
-  // ---- private pools: MemPool and CUDA graphs (torch_allocator.cc) ----
+  // ---- private pools: MemPool and CUDA graphs (cuda_allocator.cc) ----
   // All of them live in cma's core, a MemPool given another allocator too
   // (its segments come from that allocator).
   void createOrIncrefPool(c10::DeviceIndex device, Pool pool,
@@ -285,7 +290,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
                            std::function<bool(cudaStream_t)> filter) override;
   void endAllocateToPool(c10::DeviceIndex device, Pool pool) override;
   // Ends, and gives back the reference of, the contexts of this thread's
-  // captures that failed without ending them (torch_capture_watch.h).
+  // captures that failed without ending them (capture_watch.h).
   void EndFailedCaptures();
   void EndContext(c10::DeviceIndex device, Pool pool);
   void releasePool(c10::DeviceIndex device, Pool pool) override;
@@ -429,7 +434,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   };
 
   // A pool context's stream filter, shared by cma's core and the capture
-  // watch (torch_capture_watch.h).
+  // watch (capture_watch.h).
   using Filter = std::shared_ptr<const std::function<bool(cudaStream_t)>>;
   static int CallFilter(void* ctx, void* stream) {
     try {
@@ -588,7 +593,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   CaptureWatch captures_;  // contexts of captures that may fail without ending them
 };
 
-extern CmaCudaAllocator* g_allocator;  // torch_allocator.cc
+extern CmaCudaAllocator* g_allocator;  // cuda_allocator.cc
 
 }  // namespace internal
 }  // namespace cma_torch

@@ -18,12 +18,12 @@ While the switch is on:
   * A forked child cannot read managed memory: CUDA does not copy it into
     children. So a DataLoader with workers and no chosen start method
     starts them with forkserver while the switch is on (a notice says so
-    once; torch_dataloader.py has the rules and the opt-out), and the
+    once; dataloader.py has the rules and the opt-out), and the
     switch stays off in multiprocessing's bootstrap processes. A child the
     user forks himself that touches such memory is stopped by the kernel
     (SIGSEGV) after a message saying why.
   * Tensor.to(), .cuda() and .cpu() that change only the device of a tensor
-    owning a whole cma allocation (torch_zero_copy.py says exactly which)
+    owning a whole cma allocation (zero_copy_mode.py says exactly which)
     return an alias over the same memory, whose pages cma moves to the
     target in the order of its current CUDA stream. Following the RFC, the
     call waits for the move unless non_blocking=True (as PyTorch's copy
@@ -57,8 +57,10 @@ import threading
 import torch
 
 from cma import _lib
-from cma import torch_dataloader as _dataloader
-from cma import torch_zero_copy as _zc
+from cma.torch import _patches
+from cma.torch import dataloader as _dataloader
+from cma.torch import zero_copy_mode as _zc
+from cma.torch._ext import build
 
 _TO, _CPU, _CUDA = _zc._TO, _zc._CPU, _zc._CUDA
 
@@ -77,7 +79,6 @@ class _Counts:
 
 _counts = _Counts()
 _on = False
-_replaced = {}
 
 
 def _move_or_copy(base, current):
@@ -97,28 +98,37 @@ def _move_or_copy(base, current):
     return method
 
 
+def _method_patch(name, base):
+    """Tensor.<name> made a move where PyTorch's `base` can be aliased; put
+    back as it was found (another library's wrapper included) when the
+    switch is turned off."""
+    return _patches.register(f"torch.Tensor.{name}", lambda: [(torch.Tensor, name)],
+                             lambda current: _move_or_copy(base, current), restore="always")
+
+
+_METHODS = (_method_patch("to", _TO), _method_patch("cpu", _CPU), _method_patch("cuda", _CUDA))
+
+
 def managed_cpu(enabled=True):
     """Turns the switch on (the default) or off; returns whether it was on.
     Turning it on compiles cma's PyTorch extension on first use, as
     use_as_default() does."""
-    global _on, _counts, _replaced
-    from cma import torch_allocator
+    global _on, _counts
     was = _on
     if enabled and _dataloader.in_bootstrap_process():
-        return False  # torch_dataloader.py says why
+        return False  # dataloader.py says why
     if enabled and not _on:
         _dataloader.install()
         _lib.lib()
-        torch_allocator.build().cpu_on(_lib.library_path())
-        _replaced = {name: getattr(torch.Tensor, name) for name in ("to", "cpu", "cuda")}
-        for name, base in (("to", _TO), ("cpu", _CPU), ("cuda", _CUDA)):
-            setattr(torch.Tensor, name, _move_or_copy(base, _replaced[name]))
+        build.build().cpu_on(_lib.library_path())
+        for patch in _METHODS:
+            patch.install()
         _counts = _Counts()
         _on = True
     elif not enabled and _on:
-        torch_allocator.build().cpu_off()
-        for name, method in _replaced.items():  # what was there, another patch included
-            setattr(torch.Tensor, name, method)
+        build.build().cpu_off()
+        for patch in _METHODS:  # what was there, another patch included
+            patch.uninstall()
         _dataloader.uninstall()
         _on = False
     return was

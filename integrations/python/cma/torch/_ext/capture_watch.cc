@@ -1,4 +1,4 @@
-#include "torch_capture_watch.h"
+#include "capture_watch.h"
 
 #include <algorithm>
 

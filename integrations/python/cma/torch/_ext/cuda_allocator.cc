@@ -1,6 +1,6 @@
 // Allocation, pools and installation of cma's PyTorch allocator
-// (torch_allocator.h).
-#include "torch_allocator.h"
+// (cuda_allocator.h).
+#include "cuda_allocator.h"
 
 #include <dlfcn.h>
 
@@ -63,7 +63,7 @@ CmaCudaAllocator* g_allocator = nullptr;
 
 void Delete(void* ptr) { g_allocator->DeleteFromDataPtr(ptr); }
 
-// ---- private pools (torch_allocator.h): all of them cma's core pools ----
+// ---- private pools (cuda_allocator.h): all of them cma's core pools ----
 
 namespace {
 
@@ -200,10 +200,43 @@ void Resolve(void* handle, const char* name, Fn& fn) {
               " (an older library than this cma package?)");
 }
 
+void LoadApi(const std::string& library) {
+  if (api.malloc != nullptr) return;
+  void* h = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  TORCH_CHECK(h != nullptr, "caching_managed_allocator: cannot open ", library, ": ",
+              std::string(dlerror()));
+  Api loaded{};
+  Resolve(h, "cma_malloc", loaded.malloc);
+  Resolve(h, "cma_free", loaded.free);
+  Resolve(h, "cma_record_stream", loaded.record_stream);
+  Resolve(h, "cma_allocation_size", loaded.allocation_size);
+  Resolve(h, "cma_empty_cache", loaded.empty_cache);
+  Resolve(h, "cma_last_error", loaded.last_error);
+  Resolve(h, "cma_last_error_code", loaded.last_error_code);
+  Resolve(h, "cma_mem_info", loaded.mem_info);
+  Resolve(h, "cma_set_memory_fraction", loaded.set_memory_fraction);
+  Resolve(h, "cma_reset_peak_stats", loaded.reset_peak_stats);
+  Resolve(h, "cma_reset_accumulated_stats", loaded.reset_accumulated_stats);
+  Resolve(h, "cma_stats_pairs", loaded.stats_pairs);
+  Resolve(h, "cma_snapshot_visit", loaded.snapshot_visit);
+  Resolve(h, "cma_pool_create_or_incref", loaded.pool_create_or_incref);
+  Resolve(h, "cma_pool_create_with_source", loaded.pool_create_with_source);
+  Resolve(h, "cma_pool_begin_flags", loaded.pool_begin_flags);
+  Resolve(h, "cma_pool_end", loaded.pool_end);
+  Resolve(h, "cma_pool_release", loaded.pool_release);
+  Resolve(h, "cma_pool_use_count", loaded.pool_use_count);
+  Resolve(h, "cma_pool_set_options", loaded.pool_set_options);
+  Resolve(h, "cma_pool_empty_cache", loaded.pool_empty_cache);
+  Resolve(h, "cma_pool_check_live", loaded.pool_check_live);
+  Resolve(h, "cma_pool_checkpoint_take", loaded.pool_checkpoint_take);
+  Resolve(h, "cma_pool_checkpoint_free", loaded.pool_checkpoint_free);
+  Resolve(h, "cma_pool_checkpoint_restore", loaded.pool_checkpoint_restore);
+  api = loaded;
+}
+
 }  // namespace internal
 
 using internal::api;
-using internal::Resolve;
 using internal::g_allocator;
 using internal::CmaCudaAllocator;
 namespace cca = c10::cuda::CUDACachingAllocator;
@@ -217,50 +250,19 @@ void install(const std::string& library) {
   TORCH_CHECK(current == nullptr || !current->initialized(),
               "caching_managed_allocator: PyTorch's CUDA allocator is already initialised; "
               "call cma.torch.use_as_default() before anything uses CUDA");
-  void* h = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-  TORCH_CHECK(h != nullptr, "caching_managed_allocator: cannot open ", library, ": ",
-              std::string(dlerror()));
-  Resolve(h, "cma_malloc", api.malloc);
-  Resolve(h, "cma_free", api.free);
-  Resolve(h, "cma_record_stream", api.record_stream);
-  Resolve(h, "cma_allocation_size", api.allocation_size);
-  Resolve(h, "cma_empty_cache", api.empty_cache);
-  Resolve(h, "cma_last_error", api.last_error);
-  Resolve(h, "cma_last_error_code", api.last_error_code);
-  Resolve(h, "cma_mem_info", api.mem_info);
-  Resolve(h, "cma_set_memory_fraction", api.set_memory_fraction);
-  Resolve(h, "cma_reset_peak_stats", api.reset_peak_stats);
-  Resolve(h, "cma_reset_accumulated_stats", api.reset_accumulated_stats);
-  Resolve(h, "cma_stats_pairs", api.stats_pairs);
-  Resolve(h, "cma_snapshot_visit", api.snapshot_visit);
-  Resolve(h, "cma_pool_create_or_incref", api.pool_create_or_incref);
-  Resolve(h, "cma_pool_create_with_source", api.pool_create_with_source);
-  Resolve(h, "cma_pool_begin_flags", api.pool_begin_flags);
-  Resolve(h, "cma_pool_end", api.pool_end);
-  Resolve(h, "cma_pool_release", api.pool_release);
-  Resolve(h, "cma_pool_use_count", api.pool_use_count);
-  Resolve(h, "cma_pool_set_options", api.pool_set_options);
-  Resolve(h, "cma_pool_empty_cache", api.pool_empty_cache);
-  Resolve(h, "cma_pool_check_live", api.pool_check_live);
-  Resolve(h, "cma_pool_checkpoint_take", api.pool_checkpoint_take);
-  Resolve(h, "cma_pool_checkpoint_free", api.pool_checkpoint_free);
-  Resolve(h, "cma_pool_checkpoint_restore", api.pool_checkpoint_restore);
+  internal::LoadApi(library);
   g_allocator = new CmaCudaAllocator();  // never destroyed: tensors outlive everything
   cca::allocator.store(g_allocator);
   c10::SetAllocator(c10::DeviceType::CUDA, g_allocator);
 }
 
-bool installed() { return g_allocator != nullptr; }
-
-// torch_cpu_allocator.cc
+// cpu_allocator.cc
 void cpu_on(const std::string& library);
 void cpu_off();
-bool cpu_is_on();
-long long cpu_allocations();
 
 }  // namespace cma_torch
 
-#ifdef TORCH_EXTENSION_NAME  // built by torch.utils.cpp_extension (cma/torch_allocator.py)
+#ifdef TORCH_EXTENSION_NAME  // built by torch.utils.cpp_extension (cma/torch/_ext/build.py)
 #include <torch/extension.h>  // at::Tensor arguments from Python
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -283,11 +285,8 @@ void share_version_counter(const at::Tensor& alias, const at::Tensor& source) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &cma_torch::install, "Makes cma PyTorch's CUDA allocator.");
-  m.def("installed", &cma_torch::installed);
   m.def("cpu_on", &cma_torch::cpu_on, "Makes cma PyTorch's CPU allocator (managed memory).");
   m.def("cpu_off", &cma_torch::cpu_off, "Gives PyTorch its previous CPU allocator back.");
-  m.def("cpu_is_on", &cma_torch::cpu_is_on);
-  m.def("cpu_allocations", &cma_torch::cpu_allocations);
   m.def("share_version_counter", &cma_torch::share_version_counter,
         "The alias counts in-place writes with the source's version counter.");
 }

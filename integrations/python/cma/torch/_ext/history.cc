@@ -1,9 +1,9 @@
 // History, snapshots and out-of-memory errors of cma's PyTorch allocator
-// (torch_allocator.h).
+// (cuda_allocator.h).
 #include <map>
 #include <utility>
 
-#include "torch_allocator.h"
+#include "cuda_allocator.h"
 
 namespace cma_torch {
 namespace internal {

@@ -52,12 +52,12 @@ ZeroCopyMode counts what it did: .aliased (zero-copy results) and .copied
 (calls it handed to PyTorch).
 """
 import os
-import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from cma import _lib
+from cma.torch import _alias
 
 _TO, _CPU, _CUDA = torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda
 _forked = False  # this process is a fork of the one that imported cma.torch
@@ -69,47 +69,6 @@ def _mark_forked():
 
 
 os.register_at_fork(after_in_child=_mark_forked)
-
-
-def share_version(alias, source):
-    """`alias` (a tensor over `source`'s memory) counts in-place writes with
-    `source`'s version counter; returns it (torch_allocator.cc)."""
-    from cma import torch_allocator
-    torch_allocator.build().share_version_counter(alias, source)
-    return alias
-
-
-class _Root:
-    """The storage that owns a cma allocation, held by all its aliases."""
-    __slots__ = ("storage", "__weakref__")
-
-    def __init__(self, storage):
-        self.storage = storage
-
-
-# ptr -> weakref to its _Root while any alias of it lives: an alias of an
-# alias holds the same root, so repeated round trips build no chain.
-_roots = {}
-
-
-def _root_of(storage, ptr):
-    ref = _roots.get(ptr)
-    root = ref() if ref is not None else None
-    if root is None:
-        root = _Root(storage)
-
-        def forget(r, ptr=ptr):
-            if _roots.get(ptr) is r:
-                del _roots[ptr]
-        _roots[ptr] = weakref.ref(root, forget)
-    return root
-
-
-class _CudaBuffer:
-    def __init__(self, ptr, nbytes, owner):
-        self.owner = owner
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
-                                         "data": (ptr, False), "version": 3, "stream": None}
 
 
 def _target(func, args, kwargs):
@@ -186,23 +145,20 @@ def _zero_copy(func, args, kwargs, wait_for_device=False):
     size = _lib.allocation_size(ptr)
     if size is None or not nbytes <= size < nbytes + 512:
         return None
-    root = _root_of(storage, ptr)
     cuda_dev = device if device.type == "cuda" else t.device
     stream = torch.cuda.current_stream(cuda_dev)
     try:
         _lib.move(ptr, "cpu" if device.type == "cpu" else device.index, stream.cuda_stream)
     except _lib.CmaError:  # refused (a pool context open, no prefetch here): PyTorch copies
         return None
-    if device.type == "cpu":
-        if not non_blocking:
-            stream.synchronize()
-        raw = torch.from_numpy(_lib.host_view(ptr, nbytes, owner=root))
-    else:
-        if wait_for_device and not non_blocking:
-            stream.synchronize()
-        raw = torch.as_tensor(_CudaBuffer(ptr, nbytes, root), device=device)
-    # Shared before the views are made, so that they all share it (as views do).
-    return share_version(raw, t).view(t.dtype).as_strided(t.size(), t.stride(), 0)
+    if not non_blocking and (device.type == "cpu" or wait_for_device):
+        stream.synchronize()
+    return _alias.make_alias(t, device)
+
+
+def zero_copy():
+    """`with cma.torch.zero_copy():` .to()/.cpu()/.cuda() alias cma tensors (this module's docstring)."""
+    return ZeroCopyMode()
 
 
 class ZeroCopyMode(TorchFunctionMode):

@@ -24,7 +24,8 @@ start method starts them with forkserver, and says so once on stderr:
     from it would die alike. Spawned processes are fresh: the switch works.
 
 Thread safety: install() and uninstall() are called by managed_cpu() under
-the GIL; the wrapper itself holds no state but a one-time notice flag.
+the GIL; the wrapper itself holds no state but a one-time notice flag. The
+patch is _patches.py's "torch.utils.data.DataLoader.__init__".
 """
 import functools
 import inspect
@@ -34,7 +35,8 @@ import sys
 
 import torch
 
-_original_init = None
+from cma.torch import _patches
+
 _noticed = False
 
 OPT_OUT_VARIABLE = "CMA_DATALOADER_START"
@@ -96,7 +98,7 @@ def _wrap(init):
             bound = signature.bind(self, *args, **kwargs)
         except TypeError:  # PyTorch's own call raises the right error
             return init(self, *args, **kwargs)
-        context = _choose_context(bound) if _original_init is not None else None
+        context = _choose_context(bound) if _PATCH.installed else None
         if context is not None:
             bound.arguments["multiprocessing_context"] = context
             if not _noticed:
@@ -110,31 +112,22 @@ def _wrap(init):
     return __init__
 
 
+_PATCH = _patches.register("torch.utils.data.DataLoader.__init__",
+                           lambda: [(torch.utils.data.DataLoader, "__init__")], _wrap)
+
+
 def install():
     """Wraps DataLoader.__init__ (idempotent). The choice is made per
     DataLoader at its construction, so loaders made while the switch is off
     keep fork."""
-    global _original_init
-    if _original_init is not None:
+    if _PATCH.installed:
         return
     _opted_out()  # a bad value fails at the switch, not at the first loader
-    loader = torch.utils.data.DataLoader
-    _original_init = loader.__init__
-    loader.__init__ = _wrap(_original_init)
+    _PATCH.install()
 
 
 def uninstall():
     """Puts back what install() replaced, unless another library wrapped it
-    since (then cma's wrapper stays, and decides nothing while installed()
-    is False)."""
-    global _original_init
-    if _original_init is None:
-        return
-    loader = torch.utils.data.DataLoader
-    if getattr(loader.__init__, "_cma_wraps", None) is _original_init:
-        loader.__init__ = _original_init
-    _original_init = None
-
-
-def installed():
-    return _original_init is not None
+    since (then cma's wrapper stays, and decides nothing while the patch is
+    not installed)."""
+    _PATCH.uninstall()

@@ -1,7 +1,7 @@
 """Oversubscription's activation offload: room on the device for a training
 step whose parameters, gradients and activations do not fit together.
 
-With the optimizer's state on the host (torch._route_new_optimizer_state),
+With the optimizer's state on the host (plan.route_new_optimizer_state),
 what still does not fit overflows by allocation order: whatever is asked
 for once the device's part is full lives on the host. Where that is most
 of the activations (3x oversubscription of a GPT-2 step: 23 GB a step,

@@ -1,4 +1,4 @@
-"""Builds and installs cma as PyTorch's CUDA allocator (torch_allocator.h).
+"""Builds and installs cma as PyTorch's CUDA allocator (cuda_allocator.h).
 
 The allocator is a C++ subclass of PyTorch's c10 CUDAAllocator, so it needs
 PyTorch's headers and C++ ABI: it is compiled against the installed torch on
@@ -11,17 +11,18 @@ import os
 
 _module = None
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+_HERE = os.path.dirname(os.path.abspath(__file__))  # cma/torch/_ext
+_PACKAGE = os.path.dirname(os.path.dirname(_HERE))  # cma
 
 
 def _header_dir():
     """Where cma_c.h is: inside the package (wheel, GPU bundle) or the repo."""
-    for d in (os.path.join(_HERE, "include"),
-              os.path.join(_HERE, "..", "..", "c")):
+    for d in (os.path.join(_PACKAGE, "include"),
+              os.path.join(_PACKAGE, "..", "..", "c")):
         if os.path.exists(os.path.join(d, "cma_c.h")):
             return os.path.abspath(d)
     raise RuntimeError("cma.torch: cma_c.h not found beside the cma package "
-                       f"({_HERE}/include); reinstall the cma wheel")
+                       f"({_PACKAGE}/include); reinstall the cma wheel")
 
 
 def build():
@@ -32,10 +33,8 @@ def build():
         try:
             _module = cpp_extension.load(
                 name="cma_torch_allocator",
-                sources=[os.path.join(_HERE, "torch_allocator.cc"),
-                         os.path.join(_HERE, "torch_allocator_history.cc"),
-                         os.path.join(_HERE, "torch_capture_watch.cc"),
-                         os.path.join(_HERE, "torch_cpu_allocator.cc")],
+                sources=[os.path.join(_HERE, name) for name in (
+                    "cuda_allocator.cc", "history.cc", "capture_watch.cc", "cpu_allocator.cc")],
                 extra_include_paths=[_header_dir()],
                 extra_cflags=["-O2"], with_cuda=True, verbose=False)
         except Exception as e:  # noqa: BLE001 - re-raised with what is missing
@@ -49,7 +48,3 @@ def build():
 def install(library_path):
     """Makes cma PyTorch's CUDA allocator for the whole process."""
     build().install(library_path)
-
-
-def installed():
-    return _module is not None and _module.installed()

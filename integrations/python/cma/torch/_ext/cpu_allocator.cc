@@ -3,7 +3,7 @@
 // a DataLoader's collated batch in the main process) is managed memory from
 // cma's host pool (cma_malloc with location -1), so that cma.torch can move
 // it to a GPU without a copy. Compiled into the same extension as the CUDA
-// allocator (torch_allocator.py) and installed by cma.torch.managed_cpu().
+// allocator (build.py) and installed by cma.torch.managed_cpu().
 //
 // Contract:
 //  * Thread safety: allocate and free may be called from any thread; on and
@@ -26,7 +26,6 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
-#include <dlfcn.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -34,22 +33,17 @@
 #include <cstdio>
 #include <string>
 
+#include "cuda_allocator.h"  // internal::api, LoadApi and kResourceExhausted
+
 namespace cma_torch {
 namespace {
 
-constexpr int kResourceExhausted = 8;  // absl::StatusCode, as cma_last_error_code()
+using internal::api;
+using internal::kResourceExhausted;
 
-struct CpuApi {
-  void* (*malloc)(size_t, int, void*) = nullptr;
-  int (*free)(void*) = nullptr;
-  const char* (*last_error)() = nullptr;
-  int (*last_error_code)() = nullptr;
-};
-CpuApi cpu_api;
 c10::Allocator* g_previous = nullptr;
 bool g_on = false;  // as PyTorch's CPU allocator; changed under the GIL
 std::atomic<bool> g_forked{false};
-std::atomic<long long> g_allocations{0};
 std::atomic<long long> g_live{0};
 
 void MarkForked() { g_forked.store(true, std::memory_order_relaxed); }
@@ -72,9 +66,9 @@ void WarnBeforeFork() {
 void DeleteManaged(void* p) {
   if (p == nullptr || g_forked.load(std::memory_order_relaxed)) return;
   g_live.fetch_sub(1, std::memory_order_relaxed);
-  if (cpu_api.free(p) != 0) {
+  if (api.free(p) != 0) {
     std::fprintf(stderr, "caching_managed_allocator: freeing CPU tensor memory %p failed: %s\n", p,
-                 cpu_api.last_error());
+                 api.last_error());
   }
 }
 
@@ -84,16 +78,15 @@ class CmaCpuAllocator final : public c10::Allocator {
     if (g_forked.load(std::memory_order_relaxed)) return g_previous->allocate(n);
     const c10::Device cpu(c10::DeviceType::CPU);
     if (n == 0) return {nullptr, nullptr, &DeleteManaged, cpu};
-    void* p = cpu_api.malloc(n, -1, nullptr);
+    void* p = api.malloc(n, -1, nullptr);
     if (p == nullptr) {
-      const std::string why = cpu_api.last_error();
-      TORCH_CHECK_WITH(OutOfMemoryError, cpu_api.last_error_code() != kResourceExhausted,
+      const std::string why = api.last_error();
+      TORCH_CHECK_WITH(OutOfMemoryError, api.last_error_code() != kResourceExhausted,
                        "caching_managed_allocator: CPU tensor of ", std::to_string(n),
                        " bytes: ", why);
       TORCH_CHECK(false, "caching_managed_allocator: CPU tensor of ", std::to_string(n),
                   " bytes: ", why);
     }
-    g_allocations.fetch_add(1, std::memory_order_relaxed);
     g_live.fetch_add(1, std::memory_order_relaxed);
     return {p, p, &DeleteManaged, cpu};
   }
@@ -105,29 +98,16 @@ class CmaCpuAllocator final : public c10::Allocator {
 
 CmaCpuAllocator g_cpu_allocator;
 
-template <typename Fn>
-void ResolveCpu(void* handle, const char* name, Fn& fn) {
-  fn = reinterpret_cast<Fn>(dlsym(handle, name));
-  TORCH_CHECK(fn != nullptr, "caching_managed_allocator: libcma.so lacks ", std::string(name),
-              " (an older library than this cma package?)");
-}
-
 }  // namespace
 
 // Makes cma PyTorch's CPU allocator. `library` is the libcma.so that cma._lib
 // loaded. Idempotent.
 void cpu_on(const std::string& library) {
-  if (cpu_api.malloc == nullptr) {
-    void* h = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-    TORCH_CHECK(h != nullptr, "caching_managed_allocator: cannot open ", library, ": ",
-                std::string(dlerror()));
-    CpuApi api;
-    ResolveCpu(h, "cma_malloc", api.malloc);
-    ResolveCpu(h, "cma_free", api.free);
-    ResolveCpu(h, "cma_last_error", api.last_error);
-    ResolveCpu(h, "cma_last_error_code", api.last_error_code);
-    cpu_api = api;
+  internal::LoadApi(library);
+  static bool atfork_registered = false;  // under the GIL
+  if (!atfork_registered) {
     pthread_atfork(&WarnBeforeFork, nullptr, &MarkForked);
+    atfork_registered = true;
   }
   c10::Allocator* current = c10::GetCPUAllocator();
   if (current == &g_cpu_allocator) return;
@@ -148,9 +128,5 @@ void cpu_off() {
   c10::SetCPUAllocator(g_previous, /*priority=*/0);
   g_on = false;
 }
-
-bool cpu_is_on() { return c10::GetCPUAllocator() == &g_cpu_allocator; }
-
-long long cpu_allocations() { return g_allocations.load(); }
 
 }  // namespace cma_torch

@@ -1,6 +1,6 @@
 """The staged optimizer step: oversubscription's way to update optimizer
 state that lives on the host (cma.torch routes it there, see
-torch._route_new_optimizer_state) at the link's full speed both ways.
+plan.route_new_optimizer_state) at the link's full speed both ways.
 
 Read in place over the link by the optimizer's kernel, the state moves at
 the rate that kernel's loads and stores reach host memory (a fused AdamW
@@ -46,12 +46,10 @@ import os
 
 import torch
 
-from cma import _lib
+from cma.torch import _placement
+from cma.torch.training._optim import ELEMENTWISE, unhooked
 
 _MIN_STAGED_BYTES = 1 << 20  # smaller state (step counters) is read in place
-_ELEMENTWISE = tuple(getattr(torch.optim, n) for n in (
-    "Adam", "AdamW", "SGD", "Adagrad", "RMSprop", "Adamax", "NAdam", "RAdam")
-    if hasattr(torch.optim, n))
 
 
 def _settings_from_env():
@@ -87,17 +85,9 @@ def _on_host(t, cache):
     try:
         if t.storage_offset() != 0 or not t.is_contiguous():
             return False
-        key = (t.data_ptr(), t.untyped_storage().nbytes())
     except Exception:  # a tensor with no storage of its own (a subclass)
         return False
-    hit = cache.get(key)
-    if hit is None:
-        try:
-            hit = _lib.placed_on_host(key[0])
-        except Exception:  # not an allocation start cma knows: read in place
-            hit = False
-        cache[key] = hit
-    return hit
+    return _placement.on_host(t, cache)
 
 
 class _Stager:
@@ -106,7 +96,7 @@ class _Stager:
 
     def __init__(self, opt):
         self.opt = opt
-        self.raw_step = _unhooked(type(opt).step)
+        self.raw_step = unhooked(type(opt).step)
         self.placement = {}  # (data_ptr, nbytes) -> lives on the host
         self.held_grads = None
         self.steps = 0  # steps staged, for tests and benchmarks
@@ -168,7 +158,7 @@ class _Stager:
             return False
         device = chunks[0][4]
         buf_bytes = max(c[3] for c in chunks)
-        if 2 * buf_bytes > _device_room(device):
+        if 2 * buf_bytes > _placement.device_room(device):
             self.unstaged_because = "too little device memory for two chunks"
             return False
         self.unstaged_because = None
@@ -250,17 +240,6 @@ class _Stager:
             self.held_grads = None
 
 
-def _device_room(device):
-    """What cma may still place on the device: its budget's device part less
-    what it has handed out there (cudaMemGetInfo cannot tell: the pages cma
-    discards stay counted as used)."""
-    st = _lib.stats(device.index)
-    device_budget = st.get("managed_budget_bytes", 0)  # (the host's part is apart)
-    on_device = (st.get("allocated_bytes.all.current", 0) -
-                 st.get("host_resident_bytes.all.current", 0))
-    return device_budget - on_device - (256 << 20)
-
-
 _PIECE_BYTES = 4 << 20
 
 
@@ -294,7 +273,7 @@ def _padded(t):
 def attach(opt):
     """Installs the staging on `opt` (once); a no-op for an optimizer whose
     class is not elementwise or whose step has no unhooked form."""
-    if getattr(opt, "_cma_stager", None) is not None or type(opt) not in _ELEMENTWISE:
+    if getattr(opt, "_cma_stager", None) is not None or type(opt) not in ELEMENTWISE:
         return
     stager = _Stager(opt)
     opt._cma_stager = stager
@@ -328,16 +307,6 @@ def order_last(opt):
     if s is not None and s.pre_handle is not None and hasattr(hooks, "move_to_end") and \
             s.pre_handle.id in hooks:
         hooks.move_to_end(s.pre_handle.id)
-
-
-def _unhooked(step):
-    """The optimizer class's step without torch.optim's hook wrapper (which
-    the class's first instance installs), or None if it cannot be told."""
-    while getattr(step, "hooked", False):
-        step = getattr(step, "__wrapped__", None)
-        if step is None:
-            return None
-    return step
 
 
 def steps_staged(opt):

@@ -1,48 +1,20 @@
-"""The optimizer's step during backward: an opt-in hint for training beyond
-the GPU's memory (cma.torch.step_in_backward(optimizer)).
-
-Why: with the optimizer's state on the host (oversubscription's placement)
-the step is bound by the link (a fused AdamW over 7.3 GB of state: 0.175 s
-on an H200), while backward is bound by the SMs. Run during backward, each
-parameter's update overlaps the backward of the layers before it.
-
-How: a post-accumulate-grad hook on every parameter collects those whose
-gradient is final; every `bucket_mib` of them (and the rest when backward
-ends) are updated by the optimizer class's own step, restricted to them, in
-the hyperparameters of the group each is in then, on a side stream (a green
-context of `sms` SMs where torch offers one) that first waits for the
-gradients. A full bucket is applied at the next parameter's hook or at
-backward's end, after the hooks registered behind this one. At backward's
-end the caller's streams wait for the side stream; optimizer.step() waits
-again and updates only what came some other way. Only elementwise
-optimizers qualify (torch.optim's Adam, AdamW, SGD, Adagrad, RMSprop,
-Adamax, NAdam, RAdam): the update of a parameter reads its gradient and
-state alone, so it is bit-identical to the whole step's.
-
-Contract (issue 47, stated in full in docs/pytorch.md): a loop gives the
-plain loop's result, or raises naming the fix. Gradients stay readable after
-backward (free_grads=True frees each once applied). The first _PROBE_STEPS
-steps are plain and checked, so a loop the hint cannot serve (hyperparameters
-or gradients changed between backward and step, a second backward, a
-discarded backward) raises before anything changed; later the same misuse
-raises one update late (the residual). torch.distributed, clipping and
-GradScaler are refused before anything of a backward is applied; param
-groups rebuilt between steps are followed. Parameters are updated in place
-on a side stream that the caller's streams wait for at backward's end.
-"""
+"""The state of one optimizer's step during backward (step_in_backward.py
+installs it and states the contract): the post-accumulate-grad hook that
+collects final gradients, the buckets applied on a side stream, the checks
+at optimizer.step() and zero_grad(), and the move of the last bucket's
+state to the device."""
 import threading
 import weakref
 
 import torch
 
-from cma import torch_staged_step
+from cma import _lib
+from cma.torch import _placement
+from cma.torch.training import staged_step
+from cma.torch.training._optim import unhooked
 
-_ELEMENTWISE = torch_staged_step._ELEMENTWISE
-_DEFAULT_SMS = 8  # on an H200, 8 SMs kept the link full (16 and 32 were slower)
 _PROBE_STEPS = 2  # plain steps first: a whole step-to-step cycle is seen before any update
 _green = {}  # (device, sms) -> (green context, side stream), shared by optimizers
-_green_errors = {}  # (device, sms) -> why no green context was made
-_live = []  # weak references to attached states, for the guards
 _graph_task = getattr(torch._C, "_current_graph_task_id", None)
 _NAME = "cma.torch.step_in_backward"
 _DROP = f"or drop the hint ({_NAME}(opt, False))"
@@ -84,7 +56,7 @@ class _InBackward:
         self.bucket_bytes = bucket_bytes
         self.sms = sms
         self.free_grads = free_grads
-        self.raw_step = torch_staged_step._unhooked(type(opt).step)
+        self.raw_step = unhooked(type(opt).step)
         self.lock = threading.RLock()
         self.hooked = set()  # ids of the parameters carrying the hook
         self.group_index = {}  # id(param) -> index of its group, looked up each iteration
@@ -256,20 +228,19 @@ class _InBackward:
     def _step(self, opt, params):
         """The class's own step over `params` alone, each in its own group's
         hyperparameters; new state routed as a whole step's would be."""
-        from cma import torch as cmat
         groups = {}
         for p in params:
             groups.setdefault(self.group_index[id(p)], []).append(p)
         saved = opt.param_groups
         tiers = []
         try:
-            if cmat._state_incomplete(opt, params):
-                tiers = cmat._state_tiers(opt, params)
+            if _placement.state_incomplete(opt, params):
+                tiers = _placement.state_tiers(opt, params)
             for t in tiers:
                 t.__enter__()
             opt.param_groups = [dict(saved[i], params=ps) for i, ps in groups.items()]
             stager = getattr(opt, "_cma_stager", None)
-            if stager is not None and torch_staged_step._settings["enabled"] and stager.run():
+            if stager is not None and staged_step._settings["enabled"] and stager.run():
                 stager.held_grads = None  # applied: nothing to hand back
             else:
                 self.raw_step(opt)
@@ -409,7 +380,7 @@ class _InBackward:
         if self.last_id in pre:
             pre.move_to_end(self.last_id)
         for hid, fn in list(pre.items()):
-            if getattr(fn, "__module__", None) == torch_staged_step.__name__:
+            if getattr(fn, "__module__", None) == staged_step.__name__:
                 pre.move_to_end(hid)
 
 
@@ -423,23 +394,22 @@ def _tail_to_device(opt, params, side_of):
     the bytes moved. An explicit host_resident() hint wins. The copies are
     made on the side stream that updates them (`side_of(device)`), so they
     belong to its pool as the host copies did."""
-    from cma import _lib
     if getattr(opt, "_cma_host_resident", False):
         return 0
     parts = []
     for p in params:
         for k, t in opt.state.get(p, {}).items():
             if torch.is_tensor(t) and t.is_cuda and t.numel() * t.element_size() >= \
-                    torch_staged_step._MIN_STAGED_BYTES and _placed_on_host(t):
+                    staged_step._MIN_STAGED_BYTES and _placement.on_host(t):
                 parts.append((p, k, t))
     need = sum(t.numel() * t.element_size() for _, _, t in parts)
     if not need:
         return 0
     spare = 256 << 20
-    staged = torch_staged_step._settings["enabled"] and \
+    staged = staged_step._settings["enabled"] and \
         not all(g.get("fused") for g in opt.param_groups)
     if staged:
-        spare += 2 * (torch_staged_step._settings["chunk_mib"] << 20)
+        spare += 2 * (staged_step._settings["chunk_mib"] << 20)
     for device in {t.device.index for _, _, t in parts}:
         st = _lib.stats(device)
         budget = st.get("managed_budget_bytes", 0)
@@ -451,7 +421,7 @@ def _tail_to_device(opt, params, side_of):
         side.wait_stream(torch.cuda.current_stream(t.device))
         with torch.cuda.stream(side):
             new = torch.empty_like(t)
-            if _placed_on_host(new):
+            if _placement.on_host(new):
                 continue  # no room after all: the host copy stays
             new.copy_(t)
         t.record_stream(side)  # read there: freed in its order whatever made it
@@ -461,13 +431,6 @@ def _tail_to_device(opt, params, side_of):
         torch.cuda.current_stream(device).wait_stream(side_of(device))
     return moved
 
-
-def _placed_on_host(t):
-    from cma import _lib
-    try:
-        return bool(_lib.placed_on_host(t.data_ptr()))
-    except Exception:  # not an allocation cma knows (PyTorch's own allocator)
-        return False
 
 
 def _side_stream(device, sms):
@@ -485,196 +448,12 @@ def _side_stream(device, sms):
                 s = torch.cuda.Stream(stream_id=g.stream_id, device_index=g.device_index,
                                       device_type=g.device_type)
                 hit = _green[(device, sms)] = (ctx, s)
-            except (ImportError, AttributeError, RuntimeError, TypeError) as e:
+            except (ImportError, AttributeError, RuntimeError, TypeError):
                 # Not offered (older torch, ROCm, no driver support): all SMs,
-                # and side_stream_sms() says None; the reason is kept.
-                _green_errors[(device, sms)] = f"{type(e).__name__}: {e}"
+                # and side_stream_sms() says None.
                 hit = _green[(device, sms)] = (None, None)
         if hit[1] is not None:
             return hit[1], sms
     return torch.cuda.Stream(device=device), None
 
 
-def attach(opt, bucket_mib=64, sms=_DEFAULT_SMS, free_grads=False):
-    """Installs the hint on `opt`; see cma.torch.step_in_backward."""
-    if not isinstance(opt, torch.optim.Optimizer):
-        raise TypeError(f"{_NAME}: {type(opt).__name__} is not a torch.optim.Optimizer")
-    if getattr(opt, "_cma_in_backward", None) is not None:
-        return opt
-    if type(opt) not in _ELEMENTWISE:
-        raise ValueError(
-            f"{_NAME}: {type(opt).__name__}'s update of a parameter may read others (only "
-            "torch.optim's " + ", ".join(c.__name__ for c in _ELEMENTWISE) + " qualify)")
-    if int(bucket_mib) <= 0 or int(sms) < 0:
-        raise ValueError(f"{_NAME}: bucket_mib must be positive and sms non-negative, not "
-                         f"{bucket_mib} and {sms}")
-    if _distributed():
-        raise ValueError(f"{_NAME}: torch.distributed is initialised; with data parallelism "
-                         "each gradient would be applied before its all-reduce")
-    state = _InBackward(opt, int(bucket_mib) << 20, int(sms), bool(free_grads))
-    if state.raw_step is None:
-        raise ValueError(f"{_NAME}: the optimizer class's step has no unhooked form")
-    taken = _hinted_ids()
-    params = []
-    for group in opt.param_groups:
-        if group.get("differentiable"):
-            raise ValueError(f"{_NAME}: a differentiable parameter group cannot be stepped "
-                             "inside backward")
-        for p in group["params"]:
-            if not p.is_cuda:
-                raise ValueError(f"{_NAME}: a parameter is not a CUDA tensor ({_shape(p)} on "
-                                 f"{p.device})")
-            if id(p) in taken:
-                raise ValueError(f"{_NAME}: a parameter {_shape(p)} carries another live "
-                                 "optimizer's hint (remove it with step_in_backward(other, False))")
-            if p.requires_grad and id(p) not in state.hooked:
-                state.hooked.add(id(p))
-                params.append(p)
-    for p in params:
-        state.handles.append(p.register_post_accumulate_grad_hook(state.on_grad))
-    first = opt.register_step_pre_hook(lambda o, a, k: state.first_pre_hook())
-    last = opt.register_step_pre_hook(lambda o, a, k: state.last_pre_hook())
-    state.first_id, state.last_id = first.id, last.id
-    state.handles += [first, last, opt.register_step_post_hook(lambda o, a, k: state.post_hook())]
-    state.order_hooks(opt)
-    _wrap_zero_grad(opt)
-    opt._cma_in_backward = state
-    _live.append(weakref.ref(state))
-    _install_guards()
-    return opt
-
-
-def _wrap_zero_grad(opt):
-    """optimizer.zero_grad() first asks the hint (a discarded backward is
-    refused); the optimizer is reached weakly, so no cycle is made."""
-    prev = opt.__dict__.get("zero_grad")
-    if getattr(prev, "_cma_in_backward", False):
-        return
-    ref, cls_zero = weakref.ref(opt), type(opt).zero_grad
-
-    def zero_grad(*args, **kwargs):
-        o = ref()
-        s = getattr(o, "_cma_in_backward", None)
-        if s is not None:
-            s.before_zero_grad(kwargs.get("set_to_none", args[0] if args else True))
-        return prev(*args, **kwargs) if prev is not None else cls_zero(o, *args, **kwargs)
-    zero_grad._cma_in_backward = True
-    zero_grad._cma_prev = prev
-    zero_grad.__doc__ = cls_zero.__doc__
-    opt.zero_grad = zero_grad
-
-
-def detach(opt):
-    """Removes the hint: gradients stay for optimizer.step() from the next
-    backward on. Whatever was applied already stays applied."""
-    state = getattr(opt, "_cma_in_backward", None)
-    if state is None:
-        return opt
-    with state.lock:
-        state._join()
-        for p, g in state.hidden:
-            if p.grad is None:
-                p.grad = g
-        state.hidden, state.pending, state.pending_bytes, state.full = [], {}, {}, set()
-        state.reached, state.noted, state.applied, state.in_step = {}, {}, set(), False
-    for h in state.handles:
-        h.remove()
-    state.handles = []
-    z = opt.__dict__.get("zero_grad")
-    if getattr(z, "_cma_in_backward", False):
-        if z._cma_prev is None:
-            del opt.zero_grad
-        else:
-            opt.zero_grad = z._cma_prev
-    opt._cma_in_backward = None
-    return opt
-
-
-def buckets_applied(opt):
-    """How many buckets `opt` applied inside backward (0 without the hint)."""
-    s = getattr(opt, "_cma_in_backward", None)
-    return 0 if s is None else s.buckets
-
-
-def probe_steps_left(opt):
-    """How many plain, checked steps remain before backward applies updates."""
-    s = getattr(opt, "_cma_in_backward", None)
-    return 0 if s is None else s.probe_left
-
-
-def tail_state_bytes(opt):
-    """Bytes of optimizer state the hint brought to the device (the last
-    bucket's, see _tail_to_device)."""
-    s = getattr(opt, "_cma_in_backward", None)
-    return 0 if s is None else s.tail_state_bytes
-
-
-def side_stream_sms(opt):
-    """{device: SMs its side stream may use, None for all} (empty before the
-    first applying backward or without the hint; why a green context could
-    not be made: torch_step_in_backward._green_errors)."""
-    s = getattr(opt, "_cma_in_backward", None)
-    return {} if s is None else dict(s.side_sms)
-
-
-def _states():
-    out = []
-    for ref in list(_live):
-        s = ref()
-        if s is None or s.opt() is None:
-            _live.remove(ref)
-        else:
-            out.append(s)
-    return out
-
-
-def _hinted_ids():
-    return {i for s in _states() for i in s.hooked}
-
-
-def _install_guards():
-    """What would silently do nothing, or the wrong thing, once gradients are
-    applied in backward is refused while a hint is attached: clipping a
-    parameter a backward reached since the last step, and GradScaler's
-    scaling."""
-    import torch.nn.utils as nn_utils
-    from torch.nn.utils import clip_grad
-    if getattr(nn_utils.clip_grad_norm_, "_cma_guarded", False):
-        return
-
-    def guarded(original):
-        def clip(parameters, *args, **kwargs):
-            ps = [parameters] if torch.is_tensor(parameters) else list(parameters)
-            states = [s for s in _states() if not s.in_step]
-            hit = [p for p in ps if any(id(p) in s.reached for s in states)]
-            if hit:
-                probing = all(s.probing for s in states if any(id(p) in s.reached for p in hit))
-                raise RuntimeError(
-                    f"{original.__name__}: {len(hit)} parameter(s) are updated during backward "
-                    f"by {_NAME} ({'not yet: its first steps are checked, nothing changed' if probing else 'already'}), "
-                    "before their gradients could be clipped; clipping cannot be combined "
-                    f"with the hint: {_DROP}")
-            return original(ps, *args, **kwargs)
-        clip._cma_guarded = True
-        clip.__name__ = original.__name__
-        clip.__doc__ = original.__doc__
-        return clip
-
-    for name in ("clip_grad_norm_", "clip_grad_value_"):
-        g = guarded(getattr(clip_grad, name))
-        setattr(clip_grad, name, g)
-        setattr(nn_utils, name, g)
-
-    scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
-    if scaler is not None:
-        original_scale = scaler.scale
-
-        def scale(self, outputs):
-            if self.is_enabled() and _states():
-                raise RuntimeError(
-                    f"GradScaler.scale: {_NAME} applies gradients during backward, before the "
-                    "scaler could unscale or skip them; use bf16 autocast (no scaler) or drop "
-                    "the hint")
-            return original_scale(self, outputs)
-        scale.__doc__ = original_scale.__doc__
-        scaler.scale = scale
