@@ -4,10 +4,11 @@
 // populates and zeroes every page, then the driver locks and maps them.
 // One chunk after another (256 MiB each, its pages touched by 16 threads)
 // pinned 5 GB at 22.4 GB/s on an H200 host; 8 threads each pinning their own
-// chunks reached 28.1 GB/s (bench/cuda/sleep_phases_experiment.cu,
-// PinWays). The pinner starts that work for every chunk a Sleep will need
-// and hands the chunks out in order as each is ready, so the Sleep queues
-// the copies into one chunk while the next ones are still being pinned.
+// chunks reached 28.1 GB/s (the sleep phases experiment's PinWays:
+// bench/results/README.md, Settled experiments). The pinner starts that
+// work for every chunk a Sleep will need and hands the chunks out in order
+// as each is ready, so the Sleep queues the copies into one chunk while the
+// next ones are still being pinned.
 //
 // Thread safety: one owner thread calls Next; the workers only call the
 // backend's AllocatePinnedHost and FreePinnedHost (thread-safe by the

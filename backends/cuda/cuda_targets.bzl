@@ -11,14 +11,18 @@ def cuda_targets():
         srcs = [
             "cuda_backend.cc",
             "cuda_capture.cc",
+            "cuda_managed.cc",
             "cuda_pinned.cc",
             "cuda_shmem.cc",
             "cuda_status.cc",
+            "cuda_streams.cc",
+            "cuda_vmm.cc",
             "driver_api.cc",
             "nvshmem_api.cc",
         ],
         hdrs = [
             "cuda_backend.h",
+            "cuda_backend_internal.h",
             "cuda_capture.h",
             "cuda_pinned.h",
             "cuda_shmem.h",

@@ -16,7 +16,7 @@
 namespace cma {
 namespace {
 
-constexpr std::size_t kHostPage = std::size_t{2} << 20;  // as host_backend.cc's
+constexpr std::size_t kHostPage = std::size_t{2} << 20;  // as host_managed.cc's
 
 }  // namespace
 
