@@ -116,14 +116,70 @@ _PATCH = _patches.register("torch.utils.data.DataLoader.__init__",
                            lambda: [(torch.utils.data.DataLoader, "__init__")], _wrap)
 
 
+# Pickling a CPU storage for another process (forkserver or spawn workers,
+# torch.multiprocessing queues) makes PyTorch move it into shared memory in
+# place: the storage's memory is swapped and the old one freed. For a
+# storage in cma's host pool that frees memory under every zero-copy alias
+# of it (x.to("cuda") made before) and ends its being cma's. So while the
+# switch is on, such a storage is pickled as a shared-memory copy and the
+# original stays as it is. A copy costs what the in-place move costs (one
+# copy into shared memory); what the parent changes afterwards is not seen
+# by the children, as with any pickled data.
+_reducer_saved = None  # (the reducer that was registered,) while installed
+
+
+def _storage_reducer(previous):
+    from cma import _lib
+
+    def reduce(storage):
+        if (storage.device.type == "cpu" and storage.nbytes() > 0 and not storage.is_shared()
+                and _lib.allocation_size(storage.data_ptr()) is not None):
+            copy = torch.UntypedStorage._new_shared(storage.nbytes())
+            copy.copy_(storage)
+            _keep_until_exit.append(copy)  # file_system sharing: the name must outlive the send
+            return previous(copy)
+        return previous(storage)
+    reduce._cma_wraps = previous
+    return reduce
+
+
+_keep_until_exit = []
+
+
+def _install_storage_reducer():
+    global _reducer_saved
+    from multiprocessing.reduction import ForkingPickler
+    import torch.multiprocessing.reductions  # noqa: F401 - registers PyTorch's reducers
+    if _reducer_saved is not None:
+        return
+    reducers = ForkingPickler._extra_reducers
+    previous = reducers.get(torch.UntypedStorage)
+    if previous is None:
+        return
+    reducers[torch.UntypedStorage] = _storage_reducer(previous)
+    _reducer_saved = (previous,)
+
+
+def _uninstall_storage_reducer():
+    global _reducer_saved
+    from multiprocessing.reduction import ForkingPickler
+    if _reducer_saved is None:
+        return
+    reducers = ForkingPickler._extra_reducers
+    if getattr(reducers.get(torch.UntypedStorage), "_cma_wraps", None) is _reducer_saved[0]:
+        reducers[torch.UntypedStorage] = _reducer_saved[0]
+    _reducer_saved = None
+
+
 def install():
     """Wraps DataLoader.__init__ (idempotent). The choice is made per
     DataLoader at its construction, so loaders made while the switch is off
-    keep fork."""
+    keep fork. Also makes cma's storages pickle as copies (above)."""
     if _PATCH.installed:
         return
     _opted_out()  # a bad value fails at the switch, not at the first loader
     _PATCH.install()
+    _install_storage_reducer()
 
 
 def uninstall():
@@ -131,3 +187,4 @@ def uninstall():
     since (then cma's wrapper stays, and decides nothing while the patch is
     not installed)."""
     _PATCH.uninstall()
+    _uninstall_storage_reducer()

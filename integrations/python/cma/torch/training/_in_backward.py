@@ -115,7 +115,7 @@ class _InBackward:
                 n = self.noted.get(id(p))
                 p.grad = None  # refused: this backward's gradient is dropped
                 if n is not None:
-                    self.noted[id(p)] = (p, n[1], None, None)
+                    self.noted[id(p)] = (p, n[1], None, None, n[4])
                 raise RuntimeError(
                     f"{_NAME}: a second backward reached a parameter {_shape(p)} before "
                     f"optimizer.step() ({self._when()}); gradients cannot accumulate over "
@@ -204,7 +204,7 @@ class _InBackward:
                 if self.probing:  # what would be applied, checked at the step
                     for p in ps:
                         self.noted[id(p)] = (p, hyper[self.group_index[id(p)]], p.grad,
-                                             p.grad._version)
+                                             p.grad._version, p._version)
                     continue
                 side = self._side(d)
                 for (dd, _), (_, ev) in self.ready.items():
@@ -218,8 +218,9 @@ class _InBackward:
                     keep = None if self.free_grads else g
                     p.grad = keep  # (the staging's path takes it)
                     self.applied.add(id(p))
+                    # p's version after its update (bumped when the update is queued)
                     self.noted[id(p)] = (p, hyper[self.group_index[id(p)]], keep,
-                                         None if keep is None else g._version)
+                                         None if keep is None else g._version, p._version)
                 done += ps
                 self.buckets += 1
             if done:
@@ -321,7 +322,7 @@ class _InBackward:
                     now[id(p)] = h
         moved = [(n, now.get(i)) for i, n in self.noted.items() if not _same(now.get(i), n[1])]
         if moved:
-            (p, before, _, _), after = moved[0]
+            (p, before, _, _, _), after = moved[0]
             keys = sorted(k for k in dict(before) if after is None or
                           not _same(dict(before).get(k), dict(after).get(k, object())))
             if after is not None:
@@ -336,6 +337,14 @@ class _InBackward:
                 f"them during backward with the values set then; {self._when()}. Fix: change "
                 "hyperparameters after optimizer.step() (step schedulers after the "
                 f"optimizer) or before the forward, {_DROP}")
+        written = [n[0] for n in self.noted.values() if n[0]._version != n[4]]
+        if written:
+            raise RuntimeError(
+                f"{_NAME}: {len(written)} parameter(s) (the first {_shape(written[0])}) were "
+                "written in place between backward and optimizer.step() (a max-norm "
+                "projection, weights loaded or reset before the step), while the hint updates "
+                f"each during backward; {self._when()}. Fix: write parameters after "
+                f"optimizer.step() or before the forward, {_DROP}")
         if not grads:
             return
         edited = [n[0] for n in self.noted.values()

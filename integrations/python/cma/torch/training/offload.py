@@ -112,11 +112,12 @@ class _Group:
 class _Saved:
     """A saved activation that lives on the host until backward wants it."""
     __slots__ = ("host", "device", "ready", "stream", "group", "index", "nbytes", "consumed",
-                 "__weakref__")
+                 "source", "version", "__weakref__")
 
     def __init__(self, host, group, nbytes):
         self.host, self.device, self.ready, self.stream = host, None, None, None
         self.group, self.index, self.nbytes, self.consumed = group, len(group.items), nbytes, False
+        self.source, self.version = None, None  # set by _pack: the saved tensor, weakly
         group.items.append(weakref.ref(self))
 
     def __del__(self):
@@ -259,14 +260,55 @@ def _overflow(index):
     return _lib.stats(index).get("host_overflow_bytes", 0)  # (cumulative)
 
 
+class _Kept:
+    """A saved tensor the offload leaves where it is. Under saved-tensor
+    hooks autograd skips its check that a saved tensor was not modified in
+    place after it was saved, so every tensor these hooks see carries its
+    version at save, checked at unpack (_check_version)."""
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, tensor, version):
+        self.tensor, self.version = tensor, version
+
+
+def _version(t):
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors keep no version
+        return None
+
+
+def _check_version(t, saved):
+    if saved is None or t is None:
+        return
+    now = _version(t)
+    if now is not None and now != saved:
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified by an "
+            f"inplace operation: [{t.type()} {list(t.shape)}] is at version {now}; expected "
+            f"version {saved} instead (checked by cma's activation offload, whose saved-tensor "
+            "hooks turn off autograd's own check). Hint: do not modify a tensor in place "
+            "after the forward saved it, or clone it first.")
+
+
 def _pack(t):
     o = _offloaders.get(t.device.index) if t.is_cuda else None
-    return t if o is None else o.pack(t)
+    out = t if o is None else o.pack(t)
+    if out is t:
+        return _Kept(t, _version(t))
+    out.source, out.version = weakref.ref(t), _version(t)
+    return out
 
 
 def _unpack(s):
+    if isinstance(s, _Kept):
+        _check_version(s.tensor, s.version)
+        return s.tensor
     if not isinstance(s, _Saved):
         return s
+    # The source is gone only if nothing held it after the save; then nothing
+    # could write it after the save through autograd's graph either.
+    _check_version(s.source(), s.version)
     return _offloaders[s.host.device.index].unpack(s)
 
 
