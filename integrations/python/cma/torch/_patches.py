@@ -14,6 +14,7 @@ The patches (registered by the modules that own them):
   torch.Tensor.to / .cpu / .cuda               cpu_switch.py: moves under managed_cpu()
   torch.utils.data.DataLoader.__init__         dataloader.py: forkserver workers
   clip_grad_norm_ / clip_grad_value_,          training/step_in_backward.py: refused
+  torch.nn.Module.zero_grad(False) (free_grads),
   torch.amp.GradScaler.scale                   while the hint is attached
 Thread safety: install() and uninstall() run under the GIL, from calls that
 PyTorch users make from one thread (use_as_default, managed_cpu, ...).

@@ -227,6 +227,27 @@ def _guarded_scale(original_scale):
     return scale
 
 
+def _guarded_module_zero_grad(original):
+    if getattr(original, "_cma_guarded", False):
+        return None
+
+    def zero_grad(self, set_to_none=True):
+        # free_grads=True: a gradient applied in backward is gone, so zeroing
+        # in place would skip a parameter the backward did not reach; the
+        # optimizer's zero_grad refuses it, and so does the module's.
+        if not set_to_none:
+            states = [s for s in _states() if s.free_grads]
+            if states:
+                mine = {id(p) for p in self.parameters()}
+                for s in states:
+                    if mine & set(s.hooked):
+                        s.before_zero_grad(False)
+        return original(self, set_to_none)
+    zero_grad._cma_guarded = True
+    zero_grad.__doc__ = original.__doc__
+    return zero_grad
+
+
 def _clip_targets(name):
     # torch.nn.utils re-exports clip_grad's functions: both names are guarded.
     return lambda: [(clip_grad, name), (nn_utils, name)]
@@ -237,6 +258,8 @@ _GUARDS = (
                       _guarded_clip),
     _patches.register("torch.nn.utils.clip_grad_value_", _clip_targets("clip_grad_value_"),
                       _guarded_clip),
+    _patches.register("torch.nn.Module.zero_grad", lambda: [(torch.nn.Module, "zero_grad")],
+                      _guarded_module_zero_grad),
     _patches.register("torch.amp.GradScaler.scale",
                       lambda: [(getattr(getattr(torch, "amp", None), "GradScaler", None),
                                 "scale")],
