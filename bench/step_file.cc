@@ -1,6 +1,6 @@
 #include "bench/step_file.h"
 
-#include <zlib.h>
+#include "bench/trace.h"
 
 #include <algorithm>
 #include <vector>
@@ -104,17 +104,9 @@ absl::StatusOr<StepFile> ParseStepFile(absl::string_view text, absl::string_view
 }
 
 absl::StatusOr<StepFile> ReadStepFile(const std::string& path) {
-  // gzopen reads plain files too.
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr) return absl::InvalidArgumentError(absl::StrCat("cannot open step file ", path));
-  std::string text;
-  char buf[1 << 16];
-  int n;
-  while ((n = gzread(f, buf, sizeof(buf))) > 0) text.append(buf, n);
-  const bool failed = n < 0;
-  gzclose(f);
-  if (failed) return absl::InvalidArgumentError(absl::StrCat("cannot decompress step file ", path));
-  return ParseStepFile(text, path);
+  auto text = ReadMaybeGzipped(path, "step file");
+  if (!text.ok()) return text.status();
+  return ParseStepFile(*text, path);
 }
 
 }  // namespace cma

@@ -41,18 +41,26 @@ absl::StatusOr<std::vector<TraceOp>> ParseTrace(absl::string_view text, absl::st
   return ops;
 }
 
-absl::StatusOr<std::vector<TraceOp>> ReadTrace(const std::string& path) {
+absl::StatusOr<std::string> ReadMaybeGzipped(const std::string& path, absl::string_view what) {
   // gzopen reads plain files too.
   gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr) return absl::InvalidArgumentError(absl::StrCat("cannot open trace ", path));
+  if (f == nullptr) return absl::InvalidArgumentError(absl::StrCat("cannot open ", what, " ", path));
   std::string text;
   char buf[1 << 16];
   int n;
   while ((n = gzread(f, buf, sizeof(buf))) > 0) text.append(buf, n);
   const bool failed = n < 0;
   gzclose(f);
-  if (failed) return absl::InvalidArgumentError(absl::StrCat("cannot decompress trace ", path));
-  return ParseTrace(text, path);
+  if (failed) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot decompress ", what, " ", path));
+  }
+  return text;
+}
+
+absl::StatusOr<std::vector<TraceOp>> ReadTrace(const std::string& path) {
+  auto text = ReadMaybeGzipped(path, "trace");
+  if (!text.ok()) return text.status();
+  return ParseTrace(*text, path);
 }
 
 }  // namespace cma

@@ -23,6 +23,8 @@ struct TraceOp {
 };
 
 absl::StatusOr<std::vector<TraceOp>> ReadTrace(const std::string& path);
+// The whole text of a file, gzip'ed or plain; errors name `what` and the path.
+absl::StatusOr<std::string> ReadMaybeGzipped(const std::string& path, absl::string_view what);
 // Parses trace text already in memory (used by ReadTrace and the fuzzer).
 absl::StatusOr<std::vector<TraceOp>> ParseTrace(absl::string_view text,
                                                 absl::string_view name = "trace");
