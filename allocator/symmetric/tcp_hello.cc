@@ -56,9 +56,10 @@ std::string Busy() {
 void DropUnjudged(int fd) {
   const std::string busy = Busy();
   (void)send(fd, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  char sink[256];
-  while (recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
-  }
+  // One bounded read (a real connector sends one hello at most): a loop
+  // would let a peer that keeps sending hold party 0 past its deadline.
+  char sink[kTcpHello];
+  (void)recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
   shutdown(fd, SHUT_WR);
   close(fd);
 }

@@ -129,7 +129,8 @@ class Heap:
         self.hosts = list(dict.fromkeys(hosts))
         self.leader_ranks = [hosts.index(h) for h in self.hosts]
         self.host_index = self.hosts.index(host)
-        if leaders is not None and not hasattr(leaders, "allgather"):
+        if leaders is not None and not any(
+                hasattr(leaders, m) for m in ("allgather_bytes", "Allgather", "allgather")):
             leaders = leaders(list(self.leader_ranks))
         # Kept: the heap calls it on leaders in every collective.
         self._leaders_callback = None
