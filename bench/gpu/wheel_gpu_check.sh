@@ -86,11 +86,15 @@ if grep -E "absl|sodium" "$out/ldd.txt" | grep -v "=> $site/cma/"; then
 fi
 
 status=0
-# WHEEL_CHECK_SUITES picks the suites (default both), e.g. to rerun one.
+# WHEEL_CHECK_SUITES picks the suites (default both), e.g. to rerun one;
+# WHEEL_CHECK_K, a pytest -k expression, a subset of the torch suite (the
+# whole suite takes longer than one device call).
 suites="${WHEEL_CHECK_SUITES:-torch numba}"
+select=()
+[[ -n ${WHEEL_CHECK_K:-} ]] && select=(-k "$WHEEL_CHECK_K")
 if [[ $suites == *torch* ]]; then
   PATH="$venv/bin:$PATH" CMA_RESULTS="$out/torch_routes.json" timeout 420 \
-    "$vpy" -m pytest -q -p no:cacheprovider --junitxml="$out/torch_junit.xml" torch_gpu_test.py \
+    "$vpy" -m pytest -q -p no:cacheprovider --junitxml="$out/torch_junit.xml" "${select[@]}" torch_gpu_test.py \
     > "$out/torch.txt" 2>&1 || status=1
   echo "torch_gpu_test: $(tail -1 "$out/torch.txt")" | tee -a "$out/summary.txt"
   # A skipped suite (no GPU seen) is not a proof.
