@@ -161,7 +161,8 @@ void DeviceAllocator::ReleasePages(Block* b) {
   untouch_edge(first);
   // Only idle pages are ever discarded, so every page of a block in use is
   // populated (CheckInvariants verifies it): no need to count.
-  if (last > first + 1) idle += last - first - 1;
+  // (An away block's inner pages are not populated: away.cc forgets them.)
+  if (last > first + 1 && !b->away) idle += last - first - 1;
   if (last != first) untouch_edge(last);
   idle_pages_ += idle;
   stats_.idle_populated_bytes += static_cast<std::int64_t>(idle * kPageSize);

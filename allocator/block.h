@@ -64,6 +64,12 @@ struct Block {
   // without migrating (a Move, the caller's writes after it, a Wake clear
   // it).
   bool sleep_dropped = false;
+  // Allocated blocks in an arena: SendAway prefetched the pages strictly
+  // inside it (all but its first and last page, which neighbours may share)
+  // to the host and the page map counts them as unpopulated, until
+  // BringBack, a Move or a Sleep counts them again or the free discards
+  // them (allocator/away.cc).
+  bool away = false;
   int pending_events = 0;  // > 0 while freed but still used by other streams
   // Free blocks: when the block was last used, as DeviceAllocator's count of
   // frees; 0 when it has not been used since a moment its stream was known

@@ -159,6 +159,45 @@ absl::Status CachingManagedAllocator::Move(void* ptr, Location target, Stream st
   return MoveBatch({&ptr, 1}, target, stream, contents_dead);
 }
 
+absl::Status CachingManagedAllocator::SendAway(absl::Span<void* const> ptrs, Stream stream) {
+  return SetAway(ptrs, /*away=*/true, stream);
+}
+
+absl::Status CachingManagedAllocator::BringBack(absl::Span<void* const> ptrs, Stream stream) {
+  return SetAway(ptrs, /*away=*/false, stream);
+}
+
+absl::Status CachingManagedAllocator::SetAway(absl::Span<void* const> ptrs, bool away,
+                                              Stream stream) {
+  const char* what = away ? "send_away" : "bring_back";
+  std::vector<std::vector<void*>> groups(devices_.size());
+  for (void* p : ptrs) {
+    absl::StatusOr<int> d = DeviceOf(p);
+    if (!d.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("cma: %s of %p, which is not an allocation of this allocator", what, p));
+    }
+    if (*d == kHostDevice) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "cma: %s of %p, an allocation of the host pool: it lives on the host", what, p));
+    }
+    groups[static_cast<std::size_t>(*d)].push_back(p);
+  }
+  // Every device's group is checked before any moves.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (std::size_t d = 0; d < groups.size(); ++d) {
+      if (groups[d].empty()) continue;
+      absl::Status s = devices_[d]->SetAway(groups[d], away, stream, /*check_only=*/pass == 0);
+      if (absl::IsNotFound(s)) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("cma: an allocation was freed during %s", what));
+      }
+      if (!s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CachingManagedAllocator::MoveBatch(absl::Span<void* const> ptrs, Location target,
                                                 Stream stream, bool contents_dead) {
   if (!target.is_host() &&

@@ -86,6 +86,29 @@ class CachingManagedAllocator {
   // Several allocations in one batch call per device (e.g. a model's tensors).
   absl::Status MoveBatch(absl::Span<void* const> ptrs, Location target, Stream stream,
                          bool contents_dead = false);
+  // The away state (issue 48): a live allocation whose data waits on the
+  // host while the work does not need it, so that the device's part holds
+  // what it needs next. SendAway prefetches the 2 MiB pages strictly inside
+  // each allocation (its first and last page may hold neighbours' data and
+  // stay) to the host, ordered on `stream` after the work queued there, and
+  // they stop counting in reserved_bytes (away_bytes counts them);
+  // BringBack prefetches them to the device again, ordered the same way,
+  // discarding idle cached pages when the budget needs the room. Same
+  // addresses, data kept; a kernel that touches an away allocation reads
+  // and writes it correctly (the pages migrate on demand, slower, and count
+  // again only when brought back). `stream` must be of the allocation's
+  // device; the allocation's free then waits for it, as after RecordStream.
+  // Each call checks every pointer before any moves and changes nothing if
+  // one fails: kInvalidArgument for a pointer that is not a live allocation
+  // of this allocator or a bad stream; kFailedPrecondition for one that
+  // cannot be away (the host's, the host tier's, a private pool's, another
+  // allocator's, a classic segment's, one a Sleep left) or while a pool is
+  // being allocated to; BringBack's kResourceExhausted when the device's
+  // part cannot hold them even with every idle page discarded. Sending an
+  // away allocation, or bringing back one that is not, is a no-op. A Move
+  // or a Sleep of an away allocation counts it back first.
+  absl::Status SendAway(absl::Span<void* const> ptrs, Stream stream);
+  absl::Status BringBack(absl::Span<void* const> ptrs, Stream stream);
   // Sleep mode, as vLLM's (which unmaps and remaps), keeping addresses:
   // every allocation of `device` leaves it, ordered on `stream`, so that its
   // memory is reclaimable by the driver (another process's cudaMalloc can
@@ -270,6 +293,8 @@ class CachingManagedAllocator {
   absl::Status CheckInvariants();
 
  private:
+  // SendAway and BringBack: grouped by device, all checked before any acts.
+  absl::Status SetAway(absl::Span<void* const> ptrs, bool away, Stream stream);
   CachingManagedAllocator(Backend& backend, AllocatorConfig config)
       : backend_(backend), config_(std::move(config)) {}
   absl::StatusOr<DeviceAllocator*> Device(int device);

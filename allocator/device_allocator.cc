@@ -353,6 +353,7 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
   b->pages_discarded = false;
   b->discarded_from = 0;
   b->sleep_dropped = false;
+  b->away = false;
   b->stream_uses.clear();
   if (ABSL_PREDICT_FALSE(recording_)) RecordAllocation(b);
   const PoolKind size_class = b->size_class = PoolFor(rounded);
@@ -479,6 +480,10 @@ void DeviceAllocator::BecameFree(Block* b, bool keep_recent) {
   UpdateStat(stats_.active_bytes, b->size_class, -static_cast<std::int64_t>(b->size));
   if (b->segment->arena) ReleasePages(b);
   bool forgot_pages = false;
+  if (ABSL_PREDICT_FALSE(b->away)) {
+    forgot_pages = true;
+    ForgetAway(b);
+  }
   if (ABSL_PREDICT_FALSE(b->pages_discarded)) {
     forgot_pages = true;
     // A Sleep discarded its pages on sleep_wake_stream_: whoever populates them

@@ -107,6 +107,16 @@ class DeviceAllocator {
   // here. Lets a batch over several devices refuse those before any of
   // them moves.
   absl::Status CheckMovable(absl::Span<void* const> ptrs) ABSL_LOCKS_EXCLUDED(mu_);
+  // The away state (away.cc; see CachingManagedAllocator::SendAway): with
+  // `away`, the allocations at `ptrs` are sent to the host, else brought
+  // back, ordered on `stream`. Every pointer is checked first, and nothing
+  // changes when one fails: kNotFound for one not allocated here,
+  // kFailedPrecondition for one that cannot be away, kInvalidArgument for a
+  // bad stream, kResourceExhausted when bringing back would pass the
+  // budget even with every idle page discarded. `check_only`: the checks
+  // alone (a batch over several devices checks all before any acts).
+  absl::Status SetAway(absl::Span<void* const> ptrs, bool away, Stream stream, bool check_only)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Marks the allocation at `ptr` as disposable (its contents may be
   // discarded by Sleep) until it is freed.
   absl::Status SetDisposable(void* ptr, bool disposable) ABSL_LOCKS_EXCLUDED(mu_);
@@ -161,6 +171,15 @@ class DeviceAllocator {
 
  private:
   absl::Status CheckStream(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ---- the away state (away.cc) ----
+  // Why block `b` cannot be sent away; OK if it can.
+  absl::Status Awayable(const Block& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An away block's pages count on the device again, with no transfer (a
+  // Move or a Sleep places them from there).
+  void CountBack(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountBackAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The free of an away block: its pages on the host hold nothing any more.
+  void ForgetAway(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // CheckInvariants for one arena's page maps; adds its idle pages.
   absl::Status CheckArenaPages(const Segment* seg, std::size_t* idle_pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

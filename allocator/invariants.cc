@@ -44,12 +44,19 @@ absl::Status DeviceAllocator::CheckArenaPages(const Segment* seg, std::size_t* i
   // Recount: edge users from every block in use, and which pages it uses.
   std::vector<std::uint32_t> edges(n, 0);
   std::vector<bool> used(n, false);
+  std::vector<bool> away(n, false);  // inner pages of away blocks
   for (const Block* b = seg->first; b != nullptr; b = b->next) {
+    if (b->away && b->is_free()) {
+      return Broken(absl::StrFormat("free block %#x is marked away", b->addr));
+    }
     if (b->is_free()) continue;
     const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + b->size - 1);
     ++edges[first];
     if (last != first) ++edges[last];
     for (std::size_t p = first; p <= last; ++p) used[p] = true;
+    if (b->away) {
+      for (std::size_t p = first + 1; p < last; ++p) away[p] = true;
+    }
   }
   std::size_t populated = 0;
   for (std::size_t p = 0; p < n; ++p) {
@@ -57,7 +64,11 @@ absl::Status DeviceAllocator::CheckArenaPages(const Segment* seg, std::size_t* i
       return Broken(absl::StrFormat("arena %#x page %d has %d edge users, recount %d", seg->base,
                                     p, seg->pages.edge_users(p), edges[p]));
     }
-    if (used[p] && !seg->pages.populated(p)) {
+    if (away[p] && seg->pages.populated(p)) {
+      return Broken(absl::StrFormat("arena %#x page %d is an away block's but populated",
+                                    seg->base, p));
+    }
+    if (used[p] && !away[p] && !seg->pages.populated(p)) {
       return Broken(absl::StrFormat("arena %#x page %d is in use but not populated", seg->base, p));
     }
     populated += seg->pages.populated(p);
@@ -73,7 +84,7 @@ absl::Status DeviceAllocator::CheckArenaPages(const Segment* seg, std::size_t* i
 
 absl::Status DeviceAllocator::CheckInvariants() {
   MutexLock l(&mu_);
-  Recount segments, allocated, requested, active, inactive_split;
+  Recount segments, allocated, requested, active, inactive_split, away_bytes;
   std::size_t idle_pages = 0;
   std::size_t free_blocks[3] = {0, 0, 0};  // small, large, host tier
   std::int64_t host_bytes = 0;
@@ -143,6 +154,15 @@ absl::Status DeviceAllocator::CheckInvariants() {
       expect += b->size;
       const bool recent = b == RecentOf(seg->pool);
       const bool in_pool = recent || FreeListOf(seg).contains(const_cast<Block*>(b));
+      if (b->away) {
+        if (!seg->arena || b->mempool != 0) {
+          return Broken(absl::StrFormat("block %#x is away outside the shared cache's arenas",
+                                        b->addr));
+        }
+        const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + b->size - 1);
+        away_bytes.Add(b->size_class,
+                       static_cast<std::int64_t>((std::max(last, first + 1) - first - 1) * kPageSize));
+      }
       if (b->allocated) {
         ++allocated_blocks;
         auto it = allocated_.find(b->addr);
@@ -210,6 +230,7 @@ absl::Status DeviceAllocator::CheckInvariants() {
   if (absl::Status s = Compare("active", stats_.active, active.count); !s.ok()) return s;
   if (absl::Status s = Compare("active_bytes", stats_.active_bytes, active.bytes); !s.ok()) return s;
   if (absl::Status s = Compare("inactive_split", stats_.inactive_split, inactive_split.count); !s.ok()) return s;
+  if (absl::Status s = Compare("away_bytes", stats_.away_bytes, away_bytes.bytes); !s.ok()) return s;
   if (absl::Status s = Compare("inactive_split_bytes", stats_.inactive_split_bytes, inactive_split.bytes); !s.ok()) return s;
   return absl::OkStatus();
 }

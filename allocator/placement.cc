@@ -191,6 +191,9 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
       return s;
     }
   }
+  // An away allocation moves from where it is, counted on its device again
+  // (as a Move to the host leaves any allocation counted).
+  for (Block* b : blocks) CountBack(b);
   // Contents a Sleep staged come back first (copied into their pages at
   // the target), or are forgotten if the caller declares them dead.
   if (ABSL_PREDICT_FALSE(!staged_.empty())) {

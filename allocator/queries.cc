@@ -45,7 +45,8 @@ void DeviceAllocator::ResetPeakStats() {
   for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
                        &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
                        &stats_.inactive_split_bytes, &stats_.requested_bytes,
-                       &stats_.host_staging_bytes, &stats_.host_resident_bytes}) {
+                       &stats_.host_staging_bytes, &stats_.host_resident_bytes,
+                       &stats_.away_bytes}) {
     for (Stat& s : *a) s.peak = s.current;
   }
   peak_live_pages_ = populated_pages() - idle_pages_;
@@ -56,7 +57,8 @@ void DeviceAllocator::ResetAccumulatedStats() {
   for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
                        &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
                        &stats_.inactive_split_bytes, &stats_.requested_bytes,
-                       &stats_.host_staging_bytes, &stats_.host_resident_bytes}) {
+                       &stats_.host_staging_bytes, &stats_.host_resident_bytes,
+                       &stats_.away_bytes}) {
     for (Stat& s : *a) s.allocated = s.freed = 0;
   }
   stats_.num_alloc_retries = stats_.num_ooms = stats_.num_device_alloc = stats_.num_device_free = 0;
@@ -66,6 +68,7 @@ void DeviceAllocator::ResetAccumulatedStats() {
   stats_.sleep_staged_bytes = stats_.sleep_restored_bytes = 0;
   stats_.num_wake_fences = 0;
   stats_.num_host_placements = stats_.host_overflow_bytes = 0;
+  stats_.sent_away_bytes = stats_.brought_back_bytes = 0;
 }
 
 void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
@@ -128,6 +131,7 @@ void DeviceAllocator::AppendSnapshot(std::vector<SegmentSnapshot>* out) {
       }
       bs.populated_end = populated_end(b->addr, b->size);
       bs.own_segment = b->no_split;
+      bs.away = b->away;
       bs.state = b->allocated ? "active_allocated"
                               : (b->pending_events > 0 ? "active_pending_free" : "inactive");
       if (b->allocated) {

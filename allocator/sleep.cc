@@ -130,6 +130,9 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
   MutexLock l(&mu_);
   if (absl::Status s = RefuseWhileQuiet("sleep"); !s.ok()) return s;
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
+  // Away allocations count on the device again and leave as the rest do
+  // (their pages on the host: a migration leaves them there).
+  CountBackAll();
   // Who leaves how: kept blocks are staged (copied out, then discarded)
   // within the bound; a kept block that stays where it is (already on the
   // host), or every one at level 0 or with staging off, migrates. Their
@@ -429,6 +432,8 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
     return absl::Status(w.code(), absl::StrCat("cma: wake could not order after the sleep: ",
                                                w.message()));
   }
+  // Everything comes back, also what was sent away while asleep.
+  CountBackAll();
   const Location here = Location::Device(device_);
   std::vector<Range> migrate, repopulate;
   std::vector<StagedPart> parts;

@@ -28,6 +28,9 @@ struct BlockSnapshot {
   std::size_t populated_end = 0;
   // A no_split pool's block: a segment of its own in PyTorch's terms.
   bool own_segment = false;
+  // A live allocation sent away (allocator/away.cc): the pages strictly
+  // inside it wait on the host, not counted in populated_end's pages.
+  bool away = false;
 };
 
 struct SegmentSnapshot {

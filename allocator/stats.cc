@@ -31,7 +31,7 @@ void AddArray(StatArray& a, const StatArray& b) {
 #define CMA_FOR_EACH_STAT_ARRAY(X)                                                       \
   X(allocation) X(segment) X(active) X(inactive_split) X(allocated_bytes) X(reserved_bytes) \
   X(active_bytes) X(inactive_split_bytes) X(requested_bytes) X(host_staging_bytes) \
-  X(host_resident_bytes)
+  X(host_resident_bytes) X(away_bytes)
 #define CMA_FOR_EACH_COUNTER(X)                                                          \
   X(num_alloc_retries) X(num_ooms) X(num_device_alloc) X(num_device_free)                 \
   X(num_sync_all_streams) X(num_cross_stream_reuse) X(prefetch_calls)                     \
@@ -40,7 +40,7 @@ void AddArray(StatArray& a, const StatArray& b) {
   X(virtual_bytes) X(idle_populated_bytes) X(num_pages_populated) X(num_pages_discarded)  \
   X(discard_calls) X(num_discard_waits) X(sleep_staged_bytes) X(sleep_restored_bytes)  \
   X(num_wake_fences) X(host_budget_bytes) X(num_host_placements)    \
-  X(host_overflow_bytes)
+  X(host_overflow_bytes) X(sent_away_bytes) X(brought_back_bytes)
 
 std::map<std::string, std::int64_t> DeviceStats::Flatten() const {
   std::map<std::string, std::int64_t> m;

@@ -56,6 +56,9 @@ struct DeviceStats {
   // Oversubscription: managed memory this allocator placed on the host, for
   // the device to read and write over the link (only .all is used).
   StatArray host_resident_bytes;
+  // The away state (allocator/away.cc): bytes of live allocations whose
+  // pages wait on the host (not in reserved_bytes), by size class.
+  StatArray away_bytes;
   std::int64_t num_alloc_retries = 0;
   std::int64_t num_ooms = 0;
   std::int64_t num_device_alloc = 0;
@@ -95,6 +98,10 @@ struct DeviceStats {
   // would need to make room for (cma.torch's activation offload learns
   // from it).
   std::int64_t host_overflow_bytes = 0;
+  // Bytes SendAway sent to the host and BringBack brought back (a Move or
+  // Sleep of an away allocation counts it back without a transfer).
+  std::int64_t sent_away_bytes = 0;
+  std::int64_t brought_back_bytes = 0;
 
   // Flattened as PyTorch does: "allocated_bytes.all.current", "num_ooms", ...
   std::map<std::string, std::int64_t> Flatten() const;

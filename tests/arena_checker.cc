@@ -34,9 +34,11 @@ std::uint32_t ByteSource::Next(std::uint32_t bound) {
 
 absl::StatusOr<std::unique_ptr<ArenaChecker>> ArenaChecker::Create(absl::string_view config,
                                                                    std::size_t capacity,
-                                                                   bool pool_checkpoints) {
+                                                                   bool pool_checkpoints,
+                                                                   bool away_steps) {
   std::unique_ptr<ArenaChecker> c(new ArenaChecker);
   c->pool_checkpoints_ = pool_checkpoints;
+  c->away_steps_ = away_steps;
   c->capacity_ = capacity;
   // Pinned memory for a quarter of the device: big sleeps also take the
   // path where staging runs out and the rest migrates.
@@ -514,6 +516,13 @@ absl::Status ArenaChecker::DoForget(StepSource& in) {
 absl::Status ArenaChecker::Step(StepSource& in) {
   ++steps_;
   absl::Status s;
+  if (away_steps_ && in.Next(10) == 0) {
+    s = DoAway(in);
+    if (!s.ok()) {
+      return s.code() == absl::StatusCode::kFailedPrecondition ? s : Violation(s.ToString());
+    }
+    return AfterStep();
+  }
   const std::uint32_t op = in.Next(100);
   if (op < 34) {
     s = DoAlloc(in);
@@ -621,7 +630,8 @@ absl::Status ArenaChecker::AfterStep() {
   }
   if (!asleep_) {
     const auto reserved = alloc_->GetStats(0)->reserved_bytes[kAllPools].current;
-    std::size_t held = backend_->PopulatedBytes(0);
+    // An away allocation's inner pages wait on the host, uncounted.
+    std::size_t held = backend_->PopulatedBytes(0) - AwayPagesHeld();
     if (static_cast<std::size_t>(reserved) != held) {
       // A block freed while other streams still use it keeps its pages
       // until its free completes; a Sleep may have discarded them already.

@@ -96,9 +96,11 @@ class ArenaChecker {
   // `config` is CMA_ALLOC_CONF text; the emulated device has `capacity` bytes.
   // `pool_checkpoints` adds the checkpoint steps (and more pool steps); off,
   // the step language is the one the fuzzer's corpus was recorded in.
+  // `away_steps` adds SendAway and BringBack steps (arena_checker_away.cc).
   static absl::StatusOr<std::unique_ptr<ArenaChecker>> Create(absl::string_view config,
                                                               std::size_t capacity,
-                                                              bool pool_checkpoints = false);
+                                                              bool pool_checkpoints = false,
+                                                              bool away_steps = false);
   ~ArenaChecker();
 
   // One random step and every check after it.
@@ -147,6 +149,10 @@ class ArenaChecker {
   absl::Status DoAlloc(StepSource& in);
   absl::Status DoFree(std::uintptr_t p);
   absl::Status DoMove(StepSource& in);
+  // SendAway or BringBack of a random live allocation (arena_checker_away.cc).
+  absl::Status DoAway(StepSource& in);
+  // The populated pages inside away allocations (none of the device's).
+  std::size_t AwayPagesHeld() const;
   absl::Status DoSleep(Stream s, SleepLevel level);
   absl::Status DoForget(StepSource& in);
   // Refused while a staged allocation is live; else gives all of it back.
@@ -225,6 +231,7 @@ class ArenaChecker {
   // their addresses handed out again), as PyTorch frees a released pool's.
   bool Released(std::uint32_t pool) const;
   bool pool_checkpoints_ = false;
+  bool away_steps_ = false;
   std::map<std::uint32_t, PoolCheckpoint> checkpoints_;  // the latest taken, per pool
   bool asleep_ = false;
   std::uint64_t next_tag_ = 1;

@@ -23,9 +23,10 @@ struct Case {
 
 class ArenaCheckerTest : public ::testing::TestWithParam<Case> {};
 
-void RunSeeds(const Case& c, bool pool_checkpoints) {
+void RunSeeds(const Case& c, bool pool_checkpoints, bool away_steps = false) {
   for (std::uint64_t seed : {1, 2, 3}) {
-    auto checker = ArenaChecker::Create(c.config, std::size_t{256} << 20, pool_checkpoints);
+    auto checker =
+        ArenaChecker::Create(c.config, std::size_t{256} << 20, pool_checkpoints, away_steps);
     ASSERT_TRUE(checker.ok()) << checker.status();
     SeededSource in(seed * 7919 + std::hash<std::string>()(c.name));
     const int steps = StepsPerRun();
@@ -42,6 +43,9 @@ TEST_P(ArenaCheckerTest, FindsNothingOverFixedSeeds) { RunSeeds(GetParam(), fals
 
 // Also taking and restoring pools' checkpoints (torch.compile's cudagraph trees).
 TEST_P(ArenaCheckerTest, FindsNothingWithPoolCheckpoints) { RunSeeds(GetParam(), true); }
+
+// Also sending live allocations away and bringing them back (issue 48).
+TEST_P(ArenaCheckerTest, FindsNothingWithAwaySteps) { RunSeeds(GetParam(), true, true); }
 
 // Raw seeds outside the fixed ones that once found a bug, with the
 // configuration and checkpoints they found it under.

@@ -203,6 +203,30 @@ int cma_move(void* ptr, int location, void* stream, int contents_dead) {
   return s.ok() ? 0 : Fail(s);
 }
 
+namespace {
+
+int SetAway(void* const* ptrs, int n, void* stream, bool away) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  const char* what = away ? "cma_send_away" : "cma_bring_back";
+  if (n < 0 || (n > 0 && ptrs == nullptr)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(what, ": n < 0 or no pointers")));
+  }
+  const absl::Span<void* const> span(ptrs, static_cast<std::size_t>(n));
+  absl::Status s = away ? a->SendAway(span, AsStream(stream)) : a->BringBack(span, AsStream(stream));
+  return s.ok() ? 0 : Fail(s);
+}
+
+}  // namespace
+
+int cma_send_away(void* const* ptrs, int n, void* stream) {
+  return SetAway(ptrs, n, stream, /*away=*/true);
+}
+
+int cma_bring_back(void* const* ptrs, int n, void* stream) {
+  return SetAway(ptrs, n, stream, /*away=*/false);
+}
+
 int cma_advise(void* ptr, int read_mostly, int preferred, const int* accessed_by,
                int n_accessed_by) {
   CachingManagedAllocator* a = Get();

@@ -48,6 +48,17 @@ int cma_record_stream(void* ptr, void* stream);
 /* Zero-copy move of an allocation to `location`, ordered on `stream`.
  * The host must cma_synchronize(stream) before touching data moved to it. */
 int cma_move(void* ptr, int location, void* stream, int contents_dead);
+/* The away state: `n` live allocations (one batch; each checked before any
+ * moves) send the 2 MiB pages strictly inside them to the host, ordered on
+ * `stream` (a stream of their device), where they stop counting in
+ * reserved_bytes (away_bytes counts them) until cma_bring_back prefetches
+ * them to the device again. Same addresses, data kept; a kernel that
+ * touches an away allocation still works (its pages migrate on demand).
+ * -1 with cma_last_error_code 3 (a pointer not allocated here, n < 0),
+ * 9 (failed precondition: host memory, a private pool's, a classic
+ * segment's, a sleeping one) or 8 (bring back: the budget has no room). */
+int cma_send_away(void* const* ptrs, int n, void* stream);
+int cma_bring_back(void* const* ptrs, int n, void* stream);
 /* Sleep mode (vLLM's, addresses kept), ordered on `stream`: every
  * allocation of `device` leaves it and the idle cache is given back, so
  * that the device memory is reclaimable by others; cma_wake brings them

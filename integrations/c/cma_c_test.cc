@@ -67,6 +67,35 @@ TEST(CApiOversubscriptionTest, RoutedAllocationsLiveOnTheHost) {
   cma_shutdown();
 }
 
+TEST_F(CApiTest, SendAwayAndBringBackInOneBatchEach) {
+  const std::size_t n = std::size_t{20} << 20;
+  auto* a = static_cast<unsigned char*>(cma_malloc(n, 0, nullptr));
+  auto* b = static_cast<unsigned char*>(cma_malloc(n, 0, nullptr));
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_EQ(cma_synchronize(nullptr), 0);
+  a[n / 2] = 7;
+  void* both[] = {a, b};
+  ASSERT_EQ(cma_send_away(both, 2, nullptr), 0) << cma_last_error();
+  auto stats = Json(cma_stats_json(0));
+  EXPECT_EQ(stats["away_bytes.all.current"], 32 << 20);
+  EXPECT_EQ(stats["sent_away_bytes"], 32 << 20);
+  ASSERT_EQ(cma_bring_back(both, 2, nullptr), 0) << cma_last_error();
+  ASSERT_EQ(cma_synchronize(nullptr), 0);
+  EXPECT_EQ(a[n / 2], 7);
+  EXPECT_EQ(Json(cma_stats_json(0))["away_bytes.all.current"], 0);
+  int local = 0;
+  void* bad[] = {a, &local};
+  EXPECT_EQ(cma_send_away(bad, 2, nullptr), -1);
+  EXPECT_EQ(cma_last_error_code(), 3);
+  EXPECT_THAT(cma_last_error(), HasSubstr("not an allocation of this allocator"));
+  EXPECT_EQ(cma_send_away(both, -1, nullptr), -1);
+  EXPECT_EQ(cma_bring_back(nullptr, 1, nullptr), -1);
+  EXPECT_EQ(Json(cma_stats_json(0))["away_bytes.all.current"], 0);
+  EXPECT_EQ(cma_free(a), 0);
+  EXPECT_EQ(cma_free(b), 0);
+}
+
 TEST_F(CApiTest, SleepLevelsAndTheStagingRelease) {
   const std::size_t n = std::size_t{4} << 20;
   auto* w = static_cast<unsigned char*>(cma_malloc(n, 0, nullptr));
