@@ -88,21 +88,38 @@ absl::Status DeviceAllocator::SetAway(absl::Span<void* const> ptrs, bool away, S
   // A pointer named twice (tied weights) moves once.
   std::sort(blocks.begin(), blocks.end());
   blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+  if (!away) {
+    if (absl::Status s = CheckRoomToBringBack(blocks); !s.ok()) return s;
+  }
+  if (check_only || blocks.empty()) return absl::OkStatus();
+  return MoveAway(blocks, away, stream);
+}
+
+std::size_t DeviceAllocator::InnerPageCount(absl::Span<Block* const> blocks) const {
   std::size_t pages = 0;
   for (const Block* b : blocks) {
     const auto [lo, hi] = InnerPages(*b);
     pages += hi - lo;
   }
-  const std::size_t budget_pages = budget_ / kPageSize;
-  if (!away && populated_pages() - idle_pages_ + pages > budget_pages) {
+  return pages;
+}
+
+absl::Status DeviceAllocator::CheckRoomToBringBack(absl::Span<Block* const> blocks) {
+  const std::size_t pages = InnerPageCount(blocks);
+  if (populated_pages() - idle_pages_ + pages > budget_ / kPageSize) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "cma: bringing back %s would exceed the managed budget of device %d (%s in use of %s); "
         "send something away first",
         FormatBytes(pages * kPageSize), device_,
         FormatBytes((populated_pages() - idle_pages_) * kPageSize), FormatBytes(budget_)));
   }
-  if (check_only || blocks.empty()) return absl::OkStatus();
+  return absl::OkStatus();
+}
 
+absl::Status DeviceAllocator::MoveAway(absl::Span<Block* const> blocks, bool away, Stream stream) {
+  const char* what = away ? "send_away" : "bring_back";
+  const std::size_t pages = InnerPageCount(blocks);
+  const std::size_t budget_pages = budget_ / kPageSize;
   if (!away && populated_pages() + pages > budget_pages) {
     // Idle cached pages make the room, discarded ahead of the population on
     // `stream` (DiscardIdlePages orders it after other streams' discards).
@@ -151,6 +168,10 @@ absl::Status DeviceAllocator::SetAway(absl::Span<void* const> ptrs, bool away, S
   }
   peak_live_pages_ = std::max(peak_live_pages_, populated_pages() - idle_pages_);
   return absl::OkStatus();
+}
+
+bool DeviceAllocator::CanBeAway(const Block& b) {
+  return Awayable(b).ok() && InnerPages(b).first != InnerPages(b).second;
 }
 
 void DeviceAllocator::CountBack(Block* b) {

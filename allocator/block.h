@@ -70,6 +70,9 @@ struct Block {
   // BringBack, a Move or a Sleep counts them again or the free discards
   // them (allocator/away.cc).
   bool away = false;
+  // learn_step: the stream of the allocation's last reported use, which a
+  // send away waits for (allocator/learn_step.cc).
+  Stream used_on = kDefaultStream;
   int pending_events = 0;  // > 0 while freed but still used by other streams
   // Free blocks: when the block was last used, as DeviceAllocator's count of
   // frees; 0 when it has not been used since a moment its stream was known

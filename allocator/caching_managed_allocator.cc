@@ -488,6 +488,13 @@ absl::Status CachingManagedAllocator::MarkIteration(int device) {
   return absl::OkStatus();
 }
 
+absl::Status CachingManagedAllocator::NoteUses(int device, absl::Span<void* const> ptrs,
+                                              Stream stream) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->NoteUses(ptrs, stream);
+}
+
 absl::StatusOr<bool> CachingManagedAllocator::PlacedOnHost(void* ptr) {
   for (auto& d : devices_) {
     absl::StatusOr<bool> on_host = d->PlacedOnHost(ptr);

@@ -278,7 +278,17 @@ class CachingManagedAllocator {
   // (policy/host_plan.h), followed while the requests repeat. A no-op
   // without oversubscription and host_plan:1; kInvalidArgument for a bad
   // device.
+  // With learn_step:1 (allocator/learned_schedule.h) it also ends the step
+  // the allocator learns, and begins the next.
   absl::Status MarkIteration(int device);
+  // learn_step:1: one use, by work queued next on `stream` (a kernel, a
+  // module's forward), of the allocations at `ptrs` (the framework's
+  // reports are the step's clock). Pointers that are not allocation starts
+  // of `device` are ignored. Work queued on `stream` after this call waits
+  // for a bring back of these allocations already under way.
+  // kFailedPrecondition without learn_step:1; kInvalidArgument for a bad
+  // device or stream.
+  absl::Status NoteUses(int device, absl::Span<void* const> ptrs, Stream stream);
   // Whether the allocation at `ptr` lives on the host (oversubscription);
   // kInvalidArgument for a pointer this allocator did not hand out.
   absl::StatusOr<bool> PlacedOnHost(void* ptr);

@@ -27,6 +27,7 @@ DeviceAllocator::DeviceAllocator(int device, int device_count, Backend* backend,
       host_ledger_(host_ledger),
       discard_fence_(config->wake_fence) {
   stats_.managed_budget_bytes = static_cast<std::int64_t>(budget);
+  if (config->learn_step) learn_ = std::make_unique<LearnState>();
   stats_.host_budget_bytes = static_cast<std::int64_t>(host_budget);
   // A pool that empties frees its btree root node and the next insert
   // allocates it again; a sentinel no lookup can match keeps that malloc off
@@ -77,6 +78,15 @@ DeviceAllocator::~DeviceAllocator() {
     delete seg;
   }
   discard_fence_.Release(*backend_);
+  if (learn_ != nullptr) {
+    for (auto& [addr, e] : learn_->fetches) spare_events_.push_back(e);
+    if (learn_->streams) {
+      for (Stream t : {learn_->away_stream, learn_->back_stream}) {
+        (void)backend_->SynchronizeStream(t);
+        (void)backend_->DestroyStream(t);
+      }
+    }
+  }
   for (Event e : spare_events_) (void)backend_->DestroyEvent(e);
   for (auto& p : pending_) (void)backend_->DestroyEvent(p.event);
   for (Block* b : spare_blocks_) delete b;
@@ -161,6 +171,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   BoundUnmerged();
 
   const std::size_t rounded = RoundRequest(bytes, *config_);
+  if (ABSL_PREDICT_FALSE(learn_ != nullptr) && !quiet) LearnBeforeAlloc(rounded);
   // A private pool's segments keep small and large blocks apart as
   // PyTorch's do, in arena mode too (NewPoolSegment).
   const PoolKind pool = LookupPoolFor(rounded, mempool != 0, *config_);
@@ -168,7 +179,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   // fit the device's part, goes to the host at once.
   // (A budget of 0, PyTorch's memory fraction 0, refuses everything.)
   const bool spill = ABSL_PREDICT_FALSE(host_budget_ != 0) && !quiet && budget_ != 0;
-  const bool planned = spill && !plan_host_.empty() && PlannedOnHost(rounded);
+  const bool planned = spill && !iteration_.plan_host.empty() && PlannedOnHost(rounded);
   if (spill && (host_routing_ > 0 || rounded > budget_ || planned)) {
     absl::StatusOr<void*> h = AllocateOnHost(rounded, bytes, pool, stream);
     if (h.ok()) return h;
@@ -354,8 +365,13 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
   b->discarded_from = 0;
   b->sleep_dropped = false;
   b->away = false;
+  b->used_on = stream;
   b->stream_uses.clear();
-  if (ABSL_PREDICT_FALSE(recording_)) RecordAllocation(b);
+  if (ABSL_PREDICT_FALSE(learn_ != nullptr) && learn_->alloc_pending) {
+    learn_->alloc_pending = false;
+    if (mempool == 0 && b->segment->arena) learn_->schedule.AllocDone(b->addr);
+  }
+  if (ABSL_PREDICT_FALSE(iteration_.recording)) RecordAllocation(b);
   const PoolKind size_class = b->size_class = PoolFor(rounded);
   if (b->segment->arena) AcquirePages(b, all_populated);
   allocated_[b->addr] = b;
@@ -394,6 +410,7 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   auto it = allocated_.find(addr);
   if (ABSL_PREDICT_FALSE(it == allocated_.end())) return DiagnoseBadFree(ptr);
   Block* b = it->second;
+  if (ABSL_PREDICT_FALSE(learn_ != nullptr) && !quiet()) LearnFree(b);
 
   // Work queued on other streams may still use the block: record an event on
   // each and keep the block out of the pools until they complete. If an event
@@ -434,7 +451,7 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   }
 
   allocated_.erase(it);
-  if (ABSL_PREDICT_FALSE(recording_)) RecordFree(addr);
+  if (ABSL_PREDICT_FALSE(iteration_.recording)) RecordFree(addr);
   if (ABSL_PREDICT_FALSE(!staged_.empty())) Unstage(addr);
   if (b->hints && !defer) {
     ApplyAdvice(WithdrawHintAdvice(*b->hints), b->ptr(), b->size);

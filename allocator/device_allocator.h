@@ -18,6 +18,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "allocator/host_ledger.h"
+#include "allocator/iteration_plan.h"
+#include "allocator/learned_schedule.h"
 #include "allocator/block.h"
 #include "allocator/capture_reuse.h"
 #include "allocator/discard_fence.h"
@@ -46,6 +48,8 @@ void SplitAtPages(const Range& r, std::vector<Range>* whole, std::vector<Range>*
 
 class DeviceAllocator {
  public:
+  using PrivatePool = PrivatePoolState;
+  using PoolContext = PoolContextState;
   // `backend` and `config` must outlive this object. `budget` caps the bytes
   // of managed memory this device may reserve.
   // `host_budget` (oversubscription, policy/oversubscription.h) caps the
@@ -107,16 +111,13 @@ class DeviceAllocator {
   // here. Lets a batch over several devices refuse those before any of
   // them moves.
   absl::Status CheckMovable(absl::Span<void* const> ptrs) ABSL_LOCKS_EXCLUDED(mu_);
-  // The away state (away.cc; see CachingManagedAllocator::SendAway): with
-  // `away`, the allocations at `ptrs` are sent to the host, else brought
-  // back, ordered on `stream`. Every pointer is checked first, and nothing
-  // changes when one fails: kNotFound for one not allocated here,
-  // kFailedPrecondition for one that cannot be away, kInvalidArgument for a
-  // bad stream, kResourceExhausted when bringing back would pass the
-  // budget even with every idle page discarded. `check_only`: the checks
-  // alone (a batch over several devices checks all before any acts).
+  // The away state (away.cc; see CachingManagedAllocator::SendAway; away
+  // or back, on `stream`). kNotFound for a pointer not allocated here;
+  // every pointer is checked before any moves. `check_only`: checks alone.
   absl::Status SetAway(absl::Span<void* const> ptrs, bool away, Stream stream, bool check_only)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // learn_step:1 (learn_step.cc; see CachingManagedAllocator::NoteUses).
+  absl::Status NoteUses(absl::Span<void* const> ptrs, Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
   // Marks the allocation at `ptr` as disposable (its contents may be
   // discarded by Sleep) until it is freed.
   absl::Status SetDisposable(void* ptr, bool disposable) ABSL_LOCKS_EXCLUDED(mu_);
@@ -172,14 +173,28 @@ class DeviceAllocator {
  private:
   absl::Status CheckStream(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ---- the away state (away.cc) ----
-  // Why block `b` cannot be sent away; OK if it can.
+  // Why block `b` cannot be sent away (OK if it can); CanBeAway: it can and
+  // has pages to send.
   absl::Status Awayable(const Block& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // An away block's pages count on the device again, with no transfer (a
-  // Move or a Sleep places them from there).
+  bool CanBeAway(const Block& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::size_t InnerPageCount(absl::Span<Block* const> blocks) const;
+  absl::Status CheckRoomToBringBack(absl::Span<Block* const> blocks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends `blocks` away (or back) on `stream`: checked blocks, not yet so.
+  absl::Status MoveAway(absl::Span<Block* const> blocks, bool away, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts an away block on the device again, with no transfer (a Move or
+  // a Sleep places it from there); ForgetAway: at its free.
   void CountBack(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountBackAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The free of an away block: its pages on the host hold nothing any more.
   void ForgetAway(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ---- the learned step (learn_step.cc) ----
+  // The events of the step, each after what the plan has due before it.
+  void LearnBeforeAlloc(std::size_t rounded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LearnFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Carries out learn_->due; `current`: the stream of the event.
+  void RunDue(Stream current) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndLearnedStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // CheckInvariants for one arena's page maps; adds its idle pages.
   absl::Status CheckArenaPages(const Segment* seg, std::size_t* idle_pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -556,19 +571,9 @@ class DeviceAllocator {
   // Shared with the host pool and the other devices' tiers (may be null).
   HostLedger* const host_ledger_;
   int host_routing_ ABSL_GUARDED_BY(mu_) = 0;  // SetHostRouting's nesting
-  // The iteration being recorded (since the last MarkIteration): its own
-  // allocations and the device allocations it began with, in event time,
-  // with where each live one is recorded (own?, index).
-  bool recording_ ABSL_GUARDED_BY(mu_) = false;
-  std::int64_t record_time_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<Lifetime> recorded_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::size_t> recorded_sizes_ ABSL_GUARDED_BY(mu_);  // the requests, rounded
-  std::vector<Lifetime> carried_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::uintptr_t, std::pair<bool, std::size_t>> record_index_ ABSL_GUARDED_BY(mu_);
-  // The plan from the iteration before: per allocation, its size and
-  // whether it lives on the host. Empty when there is none or it ended.
-  std::vector<std::size_t> plan_sizes_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> plan_host_ ABSL_GUARDED_BY(mu_);
+  // learn_step:1: the step learnt and its replay (null when off).
+  std::unique_ptr<LearnState> learn_ ABSL_GUARDED_BY(mu_);
+  IterationRecord iteration_ ABSL_GUARDED_BY(mu_);  // host_plan:1
 
   absl::Mutex mu_;
   BlockPool small_pool_ ABSL_GUARDED_BY(mu_);
@@ -627,23 +632,9 @@ class DeviceAllocator {
   DeviceStats stats_ ABSL_GUARDED_BY(mu_);
   absl::Status last_placement_error_ ABSL_GUARDED_BY(mu_);
 
-  struct PrivatePool {
-    MemPoolId id;
-    int use_count = 0;
-    std::size_t live = 0;  // blocks handed out and not yet free again
-    bool no_split = false;    // PoolOptions
-    bool use_on_oom = false;
-    std::shared_ptr<SegmentSource> source;  // null: the backend's managed memory
-    std::size_t segments = 0;  // its own segments held (Segment::owner_pool), its blocks' only home
-  };
   absl::flat_hash_map<MemPoolId, std::uint32_t> mempool_index_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::uint32_t, PrivatePool> mempools_ ABSL_GUARDED_BY(mu_);
   std::uint32_t next_mempool_ ABSL_GUARDED_BY(mu_) = 1;
-  struct PoolContext {
-    std::uint32_t index;
-    StreamFilter filter;
-    PoolContextOptions options;
-  };
   std::vector<PoolContext> contexts_ ABSL_GUARDED_BY(mu_);  // pools being allocated to
   // Freed while quiet but used on other streams: out of the pools, counted
   // as awaiting one event, until RecordDeferredFrees (which keeps here, for

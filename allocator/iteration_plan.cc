@@ -18,57 +18,58 @@ constexpr std::size_t kMaxRecorded = std::size_t{1} << 20;
 
 void DeviceAllocator::MarkIteration() {
   MutexLock l(&mu_);
+  if (learn_ != nullptr && !quiet()) EndLearnedStep();
   if (host_budget_ == 0 || !config_->host_plan) return;
-  plan_host_.clear();
-  plan_sizes_.clear();
-  if (recording_ && !recorded_.empty()) {
+  iteration_.plan_host.clear();
+  iteration_.plan_sizes.clear();
+  if (iteration_.recording && !iteration_.own.empty()) {
     // Room for the pages that allocations share at their edges.
     const std::size_t capacity = budget_ - budget_ / 16;
-    plan_host_ = PlanHostPlacement(recorded_, carried_, capacity);
-    plan_sizes_ = std::move(recorded_sizes_);
+    iteration_.plan_host = PlanHostPlacement(iteration_.own, iteration_.carried, capacity);
+    iteration_.plan_sizes = std::move(iteration_.own_sizes);
   }
-  recorded_.clear();
-  recorded_sizes_.clear();
-  carried_.clear();
-  record_index_.clear();
-  record_time_ = 0;
-  recording_ = true;
+  iteration_.own.clear();
+  iteration_.own_sizes.clear();
+  iteration_.carried.clear();
+  iteration_.index.clear();
+  iteration_.time = 0;
+  iteration_.recording = true;
   // The device allocations this iteration begins with (the host's hold no
   // device memory: they are none of the plan's concern).
   for (const auto& [addr, b] : allocated_) {
     if (b->segment->host_tier) continue;
-    record_index_[addr] = {false, carried_.size()};
-    carried_.push_back({b->size, 0, Lifetime::kNeverFreed});
+    iteration_.index[addr] = {false, iteration_.carried.size()};
+    iteration_.carried.push_back({b->size, 0, Lifetime::kNeverFreed});
   }
 }
 
 bool DeviceAllocator::PlannedOnHost(std::size_t rounded) {
-  const std::size_t next = recorded_.size();
-  if (!recording_ || next >= plan_sizes_.size() || plan_sizes_[next] != rounded) {
-    plan_host_.clear();  // not the recorded iteration: the plan ends here
-    plan_sizes_.clear();
+  const std::size_t next = iteration_.own.size();
+  if (!iteration_.recording || next >= iteration_.plan_sizes.size() || iteration_.plan_sizes[next] != rounded) {
+    iteration_.plan_host.clear();  // not the recorded iteration: the plan ends here
+    iteration_.plan_sizes.clear();
     return false;
   }
-  return plan_host_[next];
+  return iteration_.plan_host[next];
 }
 
 void DeviceAllocator::RecordAllocation(const Block* b) {
-  if (recorded_.size() >= kMaxRecorded) {
-    recording_ = false;
+  if (iteration_.own.size() >= kMaxRecorded) {
+    iteration_.recording = false;
     return;
   }
-  record_index_[b->addr] = {true, recorded_.size()};
-  recorded_sizes_.push_back(RoundRequest(b->requested, *config_));
-  recorded_.push_back({b->size, record_time_++,
+  iteration_.index[b->addr] = {true, iteration_.own.size()};
+  iteration_.own_sizes.push_back(RoundRequest(b->requested, *config_));
+  iteration_.own.push_back({b->size, iteration_.time++,
                        Lifetime::kNeverFreed});
 }
 
 void DeviceAllocator::RecordFree(std::uintptr_t addr) {
-  auto it = record_index_.find(addr);
-  if (it == record_index_.end()) return;  // made before, on the host
+  auto it = iteration_.index.find(addr);
+  if (it == iteration_.index.end()) return;  // made before, on the host
   const auto [own, index] = it->second;
-  (own ? recorded_ : carried_)[index].end = record_time_++;
-  record_index_.erase(it);
+  (own ? iteration_.own : iteration_.carried)[index].end = iteration_.time++;
+  iteration_.index.erase(it);
 }
 
 }  // namespace cma

@@ -14,9 +14,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
+#include "allocator/segment_source.h"
 #include "backends/backend.h"
 
 namespace cma {
@@ -80,6 +82,23 @@ struct PoolRestoreResult {
   std::vector<PoolAllocation> freed;
   std::vector<PoolAllocation> created;
   std::vector<void*> kept;
+};
+
+// DeviceAllocator's record of one private pool, and of one context that
+// routes allocations to it (internal to allocator/, under its mutex).
+struct PrivatePoolState {
+  MemPoolId id;
+  int use_count = 0;
+  std::size_t live = 0;     // blocks handed out and not yet free again
+  bool no_split = false;    // PoolOptions
+  bool use_on_oom = false;
+  std::shared_ptr<SegmentSource> source;  // null: the backend's managed memory
+  std::size_t segments = 0;  // its own segments held (Segment::owner_pool), its blocks' only home
+};
+struct PoolContextState {
+  std::uint32_t index;
+  StreamFilter filter;
+  PoolContextOptions options;
 };
 
 }  // namespace cma

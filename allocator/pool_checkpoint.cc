@@ -302,7 +302,7 @@ absl::StatusOr<PoolRestoreResult> DeviceAllocator::RestorePoolCheckpoint(
 
 void DeviceAllocator::FreeForRestore(Block* b) {
   allocated_.erase(b->addr);
-  if (ABSL_PREDICT_FALSE(recording_)) RecordFree(b->addr);
+  if (ABSL_PREDICT_FALSE(iteration_.recording)) RecordFree(b->addr);
   // Its contents in a Sleep's staging are not to be copied back over
   // whatever the restore puts there.
   if (ABSL_PREDICT_FALSE(!staged_.empty())) Unstage(b->addr);

@@ -27,7 +27,15 @@ absl::StatusOr<std::pair<std::size_t, Stream>> DeviceAllocator::Lookup(void* ptr
 
 DeviceStats DeviceAllocator::GetStats() {
   MutexLock l(&mu_);
-  return stats_;
+  DeviceStats s = stats_;
+  if (learn_ != nullptr) {
+    const LearnedSchedule::Counts& c = learn_->schedule.counts();
+    s.learned_steps = c.steps;
+    s.learned_plans = c.plans;
+    s.learned_divergences = c.divergences;
+    s.learned_misses = learn_->misses;
+  }
+  return s;
 }
 
 absl::Status DeviceAllocator::LastPlacementError() {

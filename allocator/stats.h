@@ -102,6 +102,12 @@ struct DeviceStats {
   // Sleep of an away allocation counts it back without a transfer).
   std::int64_t sent_away_bytes = 0;
   std::int64_t brought_back_bytes = 0;
+  // learn_step:1 (allocator/learned_schedule.h): steps ended, plans made,
+  // replays a differing event ended, bring-backs the budget had no room for.
+  std::int64_t learned_steps = 0;
+  std::int64_t learned_plans = 0;
+  std::int64_t learned_divergences = 0;
+  std::int64_t learned_misses = 0;
 
   // Flattened as PyTorch does: "allocated_bytes.all.current", "num_ooms", ...
   std::map<std::string, std::int64_t> Flatten() const;

@@ -16,7 +16,7 @@ constexpr absl::string_view kKeys =
     "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, prefetch, "
     "preferred_location, accessed_by, discard_on_free, managed_budget, release_threshold, "
     "release_before_peak, multicast, segments, arena_size, idle_page_slack, sleep_staging_max, "
-    "sleep_pin_threads, wake_fence, oversubscribe, device_headroom, host_plan";
+    "sleep_pin_threads, wake_fence, oversubscribe, device_headroom, host_plan, learn_step";
 
 absl::Status Bad(absl::string_view key, absl::string_view value, absl::string_view accepted) {
   return absl::InvalidArgumentError(absl::StrCat("CMA_ALLOC_CONF: bad value '", value,
@@ -155,6 +155,10 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view v, AllocatorConfi
     auto f = ParseFlag(key, v);
     if (!f.ok()) return f.status();
     c.host_plan = *f;
+  } else if (key == "learn_step") {
+    auto f = ParseFlag(key, v);
+    if (!f.ok()) return f.status();
+    c.learn_step = *f;
   } else if (key == "device_headroom") {
     auto n = ParseSize(v);
     if (!n.ok()) return Bad(key, v, "a size such as 512M or 1G");
@@ -221,6 +225,11 @@ absl::StatusOr<AllocatorConfig> ParseAllocatorConfig(absl::string_view text) {
     const absl::string_view key = absl::StripAsciiWhitespace(item.substr(0, colon));
     const absl::string_view value = absl::StripAsciiWhitespace(item.substr(colon + 1));
     if (auto s = ApplyKey(key, value, c); !s.ok()) return s;
+  }
+  if (c.learn_step && c.segments != SegmentMode::kArena) {
+    return absl::InvalidArgumentError(
+        "CMA_ALLOC_CONF: learn_step:1 needs segments:arena (live allocations are sent away by "
+        "their 2 MiB pages)");
   }
   if (c.oversubscribe && c.segments != SegmentMode::kArena) {
     return absl::InvalidArgumentError(
@@ -302,6 +311,7 @@ std::string AllocatorConfig::ToString() const {
   if (!wake_fence) parts.push_back("wake_fence:0");
   if (oversubscribe) parts.push_back("oversubscribe:1");
   if (host_plan) parts.push_back("host_plan:1");
+  if (learn_step) parts.push_back("learn_step:1");
   if (device_headroom != d.device_headroom) {
     parts.push_back(absl::StrCat("device_headroom:", device_headroom));
   }

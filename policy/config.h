@@ -71,6 +71,15 @@
 //                       training (bench/results/h200_oversub): faster at 3x
 //                       oversubscription, slower at 1.5x (it moves long-lived
 //                       activations that kernels read many times), hence off.
+//   learn_step          0|1 (default 0): the allocator learns the step
+//                       (allocator/learned_schedule.h): between two
+//                       MarkIteration calls it records the allocations,
+//                       frees and the uses the framework reports
+//                       (NoteUses), plans (policy/replay_schedule.h) which
+//                       live allocations go away to the host and when they
+//                       come back, and replays that plan in the next steps
+//                       while they repeat the recorded one, learning again
+//                       when the step changes. Needs segments:arena.
 //   device_headroom     size (default 1G): with oversubscribe:1, device
 //                       memory left to what is not this allocator's (the
 //                       CUDA context, kernels loaded later, libraries).
@@ -120,6 +129,7 @@ struct AllocatorConfig {
   bool wake_fence = true;
   bool oversubscribe = false;
   bool host_plan = false;
+  bool learn_step = false;
   std::size_t device_headroom = std::size_t{1} << 30;
 
   // The config back in `key:value` form (only keys that differ from defaults).

@@ -441,6 +441,18 @@ int cma_mark_iteration(int device) {
   return WithAllocator([&](CachingManagedAllocator& a) { return a.MarkIteration(device); });
 }
 
+int cma_note_uses(int device, void* const* ptrs, int n, void* stream) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  if (n < 0 || (n > 0 && ptrs == nullptr)) {
+    return Fail(absl::InvalidArgumentError("cma_note_uses: n < 0 or no pointers"));
+  }
+  absl::Status s =
+      a->NoteUses(device, absl::Span<void* const>(ptrs, static_cast<std::size_t>(n)),
+                  AsStream(stream));
+  return s.ok() ? 0 : Fail(s);
+}
+
 int cma_placed_on_host(void* ptr) {
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return -1;
@@ -520,6 +532,16 @@ char* cma_snapshot_json(void) {
                    {"blocks", std::move(blocks)}});
   }
   return CopyString(out.dump());
+}
+
+char* cma_config_json(void) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return nullptr;
+  const cma::AllocatorConfig& c = a->config();
+  nlohmann::json j = {{"config", c.ToString()},
+                      {"learn_step", c.learn_step},
+                      {"oversubscribe", c.oversubscribe}};
+  return CopyString(j.dump());
 }
 
 void cma_string_free(char* s) { std::free(s); }

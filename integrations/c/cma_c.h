@@ -230,10 +230,19 @@ int cma_apply_pytorch_settings(const char* settings);
  * the device's part of the budget do. 0 on success; -1 (cma_last_error)
  * without oversubscription, for a bad device, or to undo what is not on. */
 int cma_set_host_routing(int device, int on);
-/* Oversubscription: an iteration of a repeating workload (a training step)
- * ends on `device`; the one recorded since the last call plans which of
- * the next one's allocations live on the host. 0; -1 for a bad device. */
+/* An iteration of a repeating workload (a training step) ends on `device`.
+ * Oversubscription with host_plan:1: the one recorded since the last call
+ * plans which of the next one's allocations live on the host. learn_step:1:
+ * the step learnt since the last call plans which live allocations go away
+ * to the host and come back, and when, in the steps that repeat it.
+ * 0; -1 for a bad device. */
 int cma_mark_iteration(int device);
+/* learn_step:1: work queued next on `stream` uses the `n` allocations at
+ * `ptrs` (allocation starts of `device`; others are ignored). The step's
+ * clock, with its allocations and frees; that work waits for their bring
+ * back if one is under way. -1 (cma_last_error) without learn_step:1, for
+ * a bad device or stream, n < 0 or null ptrs. */
+int cma_note_uses(int device, void* const* ptrs, int n, void* stream);
 /* 1 if the allocation at `ptr` lives on the host (oversubscription, or a
  * host-pool allocation not moved to a device), 0 if on its device, -1
  * (cma_last_error) if cma did not make it. */
@@ -249,6 +258,10 @@ char* cma_host_stats_json(void);
  * migrating, ...): its message, "" if none; NULL for a bad device. Free
  * with cma_string_free. */
 char* cma_last_placement_error(int device);
+/* The configuration in force: {"config": CMA_ALLOC_CONF text of the keys
+ * that differ from the defaults, "learn_step": bool, "oversubscribe":
+ * bool}. Free with cma_string_free; NULL (cma_last_error) before init. */
+char* cma_config_json(void);
 /* [{"device", "address", "total_size", "segment_type", "is_arena",
  *   "populated_bytes", "blocks": [...]}, ...] (an arena's total_size is its
  *   address range; populated_bytes its memory). Each block: {"address",

@@ -96,6 +96,21 @@ TEST_F(CApiTest, SendAwayAndBringBackInOneBatchEach) {
   EXPECT_EQ(cma_free(b), 0);
 }
 
+TEST(CApiConfigTest, TheConfigInForce) {
+  ASSERT_EQ(cma_init("learn_step:1,discard_on_free:1", "host"), 0) << cma_last_error();
+  auto c = Json(cma_config_json());
+  EXPECT_EQ(c["learn_step"], true);
+  EXPECT_EQ(c["oversubscribe"], false);
+  EXPECT_THAT(c["config"].get<std::string>(), HasSubstr("learn_step:1"));
+  void* p = cma_malloc(std::size_t{8} << 20, 0, nullptr);
+  EXPECT_EQ(cma_note_uses(0, &p, 1, nullptr), 0) << cma_last_error();
+  EXPECT_EQ(cma_note_uses(0, nullptr, 1, nullptr), -1);
+  EXPECT_EQ(cma_note_uses(5, &p, 1, nullptr), -1);
+  EXPECT_EQ(cma_mark_iteration(0), 0);
+  EXPECT_EQ(cma_free(p), 0);
+  cma_shutdown();
+}
+
 TEST_F(CApiTest, SleepLevelsAndTheStagingRelease) {
   const std::size_t n = std::size_t{4} << 20;
   auto* w = static_cast<unsigned char*>(cma_malloc(n, 0, nullptr));

@@ -79,10 +79,14 @@ def lib():
                 "cma_set_host_routing": (i, [i, i]),
                 "cma_placed_on_host": (i, [vp]),
                 "cma_mark_iteration": (i, [i]),
+                "cma_note_uses": (i, [i, ctypes.POINTER(vp), i, vp]),
+                "cma_send_away": (i, [ctypes.POINTER(vp), i, vp]),
+                "cma_bring_back": (i, [ctypes.POINTER(vp), i, vp]),
                 "cma_stats_json": (vp, [i]),
                 "cma_host_stats_json": (vp, []),
                 "cma_last_placement_error": (vp, [i]),
                 "cma_snapshot_json": (vp, []),
+                "cma_config_json": (vp, []),
                 "cma_string_free": (None, [vp]),
                 "cma_symmetric_create": (vp, [i, ctypes.POINTER(i), ctypes.POINTER(i), i, i, i,
                                               vp, vp, ctypes.c_double, cp]),
@@ -249,9 +253,35 @@ def set_host_routing(on, device=0):
 
 
 def mark_iteration(device=0):
-    """Oversubscription: an iteration (a training step) ends on `device`; the
-    one recorded since the last call plans the next one's host placements."""
+    """An iteration (a training step) ends on `device`: with host_plan:1 the
+    one recorded since the last call plans the next one's host placements;
+    with learn_step:1 the step learnt plans what goes away and comes back."""
     _check(lib().cma_mark_iteration(device))
+
+
+def _pointer_array(ptrs):
+    ptrs = list(ptrs)
+    return (ctypes.c_void_p * len(ptrs))(*ptrs), len(ptrs)
+
+
+def note_uses(ptrs, stream=None, device=0):
+    """learn_step:1: work queued next on `stream` uses the allocations
+    starting at `ptrs` (ints) on `device`; the step's clock."""
+    arr, n = _pointer_array(ptrs)
+    _check(lib().cma_note_uses(device, arr, n, stream))
+
+
+def send_away(ptrs, stream=None):
+    """The away state: the allocations starting at `ptrs` wait on the host,
+    ordered on `stream`, until bring_back (same addresses, data kept)."""
+    arr, n = _pointer_array(ptrs)
+    _check(lib().cma_send_away(arr, n, stream))
+
+
+def bring_back(ptrs, stream=None):
+    """The away state: the allocations at `ptrs` return to their device."""
+    arr, n = _pointer_array(ptrs)
+    _check(lib().cma_bring_back(arr, n, stream))
 
 
 def placed_on_host(ptr):
@@ -271,6 +301,12 @@ def device_of(ptr):
 
 def stats(device=-1):
     return _json(lib().cma_stats_json(device))
+
+
+def config():
+    """The configuration in force: {"config": text, "learn_step": bool,
+    "oversubscribe": bool}."""
+    return _json(lib().cma_config_json())
 
 
 def host_stats():

@@ -26,7 +26,7 @@ import torch
 from cma import _lib
 from cma.torch import _patches
 from cma.torch._ext import build
-from cma.torch.training import plan
+from cma.torch.training import learned, plan
 
 _installed = False  # use_as_default() has made cma PyTorch's CUDA allocator
 
@@ -55,6 +55,8 @@ def use_as_default(config=None):
     _installed = True
     _follow_pytorch_settings()
     plan.route_new_optimizer_state()
+    if learned.enabled():
+        learned.install()
 
 
 def _follow_pytorch_settings():

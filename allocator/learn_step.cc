@@ -1,0 +1,169 @@
+// DeviceAllocator's learned step (config learn_step:1): the events go to
+// LearnedSchedule (allocator/learned_schedule.h), which records the step
+// and says what its plan has due before each event; this carries it out.
+//
+// Ordering, all on the GPU: a send away waits for the streams of the
+// allocation's last reported use and its own (an event each), then runs on
+// the away stream; a bring back waits for the allocation's send, runs on
+// the back stream, and the stream of the allocation's next reported use
+// waits for it. Both directions of the link and the step's kernels run at
+// once. A bring back the budget has no room for is skipped (counted in
+// learned_misses): the kernel that uses the allocation then migrates its
+// pages on demand, correct and slower.
+#include <algorithm>
+#include <vector>
+
+#include "allocator/device_allocator.h"
+#include "backends/mutex_lock.h"
+
+namespace cma {
+namespace {
+
+// The device part the plan may fill: the budget less room for what the
+// plan does not see (the pages that allocations share at their edges,
+// allocations it does not track).
+std::size_t PlannedPart(std::size_t budget) { return budget - budget / 8; }
+
+// How far ahead of its use a bring back may start, in events.
+constexpr std::int64_t kMaxLeadEvents = 512;
+
+}  // namespace
+
+absl::Status DeviceAllocator::NoteUses(absl::Span<void* const> ptrs, Stream stream) {
+  MutexLock l(&mu_);
+  if (learn_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "cma: uses are reported only with learn_step:1 in the config");
+  }
+  if (absl::Status s = CheckStream(stream); !s.ok()) return s;
+  if (quiet()) return absl::OkStatus();  // a capture: no call may be made
+  std::vector<std::uintptr_t> addrs;
+  addrs.reserve(ptrs.size());
+  for (void* p : ptrs) {
+    auto it = allocated_.find(reinterpret_cast<std::uintptr_t>(p));
+    if (it == allocated_.end()) continue;  // not an allocation of this device
+    addrs.push_back(it->first);
+  }
+  learn_->schedule.Use(addrs, &learn_->due);
+  RunDue(stream);
+  for (std::uintptr_t a : addrs) {
+    Block* b = allocated_.at(a);
+    b->used_on = stream;
+    auto f = learn_->fetches.find(a);
+    if (f == learn_->fetches.end()) continue;
+    if (absl::Status w = backend_->StreamWaitEvent(stream, f->second); !w.ok()) {
+      NotePlacementError(std::move(w));
+    }
+    spare_events_.push_back(f->second);
+    learn_->fetches.erase(f);
+  }
+  return absl::OkStatus();
+}
+
+void DeviceAllocator::LearnBeforeAlloc(std::size_t rounded) {
+  learn_->schedule.Alloc(rounded, &learn_->due);
+  learn_->alloc_pending = true;
+  RunDue(kDefaultStream);
+}
+
+void DeviceAllocator::LearnFree(Block* b) {
+  learn_->schedule.Free(b->addr, &learn_->due);
+  RunDue(b->stream);
+  if (auto f = learn_->fetches.find(b->addr); f != learn_->fetches.end()) {
+    spare_events_.push_back(f->second);
+    learn_->fetches.erase(f);
+  }
+}
+
+void DeviceAllocator::RunDue(Stream current) {
+  LearnState& ls = *learn_;
+  if (ls.due.empty()) return;
+  (void)current;
+  if (!ls.streams) {
+    absl::StatusOr<Stream> away = backend_->CreateStream(device_);
+    absl::StatusOr<Stream> back = away.ok() ? backend_->CreateStream(device_) : away;
+    if (!away.ok() || !back.ok()) {
+      if (away.ok()) (void)backend_->DestroyStream(*away);
+      NotePlacementError(away.ok() ? back.status() : away.status());
+      ls.due.clear();
+      return;
+    }
+    ls.away_stream = *away;
+    ls.back_stream = *back;
+    known_streams_.insert(*away);
+    known_streams_.insert(*back);
+    ls.streams = true;
+  }
+  auto blocks_of = [&](const std::vector<std::uintptr_t>& addrs, bool away) {
+    std::vector<Block*> out;
+    for (std::uintptr_t a : addrs) {
+      auto it = allocated_.find(a);
+      if (it == allocated_.end()) continue;
+      Block* b = it->second;
+      if (b->away == away || !CanBeAway(*b)) continue;
+      out.push_back(b);
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  };
+  if (std::vector<Block*> send = blocks_of(ls.due.send, true); !send.empty()) {
+    // After the kernels that last used them.
+    absl::flat_hash_set<Stream> users;
+    for (const Block* b : send) {
+      users.insert(b->stream);
+      users.insert(b->used_on);
+    }
+    for (Stream u : users) {
+      if (absl::Status w = OrderAfter(ls.away_stream, u); !w.ok()) NotePlacementError(w);
+    }
+    if (absl::Status s = MoveAway(send, true, ls.away_stream); !s.ok()) NotePlacementError(s);
+  }
+  if (std::vector<Block*> bring = blocks_of(ls.due.bring, false); !bring.empty()) {
+    // After their sends (a prefetch that overtook its send would leave the
+    // data on the host).
+    if (absl::Status w = OrderAfter(ls.back_stream, ls.away_stream); !w.ok()) {
+      NotePlacementError(w);
+    }
+    std::vector<Block*> fits;
+    for (Block* b : bring) {
+      std::vector<Block*> one = {b};
+      if (!CheckRoomToBringBack(one).ok() || !MoveAway(one, false, ls.back_stream).ok()) {
+        ++ls.misses;
+        continue;
+      }
+      fits.push_back(b);
+    }
+    for (Block* b : fits) {
+      absl::StatusOr<Event> ev = TakeEvent();
+      if (!ev.ok()) break;
+      if (!backend_->RecordEvent(*ev, ls.back_stream).ok()) {
+        spare_events_.push_back(*ev);
+        break;
+      }
+      auto [it, fresh] = ls.fetches.try_emplace(b->addr, *ev);
+      if (!fresh) {
+        spare_events_.push_back(it->second);
+        it->second = *ev;
+      }
+    }
+  }
+  ls.due.clear();
+}
+
+void DeviceAllocator::EndLearnedStep() {
+  LearnState& ls = *learn_;
+  ReplayOptions options;
+  options.device_bytes = PlannedPart(budget_);
+  options.max_lead_events = kMaxLeadEvents;
+  if (absl::Status s = ls.schedule.EndStep(options, &ls.due); !s.ok()) NotePlacementError(s);
+  RunDue(kDefaultStream);
+  std::vector<std::pair<std::uintptr_t, std::size_t>> live;
+  for (const auto& [addr, b] : allocated_) {
+    if (b->mempool == 0 && b->segment->arena) live.push_back({addr, b->size});
+  }
+  std::sort(live.begin(), live.end());
+  ls.schedule.BeginStep(live);
+}
+
+}  // namespace cma

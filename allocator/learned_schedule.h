@@ -1,0 +1,126 @@
+// LearnedSchedule: the step the allocator learns (config learn_step:1).
+//
+// A training or serving step repeats: the same allocations, frees and uses,
+// in the same order. Between two MarkIteration calls this records one step
+// as policy/offline_schedule.h's Step (the allocation sequence and the uses
+// the framework reports are the clock; an allocation made in the step is
+// named by its ordinal in the step, one that lives through the step by its
+// address), and at the step's end asks policy/replay_schedule.h for a plan:
+// which live allocations go away to the host, before which event, and
+// which come back. The next steps replay the plan event by event while
+// their events match the recorded ones (kind and size); the first that
+// differs drops the plan for the rest of the step, and that step, recorded
+// as always, plans the next (a new sequence length, eval, another batch).
+// A step that replayed the plan to its end keeps it.
+//
+// Pure bookkeeping: it decides nothing itself and makes no backend call;
+// DeviceAllocator (allocator/learn_step.cc) carries out what is due.
+// Internal to allocator/; guarded by the owning DeviceAllocator's mutex.
+#ifndef CMA_ALLOCATOR_LEARNED_SCHEDULE_H_
+#define CMA_ALLOCATOR_LEARNED_SCHEDULE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "backends/backend.h"
+#include "policy/offline_schedule.h"
+#include "policy/replay_schedule.h"
+
+namespace cma {
+
+class LearnedSchedule {
+ public:
+  // What the plan has due before an event: allocations (by address) to send
+  // away and to bring back, in the plan's order.
+  struct Due {
+    std::vector<std::uintptr_t> send;
+    std::vector<std::uintptr_t> bring;
+    bool empty() const { return send.empty() && bring.empty(); }
+    void clear() {
+      send.clear();
+      bring.clear();
+    }
+  };
+  struct Counts {
+    std::int64_t steps = 0;        // steps ended (MarkIteration)
+    std::int64_t plans = 0;        // plans made
+    std::int64_t divergences = 0;  // replays a differing event ended
+  };
+
+  // A step begins; `live` are the allocations (address, bytes) that exist
+  // now and may be moved (the ones a step carries).
+  void BeginStep(absl::Span<const std::pair<std::uintptr_t, std::size_t>> live);
+  // The step ends: what the plan still had due fills `due`; then, unless
+  // the step replayed the plan to its end, plans the next from it under
+  // `options` (policy/replay_schedule.h). A plan the policy refuses (a use
+  // larger than the device part) leaves none: the next steps run as
+  // without learning. Returns the policy's refusal, if any.
+  absl::Status EndStep(const ReplayOptions& options, Due* due);
+
+  // The events of the step, in order; each fills `due` with what is due
+  // before it (cleared first). An allocation is two calls: Alloc before it
+  // is made (`bytes`: the request, rounded), AllocDone with its address
+  // once it is, if it is one the step tracks (else the id names nothing).
+  void Alloc(std::size_t bytes, Due* due);
+  void AllocDone(std::uintptr_t addr);
+  void Free(std::uintptr_t addr, Due* due);
+  // One use of the allocations at `addrs` (unknown addresses are ignored:
+  // memory the step does not track).
+  void Use(absl::Span<const std::uintptr_t> addrs, Due* due);
+  // An allocation made in the step at this address (recorded), or carried.
+  bool Tracks(std::uintptr_t addr) const { return id_of_.contains(addr); }
+
+  bool has_plan() const { return replaying_; }
+  const Counts& counts() const { return counts_; }
+
+ private:
+  // An event's fingerprint: its kind and size (alloc), id (free) or count
+  // of allocations (use). A replay follows the plan while they match.
+  static std::uint64_t Signature(int kind, std::uint64_t value);
+  // Checks the next event against the plan and collects what is due.
+  void Advance(std::uint64_t signature, Due* due);
+  std::uintptr_t AddressOf(std::uint64_t id) const;
+
+  // The step being recorded.
+  std::unique_ptr<Step> step_;
+  bool recording_ = false;
+  bool overflowed_ = false;  // too many events: not planned
+  absl::flat_hash_map<std::uintptr_t, std::uint64_t> id_of_;  // live -> id
+  std::vector<std::uintptr_t> own_address_;  // ordinal -> address this step
+  std::vector<std::uint64_t> signatures_;
+  // The plan replayed now, its events' signatures and its next action.
+  ReplayPlan plan_;
+  std::vector<std::uint64_t> planned_signatures_;
+  std::vector<bool> planned_tracked_;  // per ordinal: AllocDone named it
+  bool replaying_ = false;
+  bool diverged_ = false;
+  std::size_t next_action_ = 0;
+  Counts counts_;
+};
+
+// What DeviceAllocator keeps to carry out a learned schedule
+// (allocator/learn_step.cc).
+struct LearnState {
+  LearnedSchedule schedule;
+  LearnedSchedule::Due due;  // reused: no allocation per event
+  bool alloc_pending = false;  // an Alloc awaits its AllocDone
+  // Created on first use: transfers to the host, and back, each on its own
+  // stream so that both directions of the link work at once and neither
+  // waits behind the step's kernels.
+  bool streams = false;
+  Stream away_stream = kDefaultStream;
+  Stream back_stream = kDefaultStream;
+  // Brought back and not yet used: the event after the transfer, which the
+  // stream of the allocation's next use waits for.
+  absl::flat_hash_map<std::uintptr_t, Event> fetches;
+  std::int64_t misses = 0;  // bring-backs the budget had no room for
+};
+}  // namespace cma
+
+#endif  // CMA_ALLOCATOR_LEARNED_SCHEDULE_H_

@@ -1,0 +1,178 @@
+// The learned step (config learn_step:1, allocator/learned_schedule.h) on
+// the host backend: a layer-by-layer training step larger than the device's
+// part is recorded, planned and replayed; what did not fit lands on the
+// device once the plan sends what waits away; the data survives; a step
+// that changes is learnt again; and LearnedSchedule's own bookkeeping.
+#include <cstring>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "tests/test_util.h"
+
+namespace cma {
+namespace {
+
+using ::testing::HasSubstr;
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+class LearnStepTest : public AllocatorTest {
+ protected:
+  static constexpr int kLayers = 8;
+  static constexpr std::size_t kParam = 12 * kMiB;
+  static constexpr std::size_t kAct = 12 * kMiB;
+
+  void SetUp() override {
+    // A 160 MiB device part; the rest of a 1 GiB budget on the host.
+    Make({.device_count = 1, .device_capacity = 256 * kMiB},
+         "oversubscribe:1,learn_step:1,managed_budget:1G,device_headroom:96M");
+    s_ = *backend_->CreateStream(0);
+    for (int i = 0; i < kLayers; ++i) {
+      params_.push_back(Alloc(kParam, 0, s_));
+      ASSERT_TRUE(backend_->SynchronizeStream(s_).ok());
+      std::memset(params_.back(), 'a' + i, kParam);
+    }
+    ASSERT_TRUE(alloc_->MarkIteration(0).ok());  // the first step begins
+  }
+  void TearDown() override {
+    for (void* p : params_) EXPECT_TRUE(alloc_->Free(p).ok());
+    AllocatorTest::TearDown();
+  }
+  void Use(std::vector<void*> ptrs) {
+    ASSERT_TRUE(alloc_->NoteUses(0, ptrs, s_).ok());
+  }
+  // Forward layer by layer (each activation read by the next layer), then
+  // backward in reverse, freeing each activation after its last use.
+  // Returns how many activations the allocator placed on the host.
+  int Step(int layers = kLayers) {
+    int on_host = 0;
+    std::vector<void*> acts;
+    for (int i = 0; i < layers; ++i) {
+      void* a = Alloc(kAct, 0, s_);
+      on_host += *alloc_->PlacedOnHost(a);
+      Use(i == 0 ? std::vector<void*>{params_[i], a}
+                 : std::vector<void*>{params_[i], a, acts.back()});
+      acts.push_back(a);
+    }
+    for (int i = layers - 1; i >= 0; --i) {
+      Use({params_[i], acts[i]});
+      EXPECT_TRUE(alloc_->Free(acts[i]).ok());
+    }
+    EXPECT_TRUE(alloc_->MarkIteration(0).ok());
+    ExpectInvariants();
+    return on_host;
+  }
+
+  Stream s_ = 0;
+  std::vector<void*> params_;
+};
+
+TEST_F(LearnStepTest, ALearnedStepFitsTheDeviceWhereTheFirstDidNot) {
+  const int first = Step();
+  EXPECT_GT(first, 0) << "the step is larger than the device's part";
+  int last = first;
+  for (int i = 0; i < 5; ++i) last = Step();
+  const DeviceStats st = Stats();
+  EXPECT_GE(st.learned_plans, 1);
+  EXPECT_GE(st.learned_steps, 6);
+  EXPECT_EQ(last, 0) << "the plan sends what waits away: every activation on the device";
+  EXPECT_GT(st.sent_away_bytes, 0);
+  EXPECT_GT(st.brought_back_bytes, 0);
+  EXPECT_LE(st.reserved_bytes[kAllPools].peak, static_cast<std::int64_t>(160 * kMiB));
+  // A plan that repeats is kept, not made again every step.
+  const std::int64_t plans = st.learned_plans;
+  Step();
+  Step();
+  EXPECT_EQ(Stats().learned_plans, plans);
+  // The data went away and came back intact.
+  ASSERT_TRUE(backend_->SynchronizeStream(s_).ok());
+  for (int i = 0; i < kLayers; ++i) {
+    const char* p = static_cast<const char*>(params_[i]);
+    EXPECT_EQ(p[0], 'a' + i);
+    EXPECT_EQ(p[kParam / 2], 'a' + i);
+    EXPECT_EQ(p[kParam - 1], 'a' + i);
+  }
+}
+
+TEST_F(LearnStepTest, AStepThatChangesIsLearntAgain) {
+  for (int i = 0; i < 4; ++i) Step();
+  const DeviceStats before = Stats();
+  Step(/*layers=*/5);  // another shape: the replay stops at the first difference
+  Step(5);
+  EXPECT_GT(Stats().learned_divergences, before.learned_divergences);
+  EXPECT_GT(Stats().learned_plans, before.learned_plans);
+  EXPECT_EQ(Step(5), 0);
+}
+
+TEST_F(LearnStepTest, UsesAreRefusedWithoutTheModeAndCheckTheirArguments) {
+  EXPECT_EQ(alloc_->NoteUses(3, {}, s_).code(), absl::StatusCode::kInvalidArgument);
+  void* p = params_[0];
+  EXPECT_EQ(alloc_->NoteUses(0, {&p, 1}, Stream{0xbad}).code(),
+            absl::StatusCode::kInvalidArgument);
+  int local = 0;
+  void* foreign = &local;
+  EXPECT_TRUE(alloc_->NoteUses(0, {&foreign, 1}, s_).ok()) << "memory it does not track: ignored";
+}
+
+TEST(LearnStepOffTest, NoteUsesNeedsTheMode) {
+  HostBackend backend({.device_count = 1});
+  auto a = CachingManagedAllocator::Create(backend, "");
+  ASSERT_TRUE(a.ok());
+  auto p = (*a)->Allocate(kMiB, 0);
+  ASSERT_TRUE(p.ok());
+  absl::Status s = (*a)->NoteUses(0, {&*p, 1}, kDefaultStream);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("learn_step:1"));
+  ASSERT_TRUE((*a)->Free(*p).ok());
+}
+
+TEST(LearnedScheduleTest, ReplaysWhileTheEventsMatchAndStopsAtTheFirstDifference) {
+  // Two carried allocations used at the step's two ends: with room for one,
+  // the plan sends one away and brings it back.
+  LearnedSchedule ls;
+  LearnedSchedule::Due due;
+  const std::pair<std::uintptr_t, std::size_t> live[] = {{0x1000000, 8 * kMiB},
+                                                          {0x2000000, 8 * kMiB}};
+  ReplayOptions options;
+  options.device_bytes = 12 * kMiB;
+  options.max_lead_events = 4;
+  auto one_step = [&](std::size_t middle_bytes, std::vector<std::uintptr_t>* sent,
+                      std::vector<std::uintptr_t>* brought) {
+    auto take = [&] {
+      sent->insert(sent->end(), due.send.begin(), due.send.end());
+      brought->insert(brought->end(), due.bring.begin(), due.bring.end());
+    };
+    ls.Use({0x1000000}, &due);
+    take();
+    ls.Alloc(middle_bytes, &due);
+    take();
+    ls.AllocDone(0x3000000);
+    ls.Use({0x3000000}, &due);
+    take();
+    ls.Free(0x3000000, &due);
+    take();
+    ls.Use({0x2000000}, &due);
+    take();
+    ASSERT_TRUE(ls.EndStep(options, &due).ok());
+    take();
+    ls.BeginStep(live);
+  };
+  ls.BeginStep(live);
+  std::vector<std::uintptr_t> sent, brought;
+  one_step(2 * kMiB, &sent, &brought);
+  EXPECT_TRUE(ls.has_plan());
+  EXPECT_TRUE(sent.empty() && brought.empty()) << "the first step only records";
+  sent.clear();
+  one_step(2 * kMiB, &sent, &brought);
+  EXPECT_FALSE(sent.empty());
+  EXPECT_FALSE(brought.empty());
+  EXPECT_EQ(ls.counts().plans, 1);
+  EXPECT_EQ(ls.counts().divergences, 0);
+  sent.clear();
+  brought.clear();
+  one_step(4 * kMiB, &sent, &brought);  // another size: not the recorded step
+  EXPECT_EQ(ls.counts().divergences, 1);
+  EXPECT_EQ(ls.counts().plans, 2) << "the differing step plans the next";
+}
+
+}  // namespace
+}  // namespace cma
