@@ -27,6 +27,11 @@ fixed seeded tokens, deterministic kernels):
                     readable until opt.step(); named only
   cma_oversub_inbwd_free  the same with free_grads=True: each gradient
                     freed once applied; named only
+  cma_oversub_learn  cma_oversub with learn_step:1 added to --cma-conf: the
+                    allocator learns the step from the uses cma.torch's
+                    global hooks report and sends live allocations away and
+                    back ahead of use (allocator/learned_schedule.h); no
+                    code change; named only
 For each ratio R of --ratios the blocker leaves X = P / R + C free, C the
 cost of a route's CUDA context, measured before inmem with cudaMemGetInfo
 alone: a probe (the blocker holding nothing) reads free F with only its own
@@ -92,8 +97,10 @@ GiB, MiB = ob.GiB, ob.MiB
 TRAIN_ROUTES = ("fsdp2_offload", "managed_plain", "cma_oversub", "cma_oversub_hint")
 INFER_ROUTES = ("cma_oversub", "managed_plain", "accel_auto")
 ALL_ROUTES = ("inmem",) + TRAIN_ROUTES + ("cma_oversub_direct", "cma_oversub_inbwd",
-                                          "cma_oversub_inbwd_free", "accel_auto", "accel_offload")
-STAT_WORDS = ("prefetch", "migrat", "evict", "host", "oversub", "resident", "fault")
+                                          "cma_oversub_inbwd_free", "cma_oversub_learn",
+                                          "accel_auto", "accel_offload")
+STAT_WORDS = ("prefetch", "migrat", "evict", "host", "oversub", "resident", "fault", "away",
+              "brought", "learned")
 STEP_PREFIX, INFO_PREFIX = "STEP ", "INFO "
 DEFAULTS = {  # (mode, quick): sizes an H100 80GB holds for inmem, fp32
     ("train", False): dict(layers=20, width=3072, heads=24, batch=2, seq=512, steps=6, warmup=2,
@@ -590,6 +597,8 @@ def main(argv=None):
                 if route in CMA_ROUTES:
                     conf = cma_conf(a.plain_conf if route == "managed_plain" else a.cma_conf,
                                     p["data_free"], avail)
+                    if route == "cma_oversub_learn":
+                        conf += ",learn_step:1"
                 if why or not blocker.alive():
                     rec = {"route": route, "status": why or "blocker died", "steps": []}
                     print("[oversub] R=%g %s: %s" % (ratio, route, rec["status"]), file=sys.stderr)
