@@ -203,19 +203,26 @@ std::vector<std::int64_t> Floor(const Model& m, const Step& step) {
 }
 
 // Pass 1: Belady's choice with earliest sends and demand bring-backs.
-absl::Status ChooseAway(const Step& step, std::int64_t capacity, Model& m) {
+absl::Status ChooseAway(const Step& step, std::int64_t capacity, Index start, Model& m) {
   const auto& allocs = step.allocations();
+  // In this pass only, slot t is event (t + start) mod n.
   struct Piece {
     Index begin, end;  // the slots [begin, end) of one gap's stretch
-    Index next_use;    // in event time from this step's start
+    Index next_use;    // its use's slot (+ n: a use in the next lap)
     std::int32_t gap;
+  };
+  // A gap's stretch in slots: [from, end), end in (0, n].
+  auto lap = [&](const Gap& gap) {
+    Index end = ((gap.v - start) % m.n + m.n) % m.n;
+    if (end == 0) end = m.n;
+    return std::make_pair(end - (gap.v - gap.u - 1), end);
   };
   std::vector<Piece> pieces;
   for (std::size_t g = 0; g < m.gaps.size(); ++g) {
-    const Gap& gap = m.gaps[g];
-    ForPieces(m.n, gap.u + 1, gap.v, [&](Index l, Index r) {
-      // A piece in the step's tail serves the next step's use.
-      pieces.push_back({l, r, l > gap.v ? gap.v + m.n : gap.v, static_cast<std::int32_t>(g)});
+    const auto [from, end] = lap(m.gaps[g]);
+    ForPieces(m.n, from, end, [&](Index l, Index r) {
+      // The piece before the lap's end serves the next lap's use.
+      pieces.push_back({l, r, l >= end ? end + m.n : end, static_cast<std::int32_t>(g)});
     });
   }
   std::sort(pieces.begin(), pieces.end(),
@@ -239,9 +246,10 @@ absl::Status ChooseAway(const Step& step, std::int64_t capacity, Model& m) {
   for (Index t = 0; t < m.n; ++t) {
     relief += delta[t];
     for (; next < pieces.size() && pieces[next].begin <= t; ++next) open.push(pieces[next]);
-    while (m.present[t] + relief > capacity) {
+    while (m.present[(t + start) % m.n] + relief > capacity) {
       if (open.empty()) {  // Floor() said the room is there.
-        return absl::InternalError(absl::StrFormat("no allocation can leave at event %d", t));
+        return absl::InternalError(
+            absl::StrFormat("no allocation can leave at event %d", (t + start) % m.n));
       }
       const Piece p = open.top();
       open.pop();
@@ -250,9 +258,10 @@ absl::Status ChooseAway(const Step& step, std::int64_t capacity, Model& m) {
       gap.away = true;
       gap.bring = gap.v;
       const std::int64_t b = static_cast<std::int64_t>(allocs[gap.allocation].bytes);
-      // Away over its whole stretch: now, later in the step, and (no matter
+      // Away over its whole stretch: now, later in the lap, and (no matter
       // to the sweep) earlier.
-      ForPieces(m.n, gap.u + 1, gap.v, [&](Index l, Index r) {
+      const auto [from, end] = lap(gap);
+      ForPieces(m.n, from, end, [&](Index l, Index r) {
         if (r <= t) return;
         if (l <= t) {
           relief -= b;
@@ -336,7 +345,13 @@ absl::StatusOr<ReplayPlan> PlanReplay(const Step& step, const ReplayOptions& opt
           e, Bytes(floor[e]), Bytes(m.kernel[e]), Bytes(capacity)));
     }
   }
-  absl::Status chosen = ChooseAway(step, capacity, m);
+  // The sweep cuts the cycle where the fewest bytes could be away, so that
+  // few of its choices cross the cut it cannot see across.
+  Index start = 0;
+  for (Index e = 1; e < m.n; ++e) {
+    if (m.present[e] - floor[e] < m.present[start] - floor[start]) start = e;
+  }
+  absl::Status chosen = ChooseAway(step, capacity, start, m);
   if (!chosen.ok()) return chosen;
 
   // The count per event with every chosen gap away until its use.

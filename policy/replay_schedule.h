@@ -41,10 +41,14 @@
 //     exceeds the device part, sends away (retroactively, from the start of
 //     its gap) the resident allocation whose next use is farthest (ties:
 //     the larger, then the read-only one), with a demand bring-back at the
-//     use. This is Belady's rule, PlanOfflineSchedule's, but with every
+//     use. This is Belady's rule, as PlanOfflineSchedule's, but with every
 //     send at its earliest, so each choice frees its room for the whole
-//     gap; it is the lower bound's LP sweep (offline_bound.cc) rounded to
-//     whole allocations, so with one size it meets that bound's cover.
+//     gap: the lower bound's LP sweep (offline_bound.cc) in whole
+//     allocations. With one size and every use writing, it moves the bound
+//     rounded up (the least any period-one plan can) in about 98% of
+//     random steps; with sizes that vary it is a heuristic. The sweep
+//     starts at the event the fewest movable bytes span, since it cannot
+//     see choices across its starting cut.
 //  2. Then gaps whose room is there after all (later choices freed it) stay
 //     resident, the largest first: bytes before overlap.
 //  3. Bring-backs move ahead of their use, the earliest use first, to the

@@ -6,6 +6,7 @@
 #include "policy/replay_schedule.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -93,6 +94,21 @@ std::string Simulate(const Step& step, const ReplayOptions& o, const ReplayPlan&
     }
     return allocs[x].persistent() && allocs[x].first_use >= 0 ? n + allocs[x].first_use : -1;
   };
+  // The use of x before event e in this step, or -1.
+  auto previous_use = [&](std::int32_t x, std::int64_t e) -> std::int64_t {
+    for (std::int64_t t = e - 1; t >= 0; --t) {
+      if (events[t].kind != Step::Kind::kUse) continue;
+      for (std::int64_t k = events[t].access_begin; k < events[t].access_end; ++k) {
+        if (step.accesses()[k].allocation == x) return t;
+      }
+    }
+    return -1;
+  };
+  // Second step: the count and the bytes in flight at each event, and the
+  // bring-backs that were not issued at their earliest (event, bytes).
+  std::vector<std::size_t> count_at(n), flying_at(n);
+  std::vector<std::pair<std::int64_t, std::size_t>> held_back;
+  std::vector<std::int64_t> sent_at(allocs.size(), -1);  // time: step * n + event
   std::size_t next_action = 0;
   for (int k = 0; k < 2; ++k) {
     next_action = 0;
@@ -117,6 +133,14 @@ std::string Simulate(const Step& step, const ReplayOptions& o, const ReplayPlan&
         }
         if (a.kind == Kind::kSendAway) {
           if (!s.present || !s.resident) return absl::StrFormat("event %d: send of %d", e, a.id);
+          // At its earliest: right after the use before it (event 0: the
+          // step before's last event, or before any use of carried data).
+          const std::int64_t before = previous_use(x, e);
+          const bool earliest = before >= 0 ? before == e - 1
+                                            : e == 0 && (!allocs[x].persistent() ||
+                                                         allocs[x].last_use == n - 1);
+          if (!earliest) return absl::StrFormat("event %d: send of %d is late", e, a.id);
+          sent_at[x] = k * n + e;
           if (exact && s.known && a.write_back != s.dirty) {
             return absl::StrFormat("event %d: id %d write_back %d, dirty %d", e, a.id,
                                    a.write_back, s.dirty);
@@ -135,6 +159,11 @@ std::string Simulate(const Step& step, const ReplayOptions& o, const ReplayPlan&
           s.dirty = false;
           s.known = true;
           s.in_flight = a.lead_events > 0;
+          // Not at its earliest (right after its send, or max_lead_events
+          // before its use): one event earlier it must not have fit.
+          const std::int64_t lo =
+              std::max(sent_at[x] + 1, k * n + e + a.lead_events - o.max_lead_events);
+          if (exact && k * n + e > lo) held_back.push_back({(e + n - 1) % n, a.bytes});
           if (exact) {
             ++out->brings;
             out->brings_ahead += a.lead_events > 0;
@@ -162,6 +191,8 @@ std::string Simulate(const Step& step, const ReplayOptions& o, const ReplayPlan&
         return absl::StrFormat("event %d: %d bytes in flight", e, flying);
       }
       out->peak = std::max(out->peak, count);
+      count_at[e] = count;
+      flying_at[e] = flying;
       if (ev.kind == Step::Kind::kUse) {
         for (std::int64_t i = ev.access_begin; i < ev.access_end; ++i) {
           const Step::Access& acc = step.accesses()[i];
@@ -183,6 +214,11 @@ std::string Simulate(const Step& step, const ReplayOptions& o, const ReplayPlan&
       }
     }
     if (exact) out->bytes = bytes;
+  }
+  for (const auto& [e, b] : held_back) {
+    const bool room = count_at[e] + b <= o.device_bytes;
+    const bool cap = o.max_in_flight_bytes == 0 || flying_at[e] + b <= o.max_in_flight_bytes;
+    if (room && cap) return absl::StrFormat("a bring-back fits at event %d, issued later", e);
   }
   if (out->bytes.h2d != plan.bytes.h2d || out->bytes.d2h != plan.bytes.d2h) {
     return absl::StrFormat("bytes %d/%d replayed, %d/%d planned", out->bytes.h2d,
@@ -398,7 +434,7 @@ TEST(ReplayScheduleTest, TrainingStepFetchesAhead) {
 // Persistent, carried-and-freed and made allocations; a made one is
 // allocated right before its first use or earlier, freed right after its
 // last use, later, or never; kernels of one to three allocations.
-Step RandomStep(std::mt19937& rng) {
+Step RandomStep(std::mt19937& rng, bool tight = false) {
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   enum Type { kPersistent, kCarriedFreed, kMade };
   const int count = pick(3, 14);
@@ -407,7 +443,7 @@ Step RandomStep(std::mt19937& rng) {
   std::vector<std::size_t> bytes(count);
   for (int x = 0; x < count; ++x) {
     const int r = pick(0, 19);
-    type[x] = r < 8 ? kPersistent : r < 11 ? kCarriedFreed : kMade;
+    type[x] = r < 8 ? kPersistent : r < 11 && !tight ? kCarriedFreed : kMade;
     bytes[x] = static_cast<std::size_t>(pick(1, 8));
   }
   std::vector<std::vector<int>> uses(kernels);
@@ -431,11 +467,11 @@ Step RandomStep(std::mt19937& rng) {
   for (int x = 0; x < count; ++x) {
     if (type[x] == kMade) {
       const int f = std::min(first[x], kernels - 1);
-      alloc_before[x] = pick(0, 2) == 0 ? pick(0, f) : f;
+      alloc_before[x] = pick(0, 2) == 0 && !tight ? pick(0, f) : f;
     }
-    if (type[x] == kPersistent || (type[x] == kMade && pick(0, 5) == 0)) continue;
+    if (type[x] == kPersistent || (type[x] == kMade && pick(0, 5) == 0 && !tight)) continue;
     const int from = std::max(last[x], type[x] == kMade ? alloc_before[x] : -1);
-    free_after[x] = pick(0, 1) == 0 ? from : pick(from, kernels - 1);
+    free_after[x] = pick(0, 1) == 0 || tight ? from : pick(from, kernels - 1);
   }
   Step s;
   for (int x = 0; x < count; ++x) {
@@ -465,14 +501,14 @@ Step RandomStep(std::mt19937& rng) {
   return s;
 }
 
-TEST(ReplayScheduleRandomTest, EveryPlanReplaysAndRespectsTheBounds) {
-  std::mt19937 rng(48);
+void RandomCases(bool tight) {
+  std::mt19937 rng(tight ? 4848 : 48);
   constexpr int kCases = 600;
   int planned = 0, above_offline = 0, below_offline = 0, at_bound = 0;
   double replay_bytes = 0, offline_bytes = 0, bound_bytes = 0;
   int brings = 0, ahead = 0;
-  for (int i = 0; i < kCases && !HasFailure(); ++i) {
-    const Step s = RandomStep(rng);
+  for (int i = 0; i < kCases && !::testing::Test::HasFailure(); ++i) {
+    const Step s = RandomStep(rng, tight);
     const std::size_t floor = MinReplayDeviceBytes(s);
     if (floor == 0) continue;
     const StepFacts f = MeasureStep(s, true);
@@ -520,12 +556,51 @@ TEST(ReplayScheduleRandomTest, EveryPlanReplaysAndRespectsTheBounds) {
     if (h == lb->h2d - lb->cold_h2d && d == lb->d2h) ++at_bound;
   }
   EXPECT_GT(planned, kCases * 9 / 10);
+  // Where the two models agree (made allocations live from first use to
+  // last, nothing carried and freed), the replay moves no more in all than
+  // the offline schedule; elsewhere it pays for dead data that stays
+  // allocated and for allocations counted from their Alloc.
+  if (tight) EXPECT_LE(replay_bytes, offline_bytes);
   std::printf(
-      "%d random steps: replay %.0f bytes, offline %.0f (its cold fetches left out), bound %.0f;"
+      "%d random %s steps: replay %.0f bytes, offline %.0f (its cold fetches left out), bound %.0f;"
       " replay above offline in %d, below in %d, at the bound in %d; %d of %d bring-backs "
       "ahead\n",
-      planned, replay_bytes, offline_bytes, bound_bytes, above_offline, below_offline, at_bound,
+      planned, tight ? "tight" : "loose", replay_bytes, offline_bytes, bound_bytes, above_offline, below_offline, at_bound,
       ahead, brings);
+}
+
+TEST(ReplayScheduleRandomTest, EveryPlanReplaysAndRespectsTheBounds) { RandomCases(false); }
+TEST(ReplayScheduleRandomTest, TightLifetimes) { RandomCases(true); }
+
+// Persistent allocations of one size, every use writing: a period-one plan
+// moves whole allocations, so the bound rounded up is the least it can
+// move. The sweep reaches it in most cases (the bound is not always
+// tight, so the rest may be optimal too).
+TEST(ReplayScheduleRandomTest, OneSizeReachesTheBoundRoundedUp) {
+  std::mt19937 rng(5);
+  constexpr int kCases = 500;
+  int at_bound = 0;
+  for (int i = 0; i < kCases && !HasFailure(); ++i) {
+    Step s;
+    const int count = 2 + static_cast<int>(rng() % 8), kernels = 3 + static_cast<int>(rng() % 20);
+    for (int x = 0; x < count; ++x) ASSERT_TRUE(s.Live(x, 1).ok());
+    for (int k = 0; k < kernels; ++k) {
+      std::vector<StepAccess> a = {{rng() % count, kRW}};
+      const std::uint64_t y = rng() % count;
+      if (rng() % 3 == 0 && y != a[0].id) a.push_back({y, kRW});
+      Use(s, a);
+    }
+    ReplayOptions o;
+    o.device_bytes = MinReplayDeviceBytes(s) + rng() % 3;
+    Replayed r;
+    const ReplayPlan p = PlanAndCheck(s, o, &r);
+    auto lb = LowerBoundLinkBytes(s, Offline(o.device_bytes));
+    ASSERT_TRUE(lb.ok());
+    ASSERT_GE(static_cast<double>(p.bytes.h2d), lb->h2d - 1e-9);
+    if (static_cast<double>(p.bytes.h2d) == std::ceil(lb->h2d - 1e-6)) ++at_bound;
+  }
+  std::printf("one size: %d of %d plans move the bound rounded up\n", at_bound, kCases);
+  EXPECT_GE(at_bound, kCases * 95 / 100);
 }
 
 }  // namespace
