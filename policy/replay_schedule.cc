@@ -275,6 +275,104 @@ absl::Status ChooseAway(const Step& step, std::int64_t capacity, Index start, Mo
   return absl::OkStatus();
 }
 
+// The count per event with every chosen gap away until its use (a demand
+// bring-back), as a tree the later passes query and add to.
+MaxTree CountWithAway(const Step& step, const Model& m) {
+  std::vector<std::int64_t> diff(m.n + 1, 0);
+  for (const Gap& g : m.gaps) {
+    if (!g.away) continue;
+    const std::int64_t b = static_cast<std::int64_t>(step.allocations()[g.allocation].bytes);
+    ForPieces(m.n, g.u + 1, g.v, [&](Index l, Index r) {
+      diff[l] -= b;
+      diff[r] += b;
+    });
+  }
+  std::vector<std::int64_t> count = m.present;
+  std::int64_t running = 0;
+  for (Index e = 0; e < m.n; ++e) count[e] += running += diff[e];
+  return MaxTree(count);
+}
+
+std::vector<std::int32_t> AwayGaps(const Model& m) {
+  std::vector<std::int32_t> away;
+  for (std::size_t g = 0; g < m.gaps.size(); ++g) {
+    if (m.gaps[g].away) away.push_back(static_cast<std::int32_t>(g));
+  }
+  return away;
+}
+
+// Pass 2: a gap that fits after all (pass 1's later choices made its room)
+// stays, the largest first: every byte kept is a byte each way not moved.
+void KeepWhatFits(const Step& step, std::int64_t capacity, Model& m, MaxTree& count) {
+  const auto& allocs = step.allocations();
+  std::vector<std::int32_t> away = AwayGaps(m);
+  std::sort(away.begin(), away.end(), [&](std::int32_t x, std::int32_t y) {
+    const std::size_t bx = allocs[m.gaps[x].allocation].bytes;
+    const std::size_t by = allocs[m.gaps[y].allocation].bytes;
+    return bx != by ? bx > by : x < y;
+  });
+  for (std::int32_t g : away) {
+    Gap& gap = m.gaps[g];
+    const std::int64_t b = static_cast<std::int64_t>(allocs[gap.allocation].bytes);
+    bool fits = true;
+    ForPieces(m.n, gap.u + 1, gap.v,
+              [&](Index l, Index r) { fits = fits && count.Max(l, r) + b <= capacity; });
+    if (!fits) continue;
+    gap.away = false;
+    ForPieces(m.n, gap.u + 1, gap.v, [&](Index l, Index r) { count.Add(l, r, b); });
+  }
+}
+
+// Pass 3: bring-backs ahead of use, the earliest use first, each to the
+// event right after the last one in its window where it would not fit. A
+// window that reaches into the step before serves a use later than this
+// step's tail, whose own bring-backs it would otherwise crowd out.
+void BringAhead(const Step& step, const ReplayOptions& options, std::int64_t capacity, Model& m,
+                MaxTree& count) {
+  const auto& allocs = step.allocations();
+  auto lowest = [&](const Gap& g) { return std::max(g.u + 2, g.v - options.max_lead_events); };
+  auto urgency = [&](const Gap& g) { return lowest(g) < 0 ? g.v + m.n : g.v; };
+  std::vector<std::int32_t> away = AwayGaps(m);
+  std::sort(away.begin(), away.end(), [&](std::int32_t x, std::int32_t y) {
+    const Index ux = urgency(m.gaps[x]), uy = urgency(m.gaps[y]);
+    return ux != uy ? ux < uy : x < y;
+  });
+  constexpr std::int64_t kUnbounded = std::numeric_limits<std::int64_t>::max() / 4;
+  const std::int64_t cap_in_flight =
+      options.max_in_flight_bytes == 0
+          ? kUnbounded
+          : static_cast<std::int64_t>(
+                std::min<std::size_t>(options.max_in_flight_bytes, kUnbounded));
+  MaxTree in_flight(std::vector<std::int64_t>(m.n, 0));
+  for (std::int32_t g : away) {
+    Gap& gap = m.gaps[g];
+    const std::int64_t b = static_cast<std::int64_t>(allocs[gap.allocation].bytes);
+    const Index lo = lowest(gap);
+    auto last_blocked = [&](Index l, Index r) {
+      return std::max(count.LastAbove(l, r, capacity - b),
+                      in_flight.LastAbove(l, r, cap_in_flight - b));
+    };
+    // The piece nearer the use first: a slot blocked there decides.
+    gap.bring = lo;
+    if (lo < 0) {
+      const Index p = gap.v > 0 ? last_blocked(0, gap.v) : -1;
+      const Index q = p >= 0 ? -1 : last_blocked(lo + m.n, m.n);
+      if (p >= 0) {
+        gap.bring = p + 1;
+      } else if (q >= 0) {
+        gap.bring = q + 1 - m.n;
+      }
+    } else {
+      const Index p = last_blocked(lo, gap.v);
+      if (p >= 0) gap.bring = p + 1;
+    }
+    ForPieces(m.n, gap.bring, gap.v, [&](Index l, Index r) {
+      count.Add(l, r, b);
+      in_flight.Add(l, r, b);
+    });
+  }
+}
+
 // For the dirty walk: whether each away gap's send must write back.
 void MarkWriteBacks(const Step& step, Model& m) {
   for (std::size_t a = 0; a < m.uses.size(); ++a) {
@@ -354,91 +452,9 @@ absl::StatusOr<ReplayPlan> PlanReplay(const Step& step, const ReplayOptions& opt
   absl::Status chosen = ChooseAway(step, capacity, start, m);
   if (!chosen.ok()) return chosen;
 
-  // The count per event with every chosen gap away until its use.
-  std::vector<std::int64_t> count = m.present;
-  {
-    std::vector<std::int64_t> diff(m.n + 1, 0);
-    for (const Gap& g : m.gaps) {
-      if (!g.away) continue;
-      const std::int64_t b = static_cast<std::int64_t>(allocs[g.allocation].bytes);
-      ForPieces(m.n, g.u + 1, g.v, [&](Index l, Index r) {
-        diff[l] -= b;
-        diff[r] += b;
-      });
-    }
-    std::int64_t running = 0;
-    for (Index e = 0; e < m.n; ++e) count[e] += running += diff[e];
-  }
-  MaxTree tree(count);
-  std::vector<std::int32_t> away;
-  for (std::size_t g = 0; g < m.gaps.size(); ++g) {
-    if (m.gaps[g].away) away.push_back(static_cast<std::int32_t>(g));
-  }
-
-  // Pass 2: a gap that fits after all stays, the largest first.
-  std::sort(away.begin(), away.end(), [&](std::int32_t x, std::int32_t y) {
-    const std::size_t bx = allocs[m.gaps[x].allocation].bytes;
-    const std::size_t by = allocs[m.gaps[y].allocation].bytes;
-    return bx != by ? bx > by : x < y;
-  });
-  for (std::int32_t g : away) {
-    Gap& gap = m.gaps[g];
-    const std::int64_t b = static_cast<std::int64_t>(allocs[gap.allocation].bytes);
-    bool fits = true;
-    ForPieces(m.n, gap.u + 1, gap.v,
-              [&](Index l, Index r) { fits = fits && tree.Max(l, r) + b <= capacity; });
-    if (!fits) continue;
-    gap.away = false;
-    ForPieces(m.n, gap.u + 1, gap.v, [&](Index l, Index r) { tree.Add(l, r, b); });
-  }
-  away.erase(std::remove_if(away.begin(), away.end(),
-                            [&](std::int32_t g) { return !m.gaps[g].away; }),
-             away.end());
-
-  // Pass 3: bring-backs ahead of use, the earliest use first. A lead window
-  // that reaches into the step before is for a use later than this step's
-  // tail, whose own bring-backs it would otherwise crowd out.
-  auto lowest = [&](const Gap& g) { return std::max(g.u + 2, g.v - options.max_lead_events); };
-  auto urgency = [&](const Gap& g) { return lowest(g) < 0 ? g.v + m.n : g.v; };
-  std::sort(away.begin(), away.end(), [&](std::int32_t x, std::int32_t y) {
-    const Index ux = urgency(m.gaps[x]), uy = urgency(m.gaps[y]);
-    return ux != uy ? ux < uy : x < y;
-  });
-  const std::int64_t cap_in_flight =
-      options.max_in_flight_bytes == 0
-          ? std::numeric_limits<std::int64_t>::max() / 4
-          : static_cast<std::int64_t>(std::min<std::size_t>(
-                options.max_in_flight_bytes, std::numeric_limits<std::int64_t>::max() / 4));
-  MaxTree in_flight(std::vector<std::int64_t>(m.n, 0));
-  for (std::int32_t g : away) {
-    Gap& gap = m.gaps[g];
-    const std::int64_t b = static_cast<std::int64_t>(allocs[gap.allocation].bytes);
-    const Index lo = lowest(gap);
-    // The last slot in [lo, v) where b does not fit; the bring-back goes
-    // right after it. The piece nearer the use is searched first.
-    Index blocked = std::numeric_limits<Index>::min();
-    auto last_blocked = [&](Index l, Index r) {
-      return std::max(tree.LastAbove(l, r, capacity - b),
-                      in_flight.LastAbove(l, r, cap_in_flight - b));
-    };
-    if (lo < 0) {
-      const Index p = gap.v > 0 ? last_blocked(0, gap.v) : -1;
-      if (p >= 0) {
-        blocked = p;
-      } else {
-        const Index q = last_blocked(lo + m.n, m.n);
-        if (q >= 0) blocked = q - m.n;
-      }
-    } else {
-      const Index p = last_blocked(lo, gap.v);
-      if (p >= 0) blocked = p;
-    }
-    gap.bring = blocked == std::numeric_limits<Index>::min() ? lo : blocked + 1;
-    ForPieces(m.n, gap.bring, gap.v, [&](Index l, Index r) {
-      tree.Add(l, r, b);
-      in_flight.Add(l, r, b);
-    });
-  }
+  MaxTree count = CountWithAway(step, m);
+  KeepWhatFits(step, capacity, m, count);
+  BringAhead(step, options, capacity, m, count);
 
   MarkWriteBacks(step, m);
   ReplayPlan plan;
@@ -470,9 +486,8 @@ absl::StatusOr<ReplayPlan> PlanReplay(const Step& step, const ReplayOptions& opt
               if (x.lead_events != y.lead_events) return x.lead_events < y.lead_events;
               return x.id < y.id;
             });
-  plan.peak_device_bytes = m.n > 0 ? static_cast<std::size_t>(std::max<std::int64_t>(
-                                         0, tree.Max(0, m.n)))
-                                   : 0;
+  plan.peak_device_bytes =
+      m.n > 0 ? static_cast<std::size_t>(std::max<std::int64_t>(0, count.Max(0, m.n))) : 0;
   return plan;
 }
 
