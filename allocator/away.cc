@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "allocator/device_allocator.h"
 #include "allocator/format.h"
@@ -92,6 +93,19 @@ absl::Status DeviceAllocator::SetAway(absl::Span<void* const> ptrs, bool away, S
     if (absl::Status s = CheckRoomToBringBack(blocks); !s.ok()) return s;
   }
   if (check_only || blocks.empty()) return absl::OkStatus();
+  // After the work on each allocation's own stream too: its pages may have
+  // been discarded there before it was handed out, and a transfer on
+  // another stream must not populate them first.
+  absl::flat_hash_set<Stream> owners;
+  for (const Block* b : blocks) {
+    if (b->stream != stream) owners.insert(b->stream);
+  }
+  for (Stream owner : owners) {
+    if (absl::Status w = OrderAfter(stream, owner); !w.ok()) {
+      return absl::Status(w.code(), absl::StrFormat("cma: %s could not order after stream %#x: %s",
+                                                    what, owner, w.message()));
+    }
+  }
   return MoveAway(blocks, away, stream);
 }
 
@@ -106,7 +120,7 @@ std::size_t DeviceAllocator::InnerPageCount(absl::Span<Block* const> blocks) con
 
 absl::Status DeviceAllocator::CheckRoomToBringBack(absl::Span<Block* const> blocks) {
   const std::size_t pages = InnerPageCount(blocks);
-  if (populated_pages() - idle_pages_ + pages > budget_ / kPageSize) {
+  if (pages != 0 && populated_pages() - idle_pages_ + pages > budget_ / kPageSize) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "cma: bringing back %s would exceed the managed budget of device %d (%s in use of %s); "
         "send something away first",
@@ -116,14 +130,27 @@ absl::Status DeviceAllocator::CheckRoomToBringBack(absl::Span<Block* const> bloc
   return absl::OkStatus();
 }
 
+void DeviceAllocator::MakeRoomToBringBack(std::size_t pages, Stream stream) {
+  const std::size_t budget_pages = budget_ / kPageSize;
+  if (populated_pages() + pages <= budget_pages) return;
+  // Idle cached pages make the room, discarded ahead of the population on
+  // `stream` (DiscardIdlePages orders it after other streams' discards).
+  // A page that free blocks of several streams share goes only once every
+  // stream's work is done: waited for, as the out-of-memory path does, when
+  // the others are not enough (CheckRoomToBringBack counted every idle page).
+  DiscardIdlePages(populated_pages() + pages - budget_pages, 0, 0, &stream);
+  if (populated_pages() + pages > budget_pages && SettleFreeBlockStreams()) {
+    DiscardIdlePages(populated_pages() + pages - budget_pages, 0, 0, &stream, nullptr,
+                     /*settled=*/true);
+  }
+}
+
 absl::Status DeviceAllocator::MoveAway(absl::Span<Block* const> blocks, bool away, Stream stream) {
   const char* what = away ? "send_away" : "bring_back";
   const std::size_t pages = InnerPageCount(blocks);
   const std::size_t budget_pages = budget_ / kPageSize;
-  if (!away && populated_pages() + pages > budget_pages) {
-    // Idle cached pages make the room, discarded ahead of the population on
-    // `stream` (DiscardIdlePages orders it after other streams' discards).
-    DiscardIdlePages(populated_pages() + pages - budget_pages, 0, 0, &stream);
+  if (!away) {
+    MakeRoomToBringBack(pages, stream);
     if (populated_pages() + pages > budget_pages) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "cma: bringing back %s: the idle pages of device %d could not all be discarded",
@@ -157,9 +184,9 @@ absl::Status DeviceAllocator::MoveAway(absl::Span<Block* const> blocks, bool awa
       stats_.num_pages_populated += static_cast<std::int64_t>(hi - lo);
       stats_.brought_back_bytes += bytes;
     }
+    // (placed/location stay the block's: its first and last pages did not
+    // move, and a Wake or Move reads them.)
     b->away = away;
-    b->placed = true;
-    b->location = target;
     // Its free waits for this transfer as for any use by `stream`.
     if (stream != b->stream &&
         std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
@@ -187,9 +214,15 @@ void DeviceAllocator::CountBack(Block* b) {
   peak_live_pages_ = std::max(peak_live_pages_, populated_pages() - idle_pages_);
 }
 
-void DeviceAllocator::CountBackAll() {
-  if (stats_.away_bytes[kAllPools].current == 0) return;
-  for (auto& [addr, b] : allocated_) CountBack(b);
+std::vector<Range> DeviceAllocator::CountBackAll() {
+  std::vector<Range> inner;
+  if (stats_.away_bytes[kAllPools].current == 0) return inner;
+  for (auto& [addr, b] : allocated_) {
+    if (!b->away) continue;
+    inner.push_back(InnerRange(*b));
+    CountBack(b);
+  }
+  return inner;
 }
 
 void DeviceAllocator::ForgetAway(Block* b) {

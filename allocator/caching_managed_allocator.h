@@ -90,7 +90,8 @@ class CachingManagedAllocator {
   // host while the work does not need it, so that the device's part holds
   // what it needs next. SendAway prefetches the 2 MiB pages strictly inside
   // each allocation (its first and last page may hold neighbours' data and
-  // stay) to the host, ordered on `stream` after the work queued there, and
+  // stay) to the host, ordered on `stream` after the work queued there and
+  // on the allocation's own stream (an event, no host sync), and
   // they stop counting in reserved_bytes (away_bytes counts them);
   // BringBack prefetches them to the device again, ordered the same way,
   // discarding idle cached pages when the budget needs the room. Same
@@ -98,15 +99,21 @@ class CachingManagedAllocator {
   // and writes it correctly (the pages migrate on demand, slower, and count
   // again only when brought back). `stream` must be of the allocation's
   // device; the allocation's free then waits for it, as after RecordStream.
-  // Each call checks every pointer before any moves and changes nothing if
-  // one fails: kInvalidArgument for a pointer that is not a live allocation
-  // of this allocator or a bad stream; kFailedPrecondition for one that
-  // cannot be away (the host's, the host tier's, a private pool's, another
-  // allocator's, a classic segment's, one a Sleep left) or while a pool is
-  // being allocated to; BringBack's kResourceExhausted when the device's
-  // part cannot hold them even with every idle page discarded. Sending an
-  // away allocation, or bringing back one that is not, is a no-op. A Move
-  // or a Sleep of an away allocation counts it back first.
+  // Each call checks every pointer, and the room, before any moves and
+  // changes nothing if one fails: kInvalidArgument for a pointer that is not
+  // a live allocation of this allocator or a bad stream; kFailedPrecondition
+  // for one that cannot be away (the host's, the host tier's, a private
+  // pool's, another allocator's, a classic segment's, one a Sleep left) or
+  // while a pool is being allocated to; BringBack's kResourceExhausted when
+  // the device's part cannot hold them even with every idle page discarded.
+  // (Idle pages that free blocks of several streams share are discarded
+  // after waiting for those streams; only a backend failure then, counted in
+  // num_placement_errors, can leave a batch over several devices moved on
+  // some and not on others.) Sending an away allocation, or bringing back
+  // one that is not, is a no-op. A Move to its device counts an away
+  // allocation back with the room BringBack needs (or is refused the same
+  // way); a Move to the host leaves it away; a Sleep counts every away
+  // allocation back (Wake then brings it to the device with the rest).
   absl::Status SendAway(absl::Span<void* const> ptrs, Stream stream);
   absl::Status BringBack(absl::Span<void* const> ptrs, Stream stream);
   // Sleep mode, as vLLM's (which unmaps and remaps), keeping addresses:

@@ -418,10 +418,12 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   // free is refused and the block stays allocated.
   // While quiet no event, sync or advice call may be made (a capture may be
   // under way): a block whose free needs one (events on other streams, the
-  // order after a Sleep's discard, withdrawing its advice) waits, out of
+  // order after a Sleep's discard, withdrawing its advice, discarding its
+  // pages sent away) waits, out of
   // the pools, until the last pool context ends.
   const bool defer = ABSL_PREDICT_FALSE(quiet()) &&
-                     (!b->stream_uses.empty() || b->pages_discarded || b->hints != nullptr);
+                     (!b->stream_uses.empty() || b->pages_discarded || b->hints != nullptr ||
+                      b->away);
   absl::InlinedVector<Event, 2> events;
   absl::Status failure;
   for (Stream s : defer ? absl::Span<const Stream>() : absl::Span<const Stream>(b->stream_uses)) {

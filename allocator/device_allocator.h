@@ -106,10 +106,8 @@ class DeviceAllocator {
   // location (the caller, CachingManagedAllocator::MoveBatch, checks it).
   absl::Status Move(absl::Span<void* const> ptrs, Location target, Stream stream,
                     bool contents_dead) ABSL_LOCKS_EXCLUDED(mu_);
-  // Part of what Move refuses, checked before any call: kFailedPrecondition
-  // for another allocator's memory, kNotFound for a pointer not allocated
-  // here. Lets a batch over several devices refuse those before any of
-  // them moves.
+  // What Move refuses before any call (kFailedPrecondition: another
+  // allocator's memory; kNotFound), for a batch over several devices.
   absl::Status CheckMovable(absl::Span<void* const> ptrs) ABSL_LOCKS_EXCLUDED(mu_);
   // The away state (away.cc; see CachingManagedAllocator::SendAway; away
   // or back, on `stream`). kNotFound for a pointer not allocated here;
@@ -118,10 +116,9 @@ class DeviceAllocator {
       ABSL_LOCKS_EXCLUDED(mu_);
   // learn_step:1 (learn_step.cc; see CachingManagedAllocator::NoteUses).
   absl::Status NoteUses(absl::Span<void* const> ptrs, Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
-  // Marks the allocation at `ptr` as disposable (its contents may be
-  // discarded by Sleep) until it is freed.
+  // Marks `ptr` disposable (Sleep may discard it) until it is freed.
   absl::Status SetDisposable(void* ptr, bool disposable) ABSL_LOCKS_EXCLUDED(mu_);
-  // Marks the allocation at `ptr` as kept by a level-2 Sleep.
+  // Marks `ptr` kept by a level-2 Sleep.
   absl::Status SetKeep(void* ptr, bool keep) ABSL_LOCKS_EXCLUDED(mu_);
   // Every allocation of this device leaves it, ordered on `stream` (sleep.cc;
   // see CachingManagedAllocator::Sleep): kept contents staged in pinned host
@@ -173,20 +170,20 @@ class DeviceAllocator {
  private:
   absl::Status CheckStream(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ---- the away state (away.cc) ----
-  // Why block `b` cannot be sent away (OK if it can); CanBeAway: it can and
-  // has pages to send.
+  // Why `b` cannot be sent away (OK if it can); CanBeAway: and has pages to.
   absl::Status Awayable(const Block& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CanBeAway(const Block& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::size_t InnerPageCount(absl::Span<Block* const> blocks) const;
   absl::Status CheckRoomToBringBack(absl::Span<Block* const> blocks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MakeRoomToBringBack(std::size_t pages, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends `blocks` away (or back) on `stream`: checked blocks, not yet so.
   absl::Status MoveAway(absl::Span<Block* const> blocks, bool away, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts an away block on the device again, with no transfer (a Move or
   // a Sleep places it from there); ForgetAway: at its free.
   void CountBack(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CountBackAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<Range> CountBackAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // their inner pages
   void ForgetAway(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ---- the learned step (learn_step.cc) ----
   // The events of the step, each after what the plan has due before it.

@@ -191,9 +191,16 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
       return s;
     }
   }
-  // An away allocation moves from where it is, counted on its device again
-  // (as a Move to the host leaves any allocation counted).
-  for (Block* b : blocks) CountBack(b);
+  // An away allocation moved to its device counts there again: it needs
+  // the room BringBack would (refused, changing nothing, if there is none;
+  // made from idle pages otherwise). Moved to the host it stays away.
+  std::vector<Block*> coming_back;
+  if (target == Location::Device(device_)) {
+    for (Block* b : blocks) {
+      if (b->away) coming_back.push_back(b);
+    }
+    if (absl::Status r = CheckRoomToBringBack(coming_back); !r.ok()) return r;
+  }
   // Contents a Sleep staged come back first (copied into their pages at
   // the target), or are forgotten if the caller declares them dead.
   if (ABSL_PREDICT_FALSE(!staged_.empty())) {
@@ -230,6 +237,10 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("cma: move to ", LocationName(target),
                                                " failed: ", s.message()));
+  }
+  if (!coming_back.empty()) {
+    MakeRoomToBringBack(InnerPageCount(coming_back), stream);
+    for (Block* b : coming_back) CountBack(b);
   }
   for (Block* b : blocks) {
     b->placed = true;

@@ -132,7 +132,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
   // Away allocations count on the device again and leave as the rest do
   // (their pages on the host: a migration leaves them there).
-  CountBackAll();
+  (void)CountBackAll();
   // Who leaves how: kept blocks are staged (copied out, then discarded)
   // within the bound; a kept block that stays where it is (already on the
   // host), or every one at level 0 or with staging off, migrates. Their
@@ -432,10 +432,10 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
     return absl::Status(w.code(), absl::StrCat("cma: wake could not order after the sleep: ",
                                                w.message()));
   }
-  // Everything comes back, also what was sent away while asleep.
-  CountBackAll();
   const Location here = Location::Device(device_);
-  std::vector<Range> migrate, repopulate;
+  // Everything comes back, also what was sent away while asleep (its inner
+  // pages, wherever the block's own placement says it is).
+  std::vector<Range> migrate = CountBackAll(), repopulate;
   std::vector<StagedPart> parts;
   std::size_t bytes = 0;
   for (auto& [addr, b] : allocated_) {

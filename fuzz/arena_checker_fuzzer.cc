@@ -1,7 +1,6 @@
 // libFuzzer: the arena checker's step language (tests/arena_checker.h) driven
-// by the fuzzer's bytes: the first byte picks a configuration (its value
-// mod 16: below 8 the corpus's original language, from 8 the same
-// configurations with away steps), the rest the steps. Any violated rule, crash or leak aborts with the recent steps.
+// by the fuzzer's bytes: the first byte picks a configuration, the rest the
+// steps. Any violated rule, crash or leak aborts with the recent steps.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -20,10 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       "segments:classic,discard_on_free:1",
   };
   cma::ByteSource in(data, size);
-  const std::uint32_t pick = in.Next(16);
-  const char* config = kConfigs[pick % 8];
-  auto checker = cma::ArenaChecker::Create(config, std::size_t{64} << 20,
-                                           /*pool_checkpoints=*/false, /*away_steps=*/pick >= 8);
+  const char* config = kConfigs[in.Next(8)];
+  auto checker = cma::ArenaChecker::Create(config, std::size_t{64} << 20);
   if (!checker.ok()) std::abort();
   absl::Status s;
   for (int i = 0; i < 2000 && s.ok() && !in.exhausted(); ++i) s = (*checker)->Step(in);

@@ -54,11 +54,12 @@ int main(int argc, char** argv) {
   }
   const Case& c = kCases[seed % kCaseCount];
   const bool checkpoints = (seed / kCaseCount) % 2 == 1;
-  std::printf("seed %llu: config '%s' (%s), pool checkpoints %s, %ld steps\n",
+  const bool away = (seed / kCaseCount / 2) % 2 == 1;
+  std::printf("seed %llu: config '%s' (%s), pool checkpoints %s, away steps %s, %ld steps\n",
               static_cast<unsigned long long>(seed), c.config, c.name, checkpoints ? "on" : "off",
-              steps);
+              away ? "on" : "off", steps);
   std::fflush(stdout);
-  auto checker = cma::ArenaChecker::Create(c.config, std::size_t{256} << 20, checkpoints);
+  auto checker = cma::ArenaChecker::Create(c.config, std::size_t{256} << 20, checkpoints, away);
   if (!checker.ok()) {
     std::printf("FAILED: %s\n", std::string(checker.status().message()).c_str());
     return 1;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (config trace sequence handshake collective
-# checker) and the arena checker's seed runner (arena_checker_seed) with clang,
+# checker away_checker) and the arena checker's seed runner (arena_checker_seed) with clang,
 # ASAN + UBSAN, into OUT. Each source is compiled once, on every core, and
 # shared by the binaries that need it (the core is in four of them).
 #   fuzz/build_fuzzers.sh OUT
@@ -25,7 +25,7 @@ export CMA_FUZZ_CFLAGS="-std=c++17 -O1 -g -fsanitize=fuzzer-no-link,address,unde
 export CMA_FUZZ_OBJ="$out/obj"
 core=(allocator/*.cc policy/*.cc backends/backend.cc backends/host/*.cc
       backends/fault/fault_injecting_backend.cc)
-checker=(tests/arena_checker.cc tests/arena_checker_pools.cc)
+checker=(tests/arena_checker.cc tests/arena_checker_pools.cc tests/arena_checker_away.cc)
 obj() { for s in "$@"; do echo "$out/obj/${s//\//_}.o"; done; }
 printf '%s\n' "${core[@]}" allocator/symmetric/*.cc bench/trace.cc "${checker[@]}" fuzz/*.cc |
   xargs -P "$(nproc)" -I{} bash -c \
@@ -42,4 +42,5 @@ link sequence "$fz" fuzz/sequence_fuzzer.cc "${core[@]}"
 link handshake "$fz" fuzz/handshake_fuzzer.cc allocator/symmetric/wire.cc
 link collective "$fz" fuzz/collective_fuzzer.cc allocator/symmetric/*.cc "${core[@]}"
 link checker "$fz" fuzz/arena_checker_fuzzer.cc "${checker[@]}" "${core[@]}"
+link away_checker "$fz" fuzz/away_checker_fuzzer.cc "${checker[@]}" "${core[@]}"
 link arena_checker_seed address,undefined fuzz/arena_checker_seed.cc "${checker[@]}" "${core[@]}"

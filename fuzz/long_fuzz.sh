@@ -58,7 +58,7 @@ elif echo "long_fuzz: building into $bin" >&2 &&
   exit 2
 fi
 
-fuzzers=(config trace sequence handshake collective checker)
+fuzzers=(config trace sequence handshake collective checker away_checker)
 share=$((seconds / ${#fuzzers[@]}))
 start=$(date +%s)
 deadline=$((start + seconds))

@@ -10,7 +10,7 @@ seconds="${1:-60}"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 fuzz/build_fuzzers.sh "$out"
-for name in config trace sequence handshake collective checker; do
+for name in config trace sequence handshake collective checker away_checker; do
   mkdir -p "fuzz/corpus/$name"
   echo "== fuzzing $name for ${seconds}s"
   "$out/$name" "fuzz/corpus/$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
@@ -21,4 +21,4 @@ for name in config trace sequence handshake collective checker; do
     exit 1
   fi
 done
-echo "fuzzers: 6 run, 0 failed"
+echo "fuzzers: 7 run, 0 failed"

@@ -219,7 +219,9 @@ absl::Status ChooseAway(const Step& step, std::int64_t capacity, Index start, Mo
   };
   std::vector<Piece> pieces;
   for (std::size_t g = 0; g < m.gaps.size(); ++g) {
-    const auto [from, end] = lap(m.gaps[g]);
+    // (Named pairs, not bindings: C++17 lambdas cannot capture those.)
+    const std::pair<Index, Index> span = lap(m.gaps[g]);
+    const Index from = span.first, end = span.second;
     ForPieces(m.n, from, end, [&](Index l, Index r) {
       // The piece before the lap's end serves the next lap's use.
       pieces.push_back({l, r, l >= end ? end + m.n : end, static_cast<std::int32_t>(g)});

@@ -419,6 +419,11 @@ absl::Status ArenaChecker::DoMove(StepSource& in) {
   absl::Status s = alloc_->Move(reinterpret_cast<void*>(p), target, l.stream, dead);
   absl::Status c = CheckCalls();
   dead_move_ = 0;
+  // An allocation sent away comes back to its device only with the room
+  // BringBack needs (the budget may have shrunk since): refused, unmoved.
+  if (s.code() == absl::StatusCode::kResourceExhausted && !target.is_host() && IsAway(p)) {
+    return c;
+  }
   if (!s.ok()) return Violation(absl::StrCat("move failed: ", s.ToString()));
   if (!c.ok()) return c;
   // The user overwrites what it declared dead, or what a Sleep dropped and
@@ -631,7 +636,9 @@ absl::Status ArenaChecker::AfterStep() {
   if (!asleep_) {
     const auto reserved = alloc_->GetStats(0)->reserved_bytes[kAllPools].current;
     // An away allocation's inner pages wait on the host, uncounted.
-    std::size_t held = backend_->PopulatedBytes(0) - AwayPagesHeld();
+    absl::StatusOr<std::size_t> away = AwayPagesHeld();
+    if (!away.ok()) return away.status();
+    std::size_t held = backend_->PopulatedBytes(0) - *away;
     if (static_cast<std::size_t>(reserved) != held) {
       // A block freed while other streams still use it keeps its pages
       // until its free completes; a Sleep may have discarded them already.

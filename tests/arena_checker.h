@@ -152,7 +152,10 @@ class ArenaChecker {
   // SendAway or BringBack of a random live allocation (arena_checker_away.cc).
   absl::Status DoAway(StepSource& in);
   // The populated pages inside away allocations (none of the device's).
-  std::size_t AwayPagesHeld() const;
+  // A page of one on the device is a violation (nothing here touches them).
+  absl::StatusOr<std::size_t> AwayPagesHeld() const;
+  // Whether the allocation at `p` is away (the allocator's snapshot says).
+  bool IsAway(std::uintptr_t p) const;
   absl::Status DoSleep(Stream s, SleepLevel level);
   absl::Status DoForget(StepSource& in);
   // Refused while a staged allocation is live; else gives all of it back.

@@ -9,10 +9,18 @@
 namespace cma {
 
 absl::Status ArenaChecker::DoAway(StepSource& in) {
-  const std::uintptr_t p = PickLive(in);
+  const bool away = in.Next(2) == 0;
+  std::uintptr_t p = PickLive(in);
+  if (!away) {
+    // Mostly one that is away: bringing back what is not is a no-op.
+    std::vector<std::uintptr_t> gone;
+    for (const auto& [q, l] : live_) {
+      if (IsAway(q)) gone.push_back(q);
+    }
+    if (!gone.empty() && in.Next(4) != 0) p = gone[in.Next(static_cast<std::uint32_t>(gone.size()))];
+  }
   if (p == 0) return absl::OkStatus();
   Live& l = live_.at(p);
-  const bool away = in.Next(2) == 0;
   const Stream st = PickStream(in);
   void* ptr = reinterpret_cast<void*>(p);
   const DeviceStats before = *alloc_->GetStats(0);
@@ -48,7 +56,16 @@ absl::Status ArenaChecker::DoAway(StepSource& in) {
   return absl::OkStatus();
 }
 
-std::size_t ArenaChecker::AwayPagesHeld() const {
+bool ArenaChecker::IsAway(std::uintptr_t p) const {
+  for (const SegmentSnapshot& seg : alloc_->Snapshot()) {
+    for (const BlockSnapshot& b : seg.blocks) {
+      if (b.address == p) return b.away;
+    }
+  }
+  return false;
+}
+
+absl::StatusOr<std::size_t> ArenaChecker::AwayPagesHeld() const {
   std::size_t held = 0;
   for (const SegmentSnapshot& seg : alloc_->Snapshot()) {
     for (const BlockSnapshot& b : seg.blocks) {
@@ -56,9 +73,14 @@ std::size_t ArenaChecker::AwayPagesHeld() const {
       const std::uintptr_t first = b.address / kPageSize * kPageSize;
       const std::uintptr_t last = (b.address + b.size - 1) / kPageSize * kPageSize;
       for (std::uintptr_t page = first + kPageSize; page < last; page += kPageSize) {
-        held += backend_->PageLocation(reinterpret_cast<void*>(page)) != kPageUnpopulated
-                    ? kPageSize
-                    : 0;
+        const int where = backend_->PageLocation(reinterpret_cast<void*>(page));
+        // Nothing here touches an away allocation's pages on the device: a
+        // populated one is on the host, where SendAway put it.
+        if (where != kPageUnpopulated && where != kPageOnHost) {
+          return Violation(absl::StrFormat("page %#x of away allocation %#x (+%d) is at %d",
+                                           page, b.address, b.size, where));
+        }
+        held += where == kPageOnHost ? kPageSize : 0;
       }
     }
   }
