@@ -367,9 +367,8 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
   b->away = false;
   b->used_on = stream;
   b->stream_uses.clear();
-  if (ABSL_PREDICT_FALSE(learn_ != nullptr) && learn_->alloc_pending) {
-    learn_->alloc_pending = false;
-    if (mempool == 0 && b->segment->arena) learn_->schedule.AllocDone(b->addr);
+  if (ABSL_PREDICT_FALSE(learn_ != nullptr) && mempool == 0) {
+    learn_->schedule.AllocDone(b->addr, b->segment->arena ? b->size : 0);
   }
   if (ABSL_PREDICT_FALSE(iteration_.recording)) RecordAllocation(b);
   const PoolKind size_class = b->size_class = PoolFor(rounded);

@@ -44,7 +44,7 @@ absl::Status DeviceAllocator::NoteUses(absl::Span<void* const> ptrs, Stream stre
     if (it == allocated_.end()) continue;  // not an allocation of this device
     addrs.push_back(it->first);
   }
-  learn_->schedule.Use(addrs, &learn_->due);
+  learn_->schedule.Use(addrs, ptrs.size(), &learn_->due);
   RunDue(stream);
   for (std::uintptr_t a : addrs) {
     Block* b = allocated_.at(a);
@@ -62,7 +62,6 @@ absl::Status DeviceAllocator::NoteUses(absl::Span<void* const> ptrs, Stream stre
 
 void DeviceAllocator::LearnBeforeAlloc(std::size_t rounded) {
   learn_->schedule.Alloc(rounded, &learn_->due);
-  learn_->alloc_pending = true;
   RunDue(kDefaultStream);
 }
 
@@ -160,7 +159,7 @@ void DeviceAllocator::EndLearnedStep() {
   RunDue(kDefaultStream);
   std::vector<std::pair<std::uintptr_t, std::size_t>> live;
   for (const auto& [addr, b] : allocated_) {
-    if (b->mempool == 0 && b->segment->arena) live.push_back({addr, b->size});
+    if (b->mempool == 0) live.push_back({addr, CanBeAway(*b) ? b->size : 0});
   }
   std::sort(live.begin(), live.end());
   ls.schedule.BeginStep(live);

@@ -15,6 +15,11 @@ constexpr std::size_t kMaxEvents = std::size_t{1} << 21;
 
 enum EventKind { kAllocEvent = 1, kFreeEvent = 2, kUseEvent = 3 };
 
+// Named by a use that names nothing the step tracks, so that every
+// reported use is an event of the Step as of the clock (0 bytes: it costs
+// no plan anything).
+constexpr std::uint64_t kNothing = kCarried;
+
 }  // namespace
 
 std::uint64_t LearnedSchedule::Signature(int kind, std::uint64_t value) {
@@ -28,13 +33,22 @@ void LearnedSchedule::BeginStep(
   overflowed_ = false;
   diverged_ = false;
   next_action_ = 0;
+  alloc_pending_ = false;
   id_of_.clear();
   own_address_.clear();
+  own_movable_.clear();
   signatures_.clear();
+  (void)step_->Live(kNothing, 0);
   for (const auto& [addr, bytes] : live) {
     const std::uint64_t id = kCarried | addr;
     if (step_->Live(id, bytes).ok()) id_of_[addr] = id;
   }
+}
+
+void LearnedSchedule::SettleAlloc() {
+  if (!alloc_pending_) return;
+  alloc_pending_ = false;  // it failed: an allocation of nothing
+  (void)step_->Alloc(own_address_.size() - 1, 0);
 }
 
 absl::Status LearnedSchedule::EndStep(const ReplayOptions& options, Due* due) {
@@ -42,6 +56,7 @@ absl::Status LearnedSchedule::EndStep(const ReplayOptions& options, Due* due) {
   if (!recording_) return absl::OkStatus();
   // A step with no event (the end marked twice) changes nothing.
   if (signatures_.empty()) return absl::OkStatus();
+  SettleAlloc();
   if (replaying_ && !diverged_) {
     for (; next_action_ < plan_.actions.size(); ++next_action_) {
       const ReplayAction& a = plan_.actions[next_action_];
@@ -52,12 +67,10 @@ absl::Status LearnedSchedule::EndStep(const ReplayOptions& options, Due* due) {
   }
   recording_ = false;
   ++counts_.steps;
-  std::vector<bool> tracked(own_address_.size());
-  for (std::size_t i = 0; i < own_address_.size(); ++i) tracked[i] = own_address_[i] != 0;
-  // The step repeated, and what it tracked too (an allocation that did not
-  // fit the device before and does now is news): the plan stands.
+  // The step repeated, and so did where its allocations went (one that did
+  // not fit the device before and does now is news): the plan stands.
   if (replaying_ && !diverged_ && signatures_ == planned_signatures_ &&
-      tracked == planned_tracked_) {
+      own_movable_ == planned_movable_) {
     return absl::OkStatus();
   }
   replaying_ = false;
@@ -66,13 +79,15 @@ absl::Status LearnedSchedule::EndStep(const ReplayOptions& options, Due* due) {
   if (!plan.ok()) return plan.status();
   plan_ = std::move(*plan);
   planned_signatures_ = std::move(signatures_);
-  planned_tracked_ = std::move(tracked);
+  planned_movable_ = own_movable_;
   signatures_.clear();
   replaying_ = true;
   ++counts_.plans;
   // What the step never uses leaves once, before the replay begins.
   for (std::uint64_t id : plan_.host_for_good) {
-    if (id & kCarried) due->send.push_back(static_cast<std::uintptr_t>(id & ~kCarried));
+    if ((id & kCarried) && id != kNothing) {
+      due->send.push_back(static_cast<std::uintptr_t>(id & ~kCarried));
+    }
   }
   return absl::OkStatus();
 }
@@ -84,6 +99,7 @@ std::uintptr_t LearnedSchedule::AddressOf(std::uint64_t id) const {
 
 void LearnedSchedule::Advance(std::uint64_t signature, Due* due) {
   due->clear();
+  SettleAlloc();
   const std::size_t event = signatures_.size();
   if (event >= kMaxEvents) {
     overflowed_ = true;
@@ -111,15 +127,19 @@ void LearnedSchedule::Alloc(std::size_t bytes, Due* due) {
   if (!recording_) return;
   Advance(Signature(kAllocEvent, bytes), due);
   if (overflowed_) return;
-  const std::uint64_t id = own_address_.size();
   own_address_.push_back(0);  // AllocDone names it
-  (void)step_->Alloc(id, bytes);
+  own_movable_.push_back(false);
+  alloc_pending_ = true;
 }
 
-void LearnedSchedule::AllocDone(std::uintptr_t addr) {
-  if (!recording_ || overflowed_ || own_address_.empty() || own_address_.back() != 0) return;
+void LearnedSchedule::AllocDone(std::uintptr_t addr, std::size_t movable_bytes) {
+  if (!recording_ || !alloc_pending_) return;
+  alloc_pending_ = false;
+  const std::uint64_t id = own_address_.size() - 1;
+  (void)step_->Alloc(id, movable_bytes);
   own_address_.back() = addr;
-  id_of_[addr] = own_address_.size() - 1;
+  own_movable_.back() = movable_bytes != 0;
+  id_of_[addr] = id;
 }
 
 void LearnedSchedule::Free(std::uintptr_t addr, Due* due) {
@@ -133,18 +153,22 @@ void LearnedSchedule::Free(std::uintptr_t addr, Due* due) {
   if (!overflowed_) (void)step_->Free(id);
 }
 
-void LearnedSchedule::Use(absl::Span<const std::uintptr_t> addrs, Due* due) {
+void LearnedSchedule::Use(absl::Span<const std::uintptr_t> addrs, std::size_t reported,
+                          Due* due) {
   due->clear();
-  if (!recording_) return;
+  if (!recording_ || reported == 0) return;
+  // The event is the report, whatever it names: which of its allocations
+  // the step tracks depends on where they went, which the plan changes.
+  Advance(Signature(kUseEvent, reported), due);
+  if (overflowed_) return;
   std::vector<StepAccess> accesses;
-  accesses.reserve(addrs.size());
+  accesses.reserve(addrs.size() + 1);
   for (std::uintptr_t a : addrs) {
     auto it = id_of_.find(a);
     if (it != id_of_.end()) accesses.push_back({it->second, AccessMode::kReadWrite});
   }
-  if (accesses.empty()) return;  // nothing tracked: no event
-  Advance(Signature(kUseEvent, accesses.size()), due);
-  if (!overflowed_) (void)step_->Use(accesses);
+  if (accesses.empty()) accesses.push_back({kNothing, AccessMode::kRead});
+  (void)step_->Use(accesses);
 }
 
 }  // namespace cma

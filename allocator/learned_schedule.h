@@ -53,8 +53,8 @@ class LearnedSchedule {
     std::int64_t divergences = 0;  // replays a differing event ended
   };
 
-  // A step begins; `live` are the allocations (address, bytes) that exist
-  // now and may be moved (the ones a step carries).
+  // A step begins; `live` are the allocations that exist now (address, and
+  // the bytes the plan may move: 0 for one that cannot be away).
   void BeginStep(absl::Span<const std::pair<std::uintptr_t, std::size_t>> live);
   // The step ends: what the plan still had due fills `due`; then, unless
   // the step replayed the plan to its end, plans the next from it under
@@ -64,17 +64,19 @@ class LearnedSchedule {
   absl::Status EndStep(const ReplayOptions& options, Due* due);
 
   // The events of the step, in order; each fills `due` with what is due
-  // before it (cleared first). An allocation is two calls: Alloc before it
-  // is made (`bytes`: the request, rounded), AllocDone with its address
-  // once it is, if it is one the step tracks (else the id names nothing).
+  // before it (cleared first). The clock does not depend on where the
+  // allocations went (the plan changes that): every allocation, every free
+  // of one the step knows, every use reported is an event. An allocation
+  // is two calls: Alloc before it is made (`bytes`: the request, rounded),
+  // AllocDone with its address once it is, and the bytes the plan may move
+  // (0 for one that cannot be away: on the host tier, say); one that
+  // failed has no AllocDone.
   void Alloc(std::size_t bytes, Due* due);
-  void AllocDone(std::uintptr_t addr);
+  void AllocDone(std::uintptr_t addr, std::size_t movable_bytes);
   void Free(std::uintptr_t addr, Due* due);
-  // One use of the allocations at `addrs` (unknown addresses are ignored:
-  // memory the step does not track).
-  void Use(absl::Span<const std::uintptr_t> addrs, Due* due);
-  // An allocation made in the step at this address (recorded), or carried.
-  bool Tracks(std::uintptr_t addr) const { return id_of_.contains(addr); }
+  // One use reporting `reported` pointers, of which `addrs` are this
+  // device's allocations (others: memory the step does not track).
+  void Use(absl::Span<const std::uintptr_t> addrs, std::size_t reported, Due* due);
 
   bool has_plan() const { return replaying_; }
   const Counts& counts() const { return counts_; }
@@ -85,6 +87,9 @@ class LearnedSchedule {
   static std::uint64_t Signature(int kind, std::uint64_t value);
   // Checks the next event against the plan and collects what is due.
   void Advance(std::uint64_t signature, Due* due);
+  // An Alloc with no AllocDone (it failed) becomes a Step allocation of
+  // nothing before the next event.
+  void SettleAlloc();
   std::uintptr_t AddressOf(std::uint64_t id) const;
 
   // The step being recorded.
@@ -93,11 +98,13 @@ class LearnedSchedule {
   bool overflowed_ = false;  // too many events: not planned
   absl::flat_hash_map<std::uintptr_t, std::uint64_t> id_of_;  // live -> id
   std::vector<std::uintptr_t> own_address_;  // ordinal -> address this step
+  std::vector<bool> own_movable_;            // ordinal -> the plan may move it
+  bool alloc_pending_ = false;               // an Alloc awaits its AllocDone
   std::vector<std::uint64_t> signatures_;
   // The plan replayed now, its events' signatures and its next action.
   ReplayPlan plan_;
   std::vector<std::uint64_t> planned_signatures_;
-  std::vector<bool> planned_tracked_;  // per ordinal: AllocDone named it
+  std::vector<bool> planned_movable_;
   bool replaying_ = false;
   bool diverged_ = false;
   std::size_t next_action_ = 0;
@@ -109,7 +116,6 @@ class LearnedSchedule {
 struct LearnState {
   LearnedSchedule schedule;
   LearnedSchedule::Due due;  // reused: no allocation per event
-  bool alloc_pending = false;  // an Alloc awaits its AllocDone
   // Created on first use: transfers to the host, and back, each on its own
   // stream so that both directions of the link work at once and neither
   // waits behind the step's kernels.

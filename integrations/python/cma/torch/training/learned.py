@@ -82,15 +82,16 @@ def install():
         return None
 
     def step_pre(opt, args, kwargs):
-        tensors = []
+        # One use per parameter (with its gradient), in order: an optimizer
+        # works through its tensors one after another, and the plan needs
+        # only what one update touches on the device at once (all of them
+        # together may not fit: at 3x a model's parameters and gradients
+        # alone can exceed the device's part).
         for g in opt.param_groups:
             for p in g["params"]:
-                tensors.append(p)
-                if p.grad is not None:
-                    tensors.append(p.grad)
-        used = _storages(tensors, torch)
-        if used:
-            _note(used, torch)
+                used = _storages((p, p.grad), torch)
+                if used:
+                    _note(used, torch)
 
     def step_post(opt, args, kwargs):
         # The step ends with the optimizer's (a device marked twice, here and
