@@ -9,9 +9,11 @@ the shape of torch.distributed._symmetric_memory.
     peer.fill_(h.rank); h.barrier()             # the peer sees it after the barrier
     cma.torch.symmetric.free(t)                 # collective, cached for the next empty()
 
-The group bootstraps cma's authenticated socket rendezvous once (through
-all_gather_object); after that a cached empty() of a size seen before makes
-no exchange and no driver call. Every call is collective.
+The group bootstraps cma's authenticated socket rendezvous once, through a
+fixed-size all-gather of bytes over uint8 tensors (_GroupComm.allgather_bytes;
+never all_gather_object, which would unpickle what other ranks send); after
+that a cached empty() of a size seen before makes no exchange and no driver
+call. Every call is collective.
 
 NCCL windows: with an NCCL group, empty(..., nccl_window=True) also
 registers the buffer as a symmetric window of the group's communicator
