@@ -185,7 +185,7 @@ def test_two_processes_write_into_each_others_buffers():
 # Across hosts: 4 processes as 2 emulated hosts x 2 (CMA_HOST_EMULATED_HOST);
 # every communicator is a relay in the parent over pipes.
 TOKEN = "3f9a1c7e5b2d8046af13c9e7b5d20864f1a3c5e7092b4d6f8e0a2c4b6d8f1e3a"
-OTHER_TOKEN = "9c1e3a5b7d0f2468ace13579bdf02468c1e3a5b7d9f0e2c4a6b8d0f1e3c5a7b9"
+OTHER_TOKEN = "49e1b23a0ebfed79991a10a7445a7786176b7acde3e5754db8efc12991bb8627"
 
 
 class RelayComm:
