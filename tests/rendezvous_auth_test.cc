@@ -77,8 +77,8 @@ TEST(RendezvousAuthTest, LowEntropyTokensThatLookRandomAreRefused) {
   };
   const Case cases[] = {
       {"636f727265637420686f727365206261747465727920737461706c65",  // "correct horse battery staple"
-       "hex of printable text"},
-      {"4d7920646f67277320736563726574206e616d6520697320526578210a", "hex of printable text"},
+       "looks like hex-encoded text"},
+      {"4d7920646f67277320736563726574206e616d6520697320526578210a", "looks like hex-encoded text"},
       {"a0a1a2a3a4a5a6a7a8a9aaabacadaeaf", "every 2-th digit is the same"},
       {"05af50fa0a5ff5a0055aaff00f5af05a", "too unevenly"},
       {"3ee8c3e3e3e89e9c9e9cc8883ece9c9c", "too unevenly"},  // 5 digits: 74 bits at most
@@ -91,12 +91,12 @@ TEST(RendezvousAuthTest, LowEntropyTokensThatLookRandomAreRefused) {
     auto x = MakeUnixSocketExchange(Path("low-entropy"), 0, 1, kTimeout, c.token);
     EXPECT_EQ(x.status().code(), absl::StatusCode::kInvalidArgument) << c.token;
   }
+  // 128 random bits pass too: token_rule_test draws 200 000 from a seeded
+  // generator (2000 unseeded draws of 32 digits here would fail about one
+  // run in 600).
   for (int i = 0; i < 2000; ++i) {
     const std::string t = *MakeRendezvousToken();
     ASSERT_TRUE(wire::CheckToken(t).ok()) << t;
-    ASSERT_TRUE(wire::CheckToken(t.substr(0, 32)).ok() ||
-                absl::StrContains(wire::CheckToken(t.substr(0, 32)).message(), "printable"))
-        << t.substr(0, 32);  // 128 random bits pass (but for a ~1e-7 chance of looking like text)
   }
 }
 

@@ -89,15 +89,24 @@ absl::StatusOr<std::string> MakeRendezvousToken();
 // MPI, torch.distributed) distributes it. Process 0 answers any same-user
 // hello with a MAC under the token, so a weak token can be guessed offline:
 // it must carry 128 bits. The rule (token_rule.cc): kMinTokenBytes to
-// kMaxTokenBytes hex digits (either case; 4 bits each at most), at least
-// 3/4 of its 3-digit substrings distinct, at most 2/3 of its adjacent
-// digits equal or consecutive, not the hex of printable text (a
-// passphrase), at least 2.5 bits per digit in its digits' histogram (not a
-// few digits reused), and no digit fixed every 2nd, 3rd or 4th position.
-// These screens refuse what people make by hand, not every guessable
-// token; a random token of 32 digits fails them with probability below
-// 1e-6 (64 digits: 1e-13). Make it with MakeRendezvousToken (or
-// secrets.token_hex(32), openssl rand -hex 32).
+// kMaxTokenBytes hex digits (either case; 4 bits each at most), and none of
+// what people make by hand: at least 3/4 of its 3-digit substrings
+// distinct, no 8 digits occurring twice (9 past 64 digits), at most 2/3 of
+// its adjacent digits equal or consecutive, hexspeak words (dead, beef,
+// cafe, f00d, ...) covering less than 3/8 of it, not the hex of text
+// (every byte printable once trailing NULs are dropped, or 2^21 times
+// likelier under a model of typed text, with UTF-8 and Latin-1 letters and
+// odd control bytes, than as random bytes), at least 2.5 bits per digit in
+// its digits' histogram (not a few digits reused), no digit fixed every
+// 2nd, 3rd or 4th position, and no counting ("1a2b3c...": the digits of
+// every 2nd or 3rd position stepping by one amount, or of two of every
+// 4th). These screens refuse what people make by hand, not every guessable
+// token. A random token fails them with probability below 1e-6 at every
+// length allowed: at 32 digits about 8.3e-7 by the sum of each screen's
+// bound (2e8 random tokens drew 3.4e-7), at 64 (MakeRendezvousToken's) and
+// 128 digits below 1e-6, mostly pieces that repeat by chance; a refusal
+// names the screen and never echoes the token. Make it with
+// MakeRendezvousToken (or secrets.token_hex(32), openssl rand -hex 32).
 // `timeout` bounds connection set-up and every AllGather.
 // kInvalidArgument for a bad index, path, token or timeout (not in
 // (0, kMaxExchangeTimeout]); kPermissionDenied when process 0 is another

@@ -27,7 +27,7 @@ using ::testing::HasSubstr;
 
 constexpr int kWorld = 4;  // hosts {0, 1} and {2, 3}; leaders 0 and 2
 const char kToken[] = "3f9a1c7e5b2d8046af13c9e7b5d20864f1a3c5e7092b4d6f8e0a2c4b6d8f1e3a";
-const char kOtherToken[] = "9c1e3a5b7d0f2468ace13579bdf02468c1e3a5b7d9f0e2c4a6b8d0f1e3c5a7b9";
+const char kOtherToken[] = "49e1b23a0ebfed79991a10a7445a7786176b7acde3e5754db8efc12991bb8627";
 
 // Relays fixed-size all-gathers among `fds` (one socket per party, in
 // party order): each sends an 8-byte length then its bytes; each gets all.

@@ -4,6 +4,7 @@ import ctypes
 import multiprocessing
 import os
 import sys
+import time
 
 import numpy
 import pytest
@@ -177,6 +178,79 @@ def test_timeouts_beyond_a_day_are_refused(host):
     sym.Heap(SoloComm(), timeout=86400.0).close()  # a day itself is allowed
 
 
+# Issue 47: a shape's byte count is Python's exact product. numpy.prod
+# wrapped past 2**63 without a word: (2**61 + 1, 8) uint8 came to 8 bytes,
+# and the heap handed out 8 bytes for an array of 2**64 + 8. A shape whose
+# dimensions are not positive integers, or whose bytes do not fit the heap,
+# is a ValueError naming the shape, and nothing is allocated.
+def test_huge_and_bad_shapes_are_refused_naming_the_shape(host):
+    heap = sym.heap_for(SoloComm())
+    too_many = "more than a byte count can hold"
+    for shape, dtype, says in [
+            ((2**61 + 1, 8), "uint8", too_many),            # numpy: 8 bytes
+            ((2**32, 2**32), "float32", too_many),          # numpy: 0 bytes
+            ((1 << 70,), "int8", too_many),
+            ((2**64 - 8,), "uint8", "more than the heap can hold"),  # its stride would wrap
+            ((0,), "float32", "positive integer"),
+            ((4, -1), "float32", "positive integer"),
+            ((2.0, 3), "float32", "positive integer"),
+            (("4",), "float32", "positive integer"),
+            ((True, 2), "float32", "positive integer"),
+            (None, "float32", "not an int or a sequence of ints"),
+            (3.5, "float32", "not an int or a sequence of ints"),
+            ((4,), "S", "has no size")]:
+        with pytest.raises(ValueError, match=says) as e:
+            heap.allocate(shape, dtype)
+        assert "cma.symmetric" in str(e.value) and \
+            repr(shape) in str(e.value), (shape, str(e.value))
+    assert heap.stats()["allocations"] == 0 and not cma.memory_snapshot()["symmetric"]
+    # Shapes that are shapes still work, numpy's integers included.
+    buf = heap.allocate((numpy.int64(4), 8), "float32")
+    assert buf.shape == (4, 8) and buf.local.shape == (4, 8) and buf.nbytes == 128
+    heap.free(buf)
+    buf = heap.allocate(numpy.int32(5), "uint8")
+    assert buf.shape == (5,)
+    heap.free(buf)
+    heap.close()
+
+
+def _bad_shape_rank(rank, conn, q):
+    try:
+        cma.init("", backend="host")
+        heap = sym.Heap(PipeComm(rank, conn), timeout=30.0)
+        for bad in ((2**61 + 1, 8), (0,)):
+            start = time.monotonic()
+            try:
+                heap.allocate(bad if rank == 0 else (16,), "uint8", make_symmetric=True)
+                outcome = "allocated"
+            except Exception as e:  # noqa: BLE001 - reported
+                outcome = type(e).__name__
+            q.put((rank, outcome, time.monotonic() - start < 10))
+        good = heap.allocate((8 * (rank + 1),), "uint8", make_symmetric=True)  # still works
+        q.put((rank, "then", good.nbytes))
+        heap.free(good)
+        heap.close()
+        cma.shutdown()
+    except Exception as e:  # noqa: BLE001
+        q.put((rank, repr(e), 0))
+
+
+# A shape refused on one rank fails the collective on every rank at once
+# (the others would otherwise wait out their timeout), and the heap goes on.
+def test_a_bad_shape_on_one_rank_fails_every_rank_at_once():
+    ctx = multiprocessing.get_context("fork")
+    a, b = ctx.Pipe()
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_bad_shape_rank, args=(r, c, q)) for r, c in ((0, a), (1, b))]
+    for p in procs:
+        p.start()
+    results = sorted(q.get(timeout=90) for _ in range(6))
+    for p in procs:
+        p.join(timeout=60)
+    assert results == [(0, "ValueError", True), (0, "ValueError", True), (0, "then", 16),
+                       (1, "CmaError", True), (1, "CmaError", True), (1, "then", 16)], results
+
+
 def test_two_processes_write_into_each_others_buffers():
     results = _two_ranks(_rank)
     assert results == [(0, 101, 256), (1, 100, 256)], results
@@ -185,7 +259,7 @@ def test_two_processes_write_into_each_others_buffers():
 # Across hosts: 4 processes as 2 emulated hosts x 2 (CMA_HOST_EMULATED_HOST);
 # every communicator is a relay in the parent over pipes.
 TOKEN = "3f9a1c7e5b2d8046af13c9e7b5d20864f1a3c5e7092b4d6f8e0a2c4b6d8f1e3a"
-OTHER_TOKEN = "9c1e3a5b7d0f2468ace13579bdf02468c1e3a5b7d9f0e2c4a6b8d0f1e3c5a7b9"
+OTHER_TOKEN = "49e1b23a0ebfed79991a10a7445a7786176b7acde3e5754db8efc12991bb8627"
 
 
 class RelayComm:
@@ -306,6 +380,9 @@ class _FakeTensor:
     def numpy(self):
         return self.arr
 
+    def element_size(self):
+        return self.arr.itemsize
+
 
 _UNPICKLED = []
 
@@ -326,7 +403,7 @@ def _fake_torch(peer):
     dist = types.ModuleType("torch.distributed")
     torch.uint8, torch.float32 = numpy.uint8, numpy.float32
     torch.frombuffer = lambda b, dtype: _FakeTensor(numpy.frombuffer(bytes(b), numpy.uint8).copy())
-    torch.empty = lambda n, dtype, device: _FakeTensor(numpy.zeros(n, numpy.uint8))
+    torch.empty = lambda n, dtype, device=None: _FakeTensor(numpy.zeros(n, dtype))
     torch.device = lambda *a: ("device",) + a
     torch.cuda = types.SimpleNamespace(current_device=lambda: 0)
     gathers = []
@@ -349,19 +426,24 @@ def _fake_torch(peer):
     return torch, dist, gathers
 
 
-def test_the_torch_group_gathers_bytes_and_never_unpickles(monkeypatch):
+def _distributed(monkeypatch, torch, dist):
+    """cma/torch/distributed.py alone (cma.torch's own __init__ needs the
+    real torch), under its own name, over the fake torch."""
     import importlib.util
-    import pickle
-    payload = pickle.dumps(_Bomb())
-    torch, dist, gathers = _fake_torch(lambda n: payload[:n].ljust(n, b"\0"))
     monkeypatch.setitem(sys.modules, "torch", torch)
     monkeypatch.setitem(sys.modules, "torch.distributed", dist)
-    # cma/torch/distributed.py alone (cma.torch's own __init__ needs the
-    # real torch), under its own name.
     path = os.path.join(os.path.dirname(cma.__file__), "torch", "distributed.py")
     spec = importlib.util.spec_from_file_location("cma_torch_distributed_under_test", path)
     ts = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ts)
+    return ts
+
+
+def test_the_torch_group_gathers_bytes_and_never_unpickles(monkeypatch):
+    import pickle
+    payload = pickle.dumps(_Bomb())
+    torch, dist, gathers = _fake_torch(lambda n: payload[:n].ljust(n, b"\0"))
+    ts = _distributed(monkeypatch, torch, dist)
     comm = ts._GroupComm(None)
     mine = bytes(range(len(payload)))
     # The C ABI's all-gather callback, as the heap's bootstrap calls it.
@@ -374,6 +456,23 @@ def test_the_torch_group_gathers_bytes_and_never_unpickles(monkeypatch):
     assert recv.raw == mine + payload   # the peer's bytes, as bytes
     assert _UNPICKLED == [], _UNPICKLED
     assert gathers == [(2, numpy.uint8)]  # uint8 tensors, no object gather
+
+
+# The torch views (empty(), get_buffer, get_signal_pad) count their bytes
+# as Python does and never reach past their buffer: get_buffer(rank, shape)
+# with a shape larger than the buffer once made a view over whatever lay
+# beyond the peer's mapping, and a huge shape's count wrapped.
+def test_the_torch_views_never_reach_past_their_buffer(monkeypatch):
+    torch, dist, _ = _fake_torch(lambda n: bytes(n))
+    ts = _distributed(monkeypatch, torch, dist)
+    for shape, dtype, says in [((17,), torch.uint8, "more than the 16 bytes of the buffer"),
+                               ((5,), torch.float32, "20 bytes, more than the 16 bytes"),
+                               ((2**61 + 1, 8), torch.uint8, "more than the 16 bytes"),
+                               ((2**62, 4), torch.float32, "more than the 16 bytes"),
+                               ((0,), torch.uint8, "positive integer"),
+                               ((2.0,), torch.uint8, "positive integer")]:
+        with pytest.raises(ValueError, match=says):
+            ts._tensor(4096, shape, dtype, "cpu", None, 16)
 
 
 def test_malformed_host_records_are_refused():

@@ -31,6 +31,8 @@ otherwise objects with __cuda_array_interface__ (numpy arrays on the host
 backend). Every call is collective: the same order on every rank.
 """
 import ctypes
+import math
+import operator
 
 import numpy
 
@@ -144,13 +146,37 @@ class Heap:
             float(timeout), options.encode())
 
     def allocate(self, shape, dtype, make_symmetric=False):
+        """Collective: a SymmetricBuffer of `shape` (an int or a sequence of
+        positive ints) and `dtype`. ValueError naming the shape when a
+        dimension is not a positive integer or the buffer's bytes are more
+        than the heap can hold; every rank fails together then (the heap's
+        error on the others)."""
         dtype = numpy.dtype(dtype)
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        nbytes = int(numpy.prod(shape)) * dtype.itemsize
-        a = _lib.lib().cma_symmetric_alloc(self._h, nbytes, int(make_symmetric))
-        if not a:
-            raise _lib._error()
-        return SymmetricBuffer(self, a, shape, dtype)
+        dims, a = self._allocate(shape, dtype.itemsize, dtype, make_symmetric)
+        return SymmetricBuffer(self, a, dims, dtype)
+
+    def _allocate(self, shape, itemsize, dtype, make_symmetric):
+        """(the shape as a tuple of ints, the C allocation) for `shape` of
+        elements of `itemsize` bytes; `dtype` names them in errors."""
+        dims, nbytes, problem = _request(shape, itemsize, dtype)
+        # A request refused here still joins the heap's collective, as a
+        # request the heap refuses on every rank (0 bytes; past size_t, the
+        # largest size_t, too large), so that the other ranks fail with it
+        # now rather than wait out their timeout.
+        request = 0 if problem else min(nbytes, _SIZE_MAX)
+        a = _lib.lib().cma_symmetric_alloc(self._h, request, int(make_symmetric))
+        if a and not problem:
+            return dims, a
+        if problem:
+            raise ValueError(problem)
+        error = _lib._error()
+        if nbytes > _SIZE_MAX:
+            raise ValueError(f"cma.symmetric: shape {dims} of {dtype} is {nbytes} bytes, more "
+                             f"than a byte count can hold (2**64 - 1)") from error
+        if f"a request of {request} bytes is too large" in str(error):
+            raise ValueError(f"cma.symmetric: shape {dims} of {dtype} is {nbytes} bytes, more "
+                             f"than the heap can hold ({error})") from error
+        raise error
 
     def free(self, buf):
         if buf._a is None:
@@ -190,6 +216,43 @@ class Heap:
         if self._h:
             _lib.lib().cma_symmetric_destroy(self._h)
             self._h = None
+
+
+# The C ABI's byte counts are size_t.
+_SIZE_MAX = (1 << 64) - 1
+
+
+def _request(shape, itemsize, dtype):
+    """(shape as a tuple of ints, its byte count, None), or (shape, 0, why)
+    when it is not a shape: an int or a sequence of ints (bool is not one),
+    each positive, of elements of `itemsize` bytes (> 0). The product is
+    Python's, exact at any size: numpy.prod wraps past 2**63 without a word,
+    and a wrapped count once asked the heap for far fewer bytes than the
+    arrays made over the buffer span."""
+    def is_int(d):
+        if isinstance(d, (bool, numpy.bool_)):
+            return False
+        try:
+            operator.index(d)
+        except TypeError:
+            return False
+        return True
+
+    if is_int(shape):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        return shape, 0, f"cma.symmetric: shape {shape!r} is not an int or a sequence of ints"
+    for d in dims:
+        if not is_int(d) or operator.index(d) <= 0:
+            return dims, 0, (f"cma.symmetric: shape {dims!r}: every dimension must be a "
+                             f"positive integer, not {d!r}")
+    dims = tuple(operator.index(d) for d in dims)
+    if itemsize <= 0:
+        return dims, 0, (f"cma.symmetric: shape {dims!r}: {dtype} has no size (name one: "
+                         f"'S8', not 'S')")
+    return dims, math.prod(dims) * itemsize, None
 
 
 # The host gather's record: a kind (0: ok; else a problem of _PROBLEMS)
@@ -302,7 +365,7 @@ class SymmetricBuffer:
 
 
 def _array(ptr, shape, dtype, owner):
-    n = int(numpy.prod(shape)) * dtype.itemsize
+    n = math.prod(shape) * dtype.itemsize  # shape: checked by _request, within the buffer
     if _lib.backend_name() == "host":
         return _lib.host_view(ptr, n, owner=owner).view(dtype).reshape(shape)
     try:

@@ -9,9 +9,11 @@ the shape of torch.distributed._symmetric_memory.
     peer.fill_(h.rank); h.barrier()             # the peer sees it after the barrier
     cma.torch.symmetric.free(t)                 # collective, cached for the next empty()
 
-The group bootstraps cma's authenticated socket rendezvous once (through
-all_gather_object); after that a cached empty() of a size seen before makes
-no exchange and no driver call. Every call is collective.
+The group bootstraps cma's authenticated socket rendezvous once, through a
+fixed-size all-gather of bytes over uint8 tensors (_GroupComm.allgather_bytes;
+never all_gather_object, which would unpickle what other ranks send); after
+that a cached empty() of a size seen before makes no exchange and no driver
+call. Every call is collective.
 
 NCCL windows: with an NCCL group, empty(..., nccl_window=True) also
 registers the buffer as a symmetric window of the group's communicator
@@ -21,6 +23,8 @@ registration stays with the cached allocation (a later empty() that reuses
 it costs no NCCL call). Call release_nccl_windows(group) on every rank
 before dist.destroy_process_group.
 """
+import math
+
 import numpy
 import torch
 import torch.distributed as dist
@@ -82,10 +86,23 @@ def _heap(group, device):
     return _sym.heap_for(_comms[key], device, provider=_provider)
 
 
-def _tensor(ptr, shape, dtype, device, owner):
-    nbytes = int(numpy.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+def _tensor(ptr, shape, dtype, device, owner, limit):
+    """A tensor of `shape` and `dtype` over the `limit` bytes at `ptr`:
+    ValueError, before any view is made, for a shape that is not one or
+    that spans more than those bytes (a view past them would read and
+    write whatever lies beyond the peer's buffer)."""
+    dims, nbytes, problem = _sym._request(shape, _element_size(dtype), dtype)
+    if problem:
+        raise ValueError(problem)
+    if nbytes > limit:
+        raise ValueError(f"cma.torch.symmetric: shape {dims} of {dtype} is {nbytes} bytes, "
+                         f"more than the {limit} bytes of the buffer")
     raw = _sym._DeviceArray(ptr, (nbytes,), numpy.dtype("uint8"), owner)
-    return torch.as_tensor(raw, device=device).view(dtype).view(shape)
+    return torch.as_tensor(raw, device=device).view(dtype).view(dims)
+
+
+def _element_size(dtype):
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def _nccl_comm(group, device):
@@ -109,11 +126,13 @@ def empty(shape, dtype=torch.float32, group=None, device=None, nccl_window=False
     nccl_window, also a symmetric window of the group's NCCL communicator."""
     device = torch.device("cuda", torch.cuda.current_device()) if device is None \
         else torch.device(device)
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    nbytes = int(numpy.prod(shape)) * torch.empty((), dtype=dtype).element_size()
     heap = _heap(group, device.index)
-    buf = heap.allocate((nbytes,), "uint8")
-    t = _tensor(buf.peer_ptrs[heap.rank], shape, dtype, device, buf)
+    size = _element_size(dtype)
+    # Heap.allocate's checks and collective over this dtype's element size
+    # (a shape refused on one rank fails every rank together).
+    dims, a = heap._allocate(shape, size, dtype, False)
+    buf = _sym.SymmetricBuffer(heap, a, (math.prod(dims) * size,), numpy.dtype("uint8"))
+    t = _tensor(buf.peer_ptrs[heap.rank], dims, dtype, device, buf, buf.nbytes)
     if nccl_window:
         # A rank that cannot name its communicator still joins the
         # registration (with none: refused there), so that every rank fails
@@ -161,11 +180,12 @@ class Handle:
         """Rank `rank`'s tensor (this rank's view, shaped like the original)."""
         shape = self._t.shape if shape is None else shape
         dtype = self._t.dtype if dtype is None else dtype
-        return _tensor(self.buffer_ptrs[rank], shape, dtype, self._t.device, self._buf)
+        return _tensor(self.buffer_ptrs[rank], shape, dtype, self._t.device, self._buf,
+                       self.buffer_size)
 
     def get_signal_pad(self, rank):
         return _tensor(self.signal_pad_ptrs[rank], (self.signal_pad_size,), torch.uint8,
-                       self._t.device, self._buf)
+                       self._t.device, self._buf, self.signal_pad_size)
 
     def barrier(self):
         torch.cuda.current_stream(self._t.device).synchronize()
