@@ -12,19 +12,11 @@ namespace {
 constexpr std::uint64_t kCarried = std::uint64_t{1} << 63;
 // A step that never ends is not recorded forever.
 constexpr std::size_t kMaxEvents = std::size_t{1} << 21;
-
-enum EventKind { kAllocEvent = 1, kFreeEvent = 2, kUseEvent = 3 };
-
 // Named by a use that names nothing the step tracks, so that every
-// reported use is an event of the Step as of the clock (0 bytes: it costs
-// no plan anything).
+// reported use is an event of the Step (0 bytes: it costs no plan anything).
 constexpr std::uint64_t kNothing = kCarried;
 
 }  // namespace
-
-std::uint64_t LearnedSchedule::Signature(int kind, std::uint64_t value) {
-  return static_cast<std::uint64_t>(kind) << 60 ^ value;
-}
 
 void LearnedSchedule::BeginStep(
     absl::Span<const std::pair<std::uintptr_t, std::size_t>> live) {
@@ -34,10 +26,12 @@ void LearnedSchedule::BeginStep(
   diverged_ = false;
   next_action_ = 0;
   alloc_pending_ = false;
+  events_ = 0;
   id_of_.clear();
   own_address_.clear();
+  own_sizes_.clear();
   own_movable_.clear();
-  signatures_.clear();
+  uses_.clear();
   (void)step_->Live(kNothing, 0);
   for (const auto& [addr, bytes] : live) {
     const std::uint64_t id = kCarried | addr;
@@ -51,36 +45,58 @@ void LearnedSchedule::SettleAlloc() {
   (void)step_->Alloc(own_address_.size() - 1, 0);
 }
 
+bool LearnedSchedule::Record() {
+  SettleAlloc();
+  if (events_ >= kMaxEvents) overflowed_ = true;
+  if (overflowed_) return false;
+  ++events_;
+  return true;
+}
+
+void LearnedSchedule::Collect(std::size_t use, Due* due) {
+  const auto& actions = plan_.actions;
+  while (next_action_ < actions.size() && action_use_[next_action_] <= use) {
+    const ReplayAction& a = actions[next_action_++];
+    const std::uintptr_t addr = AddressOf(a.id);
+    if (addr == 0) continue;
+    (a.kind == ReplayAction::Kind::kSendAway ? due->send : due->bring).push_back(addr);
+  }
+}
+
 absl::Status LearnedSchedule::EndStep(const ReplayOptions& options, Due* due) {
   due->clear();
   if (!recording_) return absl::OkStatus();
   // A step with no event (the end marked twice) changes nothing.
-  if (signatures_.empty()) return absl::OkStatus();
+  if (events_ == 0) return absl::OkStatus();
   SettleAlloc();
-  if (replaying_ && !diverged_) {
-    for (; next_action_ < plan_.actions.size(); ++next_action_) {
-      const ReplayAction& a = plan_.actions[next_action_];
-      if (const std::uintptr_t addr = AddressOf(a.id); addr != 0) {
-        (a.kind == ReplayAction::Kind::kSendAway ? due->send : due->bring).push_back(addr);
-      }
-    }
-  }
+  if (replaying_ && !diverged_) Collect(~std::size_t{0}, due);  // what is due at the end
   recording_ = false;
   ++counts_.steps;
-  // The step repeated, and so did where its allocations went (one that did
-  // not fit the device before and does now is news): the plan stands.
-  if (replaying_ && !diverged_ && signatures_ == planned_signatures_ &&
+  // The step repeated, and so did its allocations and where they went (one
+  // that did not fit the device before and does now is news): the plan
+  // stands.
+  if (replaying_ && !diverged_ && uses_ == planned_uses_ && own_sizes_ == planned_sizes_ &&
       own_movable_ == planned_movable_) {
     return absl::OkStatus();
   }
   replaying_ = false;
-  if (overflowed_ || signatures_.empty()) return absl::OkStatus();
+  if (overflowed_) return absl::OkStatus();
   absl::StatusOr<ReplayPlan> plan = PlanReplay(*step_, options);
   if (!plan.ok()) return plan.status();
   plan_ = std::move(*plan);
-  planned_signatures_ = std::move(signatures_);
+  // Each action's place on the clock: the number of uses before its event.
+  std::vector<std::size_t> uses_before(step_->events().size() + 1, 0);
+  for (std::size_t e = 0; e < step_->events().size(); ++e) {
+    uses_before[e + 1] = uses_before[e] + (step_->events()[e].kind == Step::Kind::kUse);
+  }
+  action_use_.clear();
+  for (const ReplayAction& a : plan_.actions) {
+    const auto e = static_cast<std::size_t>(std::max<std::int64_t>(0, a.at_event));
+    action_use_.push_back(uses_before[std::min(e, uses_before.size() - 1)]);
+  }
+  planned_uses_ = uses_;
+  planned_sizes_ = own_sizes_;
   planned_movable_ = own_movable_;
-  signatures_.clear();
   replaying_ = true;
   ++counts_.plans;
   // What the step never uses leaves once, before the replay begins.
@@ -94,40 +110,20 @@ absl::Status LearnedSchedule::EndStep(const ReplayOptions& options, Due* due) {
 
 std::uintptr_t LearnedSchedule::AddressOf(std::uint64_t id) const {
   if (id & kCarried) return static_cast<std::uintptr_t>(id & ~kCarried);
-  return id < own_address_.size() ? own_address_[id] : 0;
-}
-
-void LearnedSchedule::Advance(std::uint64_t signature, Due* due) {
-  due->clear();
-  SettleAlloc();
-  const std::size_t event = signatures_.size();
-  if (event >= kMaxEvents) {
-    overflowed_ = true;
-    return;
+  // The same ordinal of a request of the same size, or nothing: what else
+  // allocates in the step (an offload that adapts) may shift the ordinals.
+  if (id >= own_address_.size() || id >= planned_sizes_.size() ||
+      own_sizes_[id] != planned_sizes_[id]) {
+    return 0;
   }
-  signatures_.push_back(signature);
-  if (!replaying_ || diverged_) return;
-  if (event >= planned_signatures_.size() || planned_signatures_[event] != signature) {
-    diverged_ = true;  // not the recorded step: this one is learnt instead
-    ++counts_.divergences;
-    return;
-  }
-  const auto& actions = plan_.actions;
-  while (next_action_ < actions.size() &&
-         actions[next_action_].at_event <= static_cast<std::int64_t>(event)) {
-    const ReplayAction& a = actions[next_action_++];
-    const std::uintptr_t addr = AddressOf(a.id);
-    if (addr == 0) continue;
-    (a.kind == ReplayAction::Kind::kSendAway ? due->send : due->bring).push_back(addr);
-  }
+  return own_address_[id];
 }
 
 void LearnedSchedule::Alloc(std::size_t bytes, Due* due) {
   due->clear();
-  if (!recording_) return;
-  Advance(Signature(kAllocEvent, bytes), due);
-  if (overflowed_) return;
+  if (!recording_ || !Record()) return;
   own_address_.push_back(0);  // AllocDone names it
+  own_sizes_.push_back(bytes);
   own_movable_.push_back(false);
   alloc_pending_ = true;
 }
@@ -146,21 +142,30 @@ void LearnedSchedule::Free(std::uintptr_t addr, Due* due) {
   due->clear();
   if (!recording_) return;
   auto it = id_of_.find(addr);
-  if (it == id_of_.end()) return;  // not tracked: no event
+  if (it == id_of_.end()) return;  // not known to the step: no event
   const std::uint64_t id = it->second;
   id_of_.erase(it);
-  Advance(Signature(kFreeEvent, id), due);
-  if (!overflowed_) (void)step_->Free(id);
+  if (Record()) (void)step_->Free(id);
 }
 
 void LearnedSchedule::Use(absl::Span<const std::uintptr_t> addrs, std::size_t reported,
                           Due* due) {
   due->clear();
-  if (!recording_ || reported == 0) return;
-  // The event is the report, whatever it names: which of its allocations
-  // the step tracks depends on where they went, which the plan changes.
-  Advance(Signature(kUseEvent, reported), due);
-  if (overflowed_) return;
+  if (!recording_ || reported == 0 || !Record()) return;
+  // The replay's clock is the reported uses alone: the framework's order of
+  // modules and parameters, which no placement, offload or allocation
+  // changes. A use reporting another number of pointers than the recorded
+  // one ends the replay.
+  const std::size_t use = uses_.size();
+  uses_.push_back(reported);
+  if (replaying_ && !diverged_) {
+    if (use >= planned_uses_.size() || planned_uses_[use] != reported) {
+      diverged_ = true;  // not the recorded step: this one is learnt instead
+      ++counts_.divergences;
+    } else {
+      Collect(use, due);
+    }
+  }
   std::vector<StepAccess> accesses;
   accesses.reserve(addrs.size() + 1);
   for (std::uintptr_t a : addrs) {

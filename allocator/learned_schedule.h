@@ -7,11 +7,15 @@
 // named by its ordinal in the step, one that lives through the step by its
 // address), and at the step's end asks policy/replay_schedule.h for a plan:
 // which live allocations go away to the host, before which event, and
-// which come back. The next steps replay the plan event by event while
-// their events match the recorded ones (kind and size); the first that
-// differs drops the plan for the rest of the step, and that step, recorded
-// as always, plans the next (a new sequence length, eval, another batch).
-// A step that replayed the plan to its end keeps it.
+// which come back. The next steps replay the plan on the clock of the uses
+// the framework reports (their order is the model's, which no placement
+// changes; allocations and frees move with offloads that adapt): each
+// action is due at the use before which its event came, an allocation made
+// in the step is the one with its ordinal and size (or none). A use that
+// reports another number of pointers than the recorded one drops the plan
+// for the rest of the step, and that step, recorded as always, plans the
+// next (a new sequence length, eval, another batch). A step that repeated
+// the recorded one keeps its plan; one whose allocations differ plans anew.
 //
 // Pure bookkeeping: it decides nothing itself and makes no backend call;
 // DeviceAllocator (allocator/learn_step.cc) carries out what is due.
@@ -82,28 +86,33 @@ class LearnedSchedule {
   const Counts& counts() const { return counts_; }
 
  private:
-  // An event's fingerprint: its kind and size (alloc), id (free) or count
-  // of allocations (use). A replay follows the plan while they match.
-  static std::uint64_t Signature(int kind, std::uint64_t value);
-  // Checks the next event against the plan and collects what is due.
-  void Advance(std::uint64_t signature, Due* due);
+  // Counts an event of the Step (false: too many, the step is not planned).
+  bool Record();
   // An Alloc with no AllocDone (it failed) becomes a Step allocation of
   // nothing before the next event.
   void SettleAlloc();
+  // Adds to `due` the plan's actions up to the clock's `use`.
+  void Collect(std::size_t use, Due* due);
+  // The allocation an action's id names in this step (0: none).
   std::uintptr_t AddressOf(std::uint64_t id) const;
 
   // The step being recorded.
   std::unique_ptr<Step> step_;
   bool recording_ = false;
   bool overflowed_ = false;  // too many events: not planned
+  std::size_t events_ = 0;
   absl::flat_hash_map<std::uintptr_t, std::uint64_t> id_of_;  // live -> id
   std::vector<std::uintptr_t> own_address_;  // ordinal -> address this step
+  std::vector<std::size_t> own_sizes_;       // ordinal -> request, rounded
   std::vector<bool> own_movable_;            // ordinal -> the plan may move it
   bool alloc_pending_ = false;               // an Alloc awaits its AllocDone
-  std::vector<std::uint64_t> signatures_;
-  // The plan replayed now, its events' signatures and its next action.
+  std::vector<std::size_t> uses_;            // per use: pointers reported
+  // The plan replayed now, the step it came from, and each action's place
+  // on the clock (uses before it).
   ReplayPlan plan_;
-  std::vector<std::uint64_t> planned_signatures_;
+  std::vector<std::size_t> action_use_;
+  std::vector<std::size_t> planned_uses_;
+  std::vector<std::size_t> planned_sizes_;
   std::vector<bool> planned_movable_;
   bool replaying_ = false;
   bool diverged_ = false;

@@ -125,7 +125,7 @@ TEST(LearnStepOffTest, NoteUsesNeedsTheMode) {
   ASSERT_TRUE((*a)->Free(*p).ok());
 }
 
-TEST(LearnedScheduleTest, ReplaysWhileTheEventsMatchAndStopsAtTheFirstDifference) {
+TEST(LearnedScheduleTest, ReplaysWhileTheUsesMatchAndStopsAtTheFirstDifference) {
   // Two carried allocations used at the step's two ends: with room for one,
   // the plan sends one away and brings it back.
   LearnedSchedule ls;
@@ -136,13 +136,13 @@ TEST(LearnedScheduleTest, ReplaysWhileTheEventsMatchAndStopsAtTheFirstDifference
   options.device_bytes = 12 * kMiB;
   options.max_lead_events = 4;
   auto one_step = [&](std::size_t middle_bytes, std::vector<std::uintptr_t>* sent,
-                      std::vector<std::uintptr_t>* brought) {
+                      std::vector<std::uintptr_t>* brought, std::size_t first_reported = 1) {
     auto take = [&] {
       sent->insert(sent->end(), due.send.begin(), due.send.end());
       brought->insert(brought->end(), due.bring.begin(), due.bring.end());
     };
     const std::uintptr_t first[] = {0x1000000}, middle[] = {0x3000000}, last[] = {0x2000000};
-    ls.Use(first, 1, &due);
+    ls.Use(first, first_reported, &due);
     take();
     ls.Alloc(middle_bytes, &due);
     take();
@@ -170,9 +170,15 @@ TEST(LearnedScheduleTest, ReplaysWhileTheEventsMatchAndStopsAtTheFirstDifference
   EXPECT_EQ(ls.counts().divergences, 0);
   sent.clear();
   brought.clear();
-  one_step(4 * kMiB, &sent, &brought);  // another size: not the recorded step
+  one_step(4 * kMiB, &sent, &brought);  // another size: replayed, then planned anew
+  EXPECT_EQ(ls.counts().divergences, 0);
+  EXPECT_EQ(ls.counts().plans, 2) << "its allocations differ: it plans the next";
+  EXPECT_FALSE(sent.empty()) << "the carried allocations' actions still apply";
+  one_step(4 * kMiB, &sent, &brought);
+  EXPECT_EQ(ls.counts().plans, 2) << "a step that repeats keeps the plan";
+  one_step(4 * kMiB, &sent, &brought, /*first_reported=*/3);  // the model changed
   EXPECT_EQ(ls.counts().divergences, 1);
-  EXPECT_EQ(ls.counts().plans, 2) << "the differing step plans the next";
+  EXPECT_EQ(ls.counts().plans, 3) << "the differing step plans the next";
 }
 
 }  // namespace
