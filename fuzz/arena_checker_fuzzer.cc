@@ -2,10 +2,8 @@
 // by the fuzzer's bytes: the first byte picks a configuration, the rest the
 // steps. Any violated rule, crash or leak aborts with the recent steps.
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 
-#include "tests/arena_checker.h"
+#include "fuzz/checker_fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static const char* const kConfigs[] = {
@@ -18,16 +16,5 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       "roundup_power2_divisions:4,prefetch:none",
       "segments:classic,discard_on_free:1",
   };
-  cma::ByteSource in(data, size);
-  const char* config = kConfigs[in.Next(8)];
-  auto checker = cma::ArenaChecker::Create(config, std::size_t{64} << 20);
-  if (!checker.ok()) std::abort();
-  absl::Status s;
-  for (int i = 0; i < 2000 && s.ok() && !in.exhausted(); ++i) s = (*checker)->Step(in);
-  if (s.ok()) s = (*checker)->Finish();
-  if (!s.ok()) {
-    std::fprintf(stderr, "config '%s': %s\n", config, std::string(s.message()).c_str());
-    std::abort();
-  }
-  return 0;
+  return cma::RunCheckerInput(data, size, kConfigs, /*away_steps=*/false);
 }
