@@ -10,7 +10,7 @@ Nothing is defined here; each name comes from the module that owns it:
   _default.py          use_as_default (cma as c10's CUDA allocator, _ext/), pool (retired)
   memory.py            move, prefetch, advise, mark_disposable, mark_keep, sleep, wake,
                        release_staging, forget_stream, memory_stats, last_placement_error,
-                       snapshot
+                       snapshot, send_away, bring_back, memory_summary
   zero_copy_mode.py    zero_copy (the TorchFunctionMode of zero-copy .to())
   cpu_switch.py        managed_cpu (RFC-0023's switch) and its helpers
   _placement.py        host_tier
@@ -26,18 +26,19 @@ from cma.torch._default import pool, use_as_default
 from cma.torch._placement import host_tier
 from cma.torch.cpu_switch import (ManagedBatches, empty_managed, is_managed_cpu,
                                   managed, managed_cpu, map_location, move_counts, prefer_host)
-from cma.torch.memory import (advise, forget_stream, last_placement_error,
-                              mark_disposable, mark_keep, memory_stats, move, prefetch,
-                              release_staging, sleep, snapshot, wake)
+from cma.torch.memory import (advise, bring_back, forget_stream, last_placement_error,
+                              mark_disposable, mark_keep, memory_stats, memory_summary, move,
+                              prefetch, release_staging, send_away, sleep, snapshot, wake)
 from cma.torch.training.hints import (activation_offload, host_resident,
                                       staged_step, step_in_backward)
 from cma.torch.zero_copy_mode import zero_copy
 
-__all__ = ["ManagedBatches", "activation_offload", "advise", "empty_managed", "forget_stream",
-           "host_resident", "host_tier", "is_managed_cpu", "last_placement_error", "managed",
-           "managed_cpu", "map_location", "mark_disposable", "mark_keep", "memory_stats", "move",
-           "move_counts", "pool", "prefer_host", "prefetch", "release_staging", "sleep",
-           "snapshot", "staged_step", "step_in_backward", "use_as_default", "wake", "zero_copy"]
+__all__ = ["ManagedBatches", "activation_offload", "advise", "bring_back", "empty_managed",
+           "forget_stream", "host_resident", "host_tier", "is_managed_cpu", "last_placement_error",
+           "managed", "managed_cpu", "map_location", "mark_disposable", "mark_keep",
+           "memory_stats", "memory_summary", "move", "move_counts", "pool", "prefer_host",
+           "prefetch", "release_staging", "send_away", "sleep", "snapshot", "staged_step",
+           "step_in_backward", "use_as_default", "wake", "zero_copy"]
 
 
 def __getattr__(name):

@@ -132,3 +132,98 @@ def snapshot():
     """cma's own snapshot (arenas whole, placement per block);
     torch.cuda.memory._snapshot() gives PyTorch's format."""
     return _lib.snapshot()
+
+
+def _storages(tensors):
+    """{device: [allocation starts]} of cma tensors (each storage once)."""
+    out = {}
+    for t in tensors:
+        ptr, _ = _alias.owned_storage(t)
+        ptrs = out.setdefault(_lib.device_of(ptr), [])
+        if ptr not in ptrs:
+            ptrs.append(ptr)
+    return out
+
+
+def _stream_for(device, stream):
+    if stream is not None:
+        return stream.cuda_stream
+    # (A CPU tensor's memory, device -1: refused by cma, on any stream.)
+    return torch.cuda.current_stream(device if device >= 0 else None).cuda_stream
+
+
+def send_away(tensors, stream=None):
+    """The away state: each tensor's memory (its whole allocation, all but
+    the first and last 2 MiB page) waits on the host, ordered on `stream`
+    (default: the current stream of its device) after the work queued there
+    and on the allocation's own stream; it stops counting in reserved
+    memory. Same addresses, data kept: a kernel that reads or writes it
+    still works (the pages migrate on demand). bring_back() undoes it."""
+    for device, ptrs in _storages(tensors).items():
+        _lib.send_away(ptrs, _stream_for(device, stream))
+
+
+def bring_back(tensors, stream=None):
+    """The away state: each tensor's memory returns to its device, ordered as
+    send_away(); raises when the device's part of the budget cannot hold it
+    even with every idle cached page discarded (nothing is then moved)."""
+    for device, ptrs in _storages(tensors).items():
+        _lib.bring_back(ptrs, _stream_for(device, stream))
+
+
+def _summary_rows(st, host, used_by_all):
+    """(label, current, peak) rows of memory_summary() from cma's statistics,
+    the host pool's and the device's used memory as the driver reports it."""
+    g = st.get
+    reserved = g("reserved_bytes.all.current", 0)
+    return [
+        ("Allocated (tensors on this device)", g("allocated_bytes.all.current", 0),
+         g("allocated_bytes.all.peak", 0)),
+        ("Reserved on the device (populated 2 MiB pages)", reserved,
+         g("reserved_bytes.all.peak", 0)),
+        ("  of which idle cache (free, still populated)", g("idle_populated_bytes", 0), None),
+        ("Away on the host (live, sent away)", g("away_bytes.all.current", 0),
+         g("away_bytes.all.peak", 0)),
+        ("Host tier (live, read over the link)", g("host_resident_bytes.all.current", 0),
+         g("host_resident_bytes.all.peak", 0)),
+        ("Sleep staging (pinned host memory)", g("host_staging_bytes.all.current", 0),
+         g("host_staging_bytes.all.peak", 0)),
+        ("CPU tensors in cma (host pool, all devices)", host.get("allocated_bytes.all.current", 0),
+         host.get("allocated_bytes.all.peak", 0)),
+        ("Device memory used, all processes (nvidia-smi)", used_by_all, None),
+        ("  of which not this allocator's", max(0, used_by_all - reserved), None),
+    ]
+
+
+def _format_bytes(n):
+    if n is None:
+        return ""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return ("%d %s" % (n, unit)) if unit == "B" else ("%.2f %s" % (n, unit))
+        n /= 1024.0
+
+
+def memory_summary(device=None):
+    """What lives where, as a table in the manner of
+    torch.cuda.memory_summary(): tensors, the device's populated pages (what
+    cma holds on it, idle cache included), what waits on the host (sent away,
+    the oversubscription host tier, sleep staging, CPU tensors), and the
+    device's used memory as nvidia-smi shows it, all processes together.
+    Why they differ: nvidia-smi counts every process and the CUDA context;
+    reserved memory counts pages, not tensors (the idle cache is kept for
+    reuse, empty_cache gives it back); memory away or on the host tier is
+    the host's and in no device number."""
+    d = _placement.index(device)
+    st = _lib.stats(d)
+    host = _lib.host_stats()
+    free, total = torch.cuda.mem_get_info(d)
+    rows = _summary_rows(st, host, total - free)
+    width = max(len(r[0]) for r in rows)
+    line = "|" + "=" * (width + 32) + "|"
+    out = [line, "|  cma memory summary, device %d%s|" % (d, " " * (width + 3 - len(str(d)))),
+           line, "|  %-*s %13s %13s  |" % (width, "", "current", "peak"), line]
+    for label, cur, peak in rows:
+        out.append("|  %-*s %13s %13s  |" % (width, label, _format_bytes(cur), _format_bytes(peak)))
+    out.append(line)
+    return "\n".join(out)
