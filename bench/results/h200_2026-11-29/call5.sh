@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 2026-11-29, call 5 (one H200): the away state and the learned step
 # through cma.torch (send_away / bring_back / memory_summary; a training loop
-# under learn_step:1: integrations/python/gpu/away_route.py), and two routes
+# under learn_step:1 with losses equal to the plain loop: away_route.py), and two routes
 # of torch_gpu_test.py over the final core (training identical to PyTorch's
 # allocator, the allocator interface).
 set -u
