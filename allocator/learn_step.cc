@@ -152,7 +152,7 @@ void DeviceAllocator::RunDue(Stream current) {
 
 void DeviceAllocator::EndLearnedStep() {
   LearnState& ls = *learn_;
-  ReplayOptions options;
+  ReplayPlanOptions options;
   options.device_bytes = PlannedPart(budget_);
   options.max_lead_events = kMaxLeadEvents;
   if (absl::Status s = ls.schedule.EndStep(options, &ls.due); !s.ok()) NotePlacementError(s);

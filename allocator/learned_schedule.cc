@@ -63,7 +63,7 @@ void LearnedSchedule::Collect(std::size_t use, Due* due) {
   }
 }
 
-absl::Status LearnedSchedule::EndStep(const ReplayOptions& options, Due* due) {
+absl::Status LearnedSchedule::EndStep(const ReplayPlanOptions& options, Due* due) {
   due->clear();
   if (!recording_) return absl::OkStatus();
   // A step with no event (the end marked twice) changes nothing.

@@ -65,7 +65,7 @@ class LearnedSchedule {
   // `options` (policy/replay_schedule.h). A plan the policy refuses (a use
   // larger than the device part) leaves none: the next steps run as
   // without learning. Returns the policy's refusal, if any.
-  absl::Status EndStep(const ReplayOptions& options, Due* due);
+  absl::Status EndStep(const ReplayPlanOptions& options, Due* due);
 
   // The events of the step, in order; each fills `due` with what is due
   // before it (cleared first). The clock does not depend on where the

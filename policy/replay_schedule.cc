@@ -329,7 +329,7 @@ void KeepWhatFits(const Step& step, std::int64_t capacity, Model& m, MaxTree& co
 // event right after the last one in its window where it would not fit. A
 // window that reaches into the step before serves a use later than this
 // step's tail, whose own bring-backs it would otherwise crowd out.
-void BringAhead(const Step& step, const ReplayOptions& options, std::int64_t capacity, Model& m,
+void BringAhead(const Step& step, const ReplayPlanOptions& options, std::int64_t capacity, Model& m,
                 MaxTree& count) {
   const auto& allocs = step.allocations();
   auto lowest = [&](const Gap& g) { return std::max(g.u + 2, g.v - options.max_lead_events); };
@@ -417,13 +417,13 @@ std::size_t MinReplayDeviceBytes(const Step& step) {
   return static_cast<std::size_t>(most);
 }
 
-absl::StatusOr<ReplayPlan> PlanReplay(const Step& step, const ReplayOptions& options) {
+absl::StatusOr<ReplayPlan> PlanReplay(const Step& step, const ReplayPlanOptions& options) {
   if (options.device_bytes == 0) {
-    return absl::InvalidArgumentError("ReplayOptions.device_bytes is 0: the step fits nowhere");
+    return absl::InvalidArgumentError("ReplayPlanOptions.device_bytes is 0: the step fits nowhere");
   }
   if (options.max_lead_events < 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "ReplayOptions.max_lead_events is %d; it must be at least 1", options.max_lead_events));
+        "ReplayPlanOptions.max_lead_events is %d; it must be at least 1", options.max_lead_events));
   }
   const auto& allocs = step.allocations();
   const std::int64_t capacity = static_cast<std::int64_t>(

@@ -71,7 +71,7 @@
 
 namespace cma {
 
-struct ReplayOptions {
+struct ReplayPlanOptions {
   // The device's part that the step must fit in at every event (> 0).
   std::size_t device_bytes = 0;
   // A bring-back is issued at most this many events before its use (>= 1).
@@ -115,7 +115,7 @@ struct ReplayPlan {
 // or max_lead_events < 1; kFailedPrecondition when some event's bytes that
 // cannot leave (a kernel's own, and allocations not yet used or no longer
 // needed) exceed device_bytes, naming the event.
-absl::StatusOr<ReplayPlan> PlanReplay(const Step& step, const ReplayOptions& options);
+absl::StatusOr<ReplayPlan> PlanReplay(const Step& step, const ReplayPlanOptions& options);
 
 // The least device part PlanReplay accepts for `step`: the most bytes that
 // cannot leave the device at any one event (at least the largest kernel).

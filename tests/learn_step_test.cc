@@ -132,7 +132,7 @@ TEST(LearnedScheduleTest, ReplaysWhileTheUsesMatchAndStopsAtTheFirstDifference) 
   LearnedSchedule::Due due;
   const std::pair<std::uintptr_t, std::size_t> live[] = {{0x1000000, 8 * kMiB},
                                                           {0x2000000, 8 * kMiB}};
-  ReplayOptions options;
+  ReplayPlanOptions options;
   options.device_bytes = 12 * kMiB;
   options.max_lead_events = 4;
   auto one_step = [&](std::size_t middle_bytes, std::vector<std::uintptr_t>* sent,

@@ -42,7 +42,7 @@ struct Replayed {
 // (a persistent allocation whose last action in the step is a send starts
 // away) and returns the first broken rule, or "". The second step checks
 // write_back exactly: by then every moved allocation's host copy is known.
-std::string Simulate(const Step& step, const ReplayOptions& o, const ReplayPlan& plan,
+std::string Simulate(const Step& step, const ReplayPlanOptions& o, const ReplayPlan& plan,
                      Replayed* out) {
   const auto& allocs = step.allocations();
   const auto& events = step.events();
@@ -230,7 +230,7 @@ std::string Simulate(const Step& step, const ReplayOptions& o, const ReplayPlan&
   return "";
 }
 
-ReplayPlan PlanAndCheck(const Step& s, const ReplayOptions& o, Replayed* r) {
+ReplayPlan PlanAndCheck(const Step& s, const ReplayPlanOptions& o, Replayed* r) {
   auto plan = PlanReplay(s, o);
   EXPECT_TRUE(plan.ok()) << plan.status();
   if (!plan.ok()) return {};
@@ -251,7 +251,7 @@ TEST(ReplayScheduleTest, BadOptionsNameTheField) {
   Step s;
   ASSERT_TRUE(s.Live(1, 10).ok());
   Use(s, {{1, kR}});
-  ReplayOptions o;
+  ReplayPlanOptions o;
   o.device_bytes = 0;
   auto p = PlanReplay(s, o);
   EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
@@ -268,7 +268,7 @@ TEST(ReplayScheduleTest, WhatCannotLeaveMustFit) {
   ASSERT_TRUE(s.Alloc(1, 60).ok());
   ASSERT_TRUE(s.Alloc(2, 60).ok());
   Use(s, {{1, kW}, {2, kW}});
-  ReplayOptions o;
+  ReplayPlanOptions o;
   o.device_bytes = 100;
   EXPECT_EQ(MinReplayDeviceBytes(s), 120u);
   auto p = PlanReplay(s, o);
@@ -297,7 +297,7 @@ TEST(ReplayScheduleTest, NothingMovesWhenTheStepFits) {
   Use(s, {{1, kR}, {2, kW}});
   Use(s, {{2, kR}, {1, kRW}});
   ASSERT_TRUE(s.Free(2).ok());
-  ReplayOptions o;
+  ReplayPlanOptions o;
   o.device_bytes = 150;
   Replayed r;
   const ReplayPlan p = PlanAndCheck(s, o, &r);
@@ -314,7 +314,7 @@ TEST(ReplayScheduleTest, ThreeWeightsMatchTheOfflineSchedule) {
     Step s;
     for (int w = 1; w <= 3; ++w) ASSERT_TRUE(s.Live(w, 10).ok());
     for (int w : {1, 2, 3, 3, 2, 1}) Use(s, {{static_cast<std::uint64_t>(w), mode}});
-    ReplayOptions o;
+    ReplayPlanOptions o;
     o.device_bytes = 20;
     Replayed r;
     const ReplayPlan p = PlanAndCheck(s, o, &r);
@@ -341,7 +341,7 @@ TEST(ReplayScheduleTest, BringsBackAcrossTheStepBoundary) {
   Use(s, {{3, kRW}, {2, kR}});       // 4
   ASSERT_TRUE(s.Free(3).ok());       // 5
   Use(s, {{2, kR}});                 // 6
-  ReplayOptions o;
+  ReplayPlanOptions o;
   o.device_bytes = 20;
   o.max_lead_events = 3;
   Replayed r;
@@ -389,7 +389,7 @@ TEST(ReplayScheduleTest, TrainingStepFetchesAhead) {
   std::printf("training step: 12 layers, params 8, activations 3; working set %zu, floor %zu\n",
               f.working_peak, MinReplayDeviceBytes(s));
   for (double part : {1.0, 0.66, 0.33}) {
-    ReplayOptions o;
+    ReplayPlanOptions o;
     o.device_bytes = static_cast<std::size_t>(part * static_cast<double>(f.working_peak));
     o.max_lead_events = 4;
     Replayed r;
@@ -518,7 +518,7 @@ void RandomCases(bool tight) {
     const std::size_t floor = MinReplayDeviceBytes(s);
     if (floor == 0) continue;
     const StepFacts f = MeasureStep(s, true);
-    ReplayOptions o;
+    ReplayPlanOptions o;
     o.device_bytes = std::uniform_int_distribution<std::size_t>(
         floor, std::max(floor, f.live_peak))(rng);
     const std::int64_t leads[] = {1, 2, 4, 16, 1000};
@@ -535,7 +535,7 @@ void RandomCases(bool tight) {
     brings += r.brings;
     ahead += r.brings_ahead;
     // The bytes are fixed before the bring-backs move: any lead, any cap.
-    ReplayOptions demand = o;
+    ReplayPlanOptions demand = o;
     demand.max_lead_events = 1;
     demand.max_in_flight_bytes = 1;
     auto at_use = PlanReplay(s, demand);
@@ -596,7 +596,7 @@ TEST(ReplayScheduleRandomTest, OneSizeReachesTheBoundRoundedUp) {
       if (rng() % 3 == 0 && y != a[0].id) a.push_back({y, kRW});
       Use(s, a);
     }
-    ReplayOptions o;
+    ReplayPlanOptions o;
     o.device_bytes = MinReplayDeviceBytes(s) + rng() % 3;
     Replayed r;
     const ReplayPlan p = PlanAndCheck(s, o, &r);
