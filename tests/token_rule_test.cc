@@ -125,6 +125,19 @@ TEST(TokenRuleTest, HexOfTextWithAnOddByteIsRefused) {
 }
 
 // Counting, alone or interleaved with another count or with random digits.
+// The review's variants: the hex of text one digit off its byte
+// boundaries, or written backwards; and decimal digits only, which cannot
+// hold 128 bits below 39 of them.
+TEST(TokenRuleTest, ShiftedOrReversedHexOfTextAndDecimalOnlyAreRefused) {
+  const std::string text = Hex("correct horse ba");
+  ExpectRefused("0" + text, "looks like hex-encoded text");
+  ExpectRefused("7" + text + "0", "looks like hex-encoded text");
+  ExpectRefused(text.substr(1) + "0", "looks like hex-encoded text");
+  ExpectRefused(std::string(text.rbegin(), text.rend()), "looks like hex-encoded text");
+  ExpectRefused("31415926535897932384626433832795", "only decimal digits");
+  ExpectRefused("20261129032740123456789098765432", "only decimal digits");
+}
+
 TEST(TokenRuleTest, CountingPatternsAreRefused) {
   ExpectRefused("1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d", "counts");  // decimal count wraps 9 -> 0
   ExpectRefused("1a2b3c4d5e6f708192a3b4c5d6e7f809", "counts");

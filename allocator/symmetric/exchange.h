@@ -101,10 +101,13 @@ absl::StatusOr<std::string> MakeRendezvousToken();
 // 2nd, 3rd or 4th position, and no counting ("1a2b3c...": the digits of
 // every 2nd or 3rd position stepping by one amount, or of two of every
 // 4th). These screens refuse what people make by hand, not every guessable
-// token. A random token fails them with probability below 1e-6 at every
-// length allowed: at 32 digits about 8.3e-7 by the sum of each screen's
-// bound (2e8 random tokens drew 3.4e-7), at 64 (MakeRendezvousToken's) and
-// 128 digits below 1e-6, mostly pieces that repeat by chance; a refusal
+// token; the hex of text is also looked for one digit off its byte
+// boundaries and backwards, and a token of decimal digits only needs 39 of
+// them. A random token fails them with probability about 1e-6 at most: at
+// 32 digits about 1.1e-6 by the sum of each screen's bound (2e8 random
+// tokens drew 3.4e-7 before the shifted, backwards and decimal screens),
+// at 64 (MakeRendezvousToken's) and 128 digits below 1e-6, mostly pieces
+// that repeat by chance; a refusal
 // names the screen and never echoes the token. Make it with
 // MakeRendezvousToken (or secrets.token_hex(32), openssl rand -hex 32).
 // `timeout` bounds connection set-up and every AllGather.

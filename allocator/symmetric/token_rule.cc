@@ -12,12 +12,16 @@
 // and as measured on random tokens (2e8; the text model's alone on 1.1e9):
 //   3-digit substrings repeated, runs, uneven digits   (not found)  1.5e-8
 //   every byte printable (trailing NULs dropped)       2.1e-7       1.8e-7
-//   2^21 times likelier as typed text than at random   <= 4.8e-7    4.4e-8
+//   2^22 times likelier as typed text than at random   <= 2.4e-7
+//   the same, the digits shifted by one or reversed    <= 2 x 1.2e-7
+//   only decimal digits (below 39 of them)             2.9e-7
 //   8 digits occurring twice                           <= 7e-8      3.5e-8
 //   hexspeak over 3/8 of the digits                    ~7e-9        1e-8
 //   a fixed or counting digit every 2nd to 4th place   ~5e-8        4.5e-8
-// in all under 1e-6 (8.3e-7 summing the first column, with the first
-// row as measured); measured 3.4e-7 (67 of 2e8).
+// in all about 1.1e-6 summing the first column, with the first row as
+// measured (3.4e-7 measured, 67 of 2e8, before the shifted, reversed and
+// decimal screens and at 2^21; those add at most 5.3e-7 and the text
+// threshold's rise takes 2.4e-7 off).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -78,7 +82,11 @@ constexpr double kMinBitsPerDigit = 2.5;
 // 26. A password of mixed case, digits and punctuation scores little (it
 // looks random to this model): the printable screen catches it, unless it
 // holds an odd byte too.
-constexpr double kTextBits = 21;
+constexpr double kTextBits = 22;
+// The hex of text shifted by a digit (an extra digit in front) or written
+// backwards: no byte boundary, so no printable screen (it would refuse too
+// many random tokens), only the likelihood, a little stricter.
+constexpr double kShiftedTextBits = 23;
 
 enum Class { kLower, kSpace, kUpper, kDigit, kPunct, kBlank, kControl, kHigh, kClasses };
 constexpr double kShare[kClasses] = {0.34, 0.09, 0.06, 0.06, 0.04, 0.02, 0.005, 0.035};
@@ -152,13 +160,8 @@ int Utf8Length(const std::vector<unsigned char>& b, std::size_t i, std::size_t n
 }
 
 // Whether `bytes` (trailing NULs dropped) look like text, by either screen.
-bool LooksLikeText(std::vector<unsigned char> bytes) {
-  while (!bytes.empty() && bytes.back() == 0) bytes.pop_back();
-  if (bytes.empty()) return false;
-  const bool printable = std::all_of(bytes.begin(), bytes.end(), [](unsigned char b) {
-    return (b >= 0x20 && b <= 0x7e) || b == '\t' || b == '\n' || b == '\r';
-  });
-  if (printable) return true;
+// How much likelier `bytes` are under the text model than at random, in bits.
+double TextBits(const std::vector<unsigned char>& bytes) {
   const TextScores& score = Scores();
   double bits = 0;
   for (std::size_t i = 0; i < bytes.size();) {
@@ -166,7 +169,25 @@ bool LooksLikeText(std::vector<unsigned char> bytes) {
     bits += length > 0 ? score.utf8[length] : score.byte[bytes[i]];
     i += length > 0 ? length : 1;
   }
-  return bits >= kTextBits;
+  return bits;
+}
+
+bool LooksLikeText(std::vector<unsigned char> bytes) {
+  while (!bytes.empty() && bytes.back() == 0) bytes.pop_back();
+  if (bytes.empty()) return false;
+  const bool printable = std::all_of(bytes.begin(), bytes.end(), [](unsigned char b) {
+    return (b >= 0x20 && b <= 0x7e) || b == '\t' || b == '\n' || b == '\r';
+  });
+  return printable || TextBits(bytes) >= kTextBits;
+}
+
+// The bytes of digits [from, ...), paired from `from`.
+std::vector<unsigned char> PairDigits(const std::vector<int>& digits, std::size_t from) {
+  std::vector<unsigned char> bytes;
+  for (std::size_t i = from; i + 1 < digits.size(); i += 2) {
+    bytes.push_back(static_cast<unsigned char>(digits[i] * 16 + digits[i + 1]));
+  }
+  return bytes;
 }
 
 // ---- Hexspeak ----------------------------------------------------------
@@ -276,12 +297,16 @@ absl::Status CheckToken(const std::string& token) {
         "looks like hexspeak (words such as dead, beef, cafe, f00d cover %d of its %d digits)",
         speak, n));
   }
-  std::vector<unsigned char> bytes;
-  for (std::size_t i = 0; i + 1 < n; i += 2) {
-    bytes.push_back(static_cast<unsigned char>(digits[i] * 16 + digits[i + 1]));
-  }
-  if (LooksLikeText(bytes)) {
+  const std::vector<int> reversed(digits.rbegin(), digits.rend());
+  if (LooksLikeText(PairDigits(digits, 0)) ||
+      TextBits(PairDigits(digits, 1)) >= kShiftedTextBits ||
+      TextBits(PairDigits(reversed, 0)) >= kShiftedTextBits) {
     return refuse("looks like hex-encoded text (a passphrase?), not random digits");
+  }
+  // Decimal digits alone carry 3.32 bits each: fewer than 39 cannot hold
+  // 128 bits, however they were drawn (a date, a phone number, pi).
+  if (n < 39 && std::all_of(digits.begin(), digits.end(), [](int d) { return d < 10; })) {
+    return refuse("has only decimal digits: fewer than 39 of them cannot hold 128 bits");
   }
   // A few digits used over and over.
   int count[16] = {};

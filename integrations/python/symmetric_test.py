@@ -475,6 +475,18 @@ def test_the_torch_views_never_reach_past_their_buffer(monkeypatch):
             ts._tensor(4096, shape, dtype, "cpu", None, 16)
 
 
+# get_buffer(-1) once indexed the list from its end: another rank's buffer.
+def test_peer_ranks_outside_the_group_are_refused(monkeypatch):
+    torch, dist, _ = _fake_torch(lambda n: bytes(n))
+    ts = _distributed(monkeypatch, torch, dist)
+    h = ts.Handle.__new__(ts.Handle)
+    h.buffer_ptrs = [4096, 8192]
+    assert h._rank(1) == 1
+    for rank in (-1, 2, 1.0):
+        with pytest.raises((ValueError, TypeError)):
+            h._rank(rank)
+
+
 def test_malformed_host_records_are_refused():
     ok = b"\0" + b"h0".ljust(64, b"\0")
     assert sym._host_record(0, ok) == (0, "h0")

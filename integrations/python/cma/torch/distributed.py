@@ -24,6 +24,7 @@ it costs no NCCL call). Call release_nccl_windows(group) on every rank
 before dist.destroy_process_group.
 """
 import math
+import operator
 
 import numpy
 import torch
@@ -176,16 +177,24 @@ class Handle:
         self.buffer_size = buf.nbytes
         self.signal_pad_size = buf.heap.signal_bytes
 
+    def _rank(self, rank):
+        # A list index would take -1 as the last rank: another rank's buffer.
+        r = operator.index(rank)
+        if not 0 <= r < len(self.buffer_ptrs):
+            raise ValueError("cma.torch.symmetric: rank %r is not in [0, %d)"
+                             % (rank, len(self.buffer_ptrs)))
+        return r
+
     def get_buffer(self, rank, shape=None, dtype=None):
         """Rank `rank`'s tensor (this rank's view, shaped like the original)."""
         shape = self._t.shape if shape is None else shape
         dtype = self._t.dtype if dtype is None else dtype
-        return _tensor(self.buffer_ptrs[rank], shape, dtype, self._t.device, self._buf,
-                       self.buffer_size)
+        return _tensor(self.buffer_ptrs[self._rank(rank)], shape, dtype, self._t.device,
+                       self._buf, self.buffer_size)
 
     def get_signal_pad(self, rank):
-        return _tensor(self.signal_pad_ptrs[rank], (self.signal_pad_size,), torch.uint8,
-                       self._t.device, self._buf, self.signal_pad_size)
+        return _tensor(self.signal_pad_ptrs[self._rank(rank)], (self.signal_pad_size,),
+                       torch.uint8, self._t.device, self._buf, self.signal_pad_size)
 
     def barrier(self):
         torch.cuda.current_stream(self._t.device).synchronize()
