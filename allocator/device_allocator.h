@@ -189,8 +189,8 @@ class DeviceAllocator {
   // The events of the step, each after what the plan has due before it.
   void LearnBeforeAlloc(std::size_t rounded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LearnFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Carries out learn_->due; `current`: the stream of the event.
-  void RunDue(Stream current) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Carries out learn_->due.
+  void RunDue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndLearnedStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // CheckInvariants for one arena's page maps; adds its idle pages.
   absl::Status CheckArenaPages(const Segment* seg, std::size_t* idle_pages)

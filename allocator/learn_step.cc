@@ -45,7 +45,7 @@ absl::Status DeviceAllocator::NoteUses(absl::Span<void* const> ptrs, Stream stre
     addrs.push_back(it->first);
   }
   learn_->schedule.Use(addrs, ptrs.size(), &learn_->due);
-  RunDue(stream);
+  RunDue();
   for (std::uintptr_t a : addrs) {
     Block* b = allocated_.at(a);
     b->used_on = stream;
@@ -62,22 +62,21 @@ absl::Status DeviceAllocator::NoteUses(absl::Span<void* const> ptrs, Stream stre
 
 void DeviceAllocator::LearnBeforeAlloc(std::size_t rounded) {
   learn_->schedule.Alloc(rounded, &learn_->due);
-  RunDue(kDefaultStream);
+  RunDue();
 }
 
 void DeviceAllocator::LearnFree(Block* b) {
   learn_->schedule.Free(b->addr, &learn_->due);
-  RunDue(b->stream);
+  RunDue();
   if (auto f = learn_->fetches.find(b->addr); f != learn_->fetches.end()) {
     spare_events_.push_back(f->second);
     learn_->fetches.erase(f);
   }
 }
 
-void DeviceAllocator::RunDue(Stream current) {
+void DeviceAllocator::RunDue() {
   LearnState& ls = *learn_;
   if (ls.due.empty()) return;
-  (void)current;
   if (!ls.streams) {
     absl::StatusOr<Stream> away = backend_->CreateStream(device_);
     absl::StatusOr<Stream> back = away.ok() ? backend_->CreateStream(device_) : away;
@@ -156,7 +155,7 @@ void DeviceAllocator::EndLearnedStep() {
   options.device_bytes = PlannedPart(budget_);
   options.max_lead_events = kMaxLeadEvents;
   if (absl::Status s = ls.schedule.EndStep(options, &ls.due); !s.ok()) NotePlacementError(s);
-  RunDue(kDefaultStream);
+  RunDue();
   std::vector<std::pair<std::uintptr_t, std::size_t>> live;
   for (const auto& [addr, b] : allocated_) {
     if (b->mempool == 0) live.push_back({addr, CanBeAway(*b) ? b->size : 0});
