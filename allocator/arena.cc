@@ -189,9 +189,9 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
     for (Block* b = seg->first; b != nullptr; b = b->next) {
       // A free block's page is in use only as the edge page of a neighbour.
       if (!b->is_free()) continue;
-      // A private pool's free blocks are never discarded: a CUDA graph
+      // A captured pool's free blocks are never discarded: a CUDA graph
       // replays into the blocks its capture freed, on whatever stream.
-      if (b->mempool != 0) {
+      if (PoolPagesPinned(b->mempool)) {
         const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + b->size - 1);
         if (!candidates.empty() && candidates.back().seg == seg && candidates.back().page >= first &&
             candidates.back().page <= last) {
@@ -289,7 +289,7 @@ bool DeviceAllocator::SettleFreeBlockStreams() {
   for (const auto& [base, seg] : segments_) {
     if (!seg->arena) continue;
     for (const Block* b = seg->first; b != nullptr; b = b->next) {
-      if (b->is_free() && b->mempool == 0) streams.insert(b->stream);
+      if (b->is_free() && !PoolPagesPinned(b->mempool)) streams.insert(b->stream);
     }
   }
   bool all = true;
@@ -318,9 +318,9 @@ void DeviceAllocator::ForgetIdlePage(Segment* seg, std::size_t page) {
 
 void DeviceAllocator::DiscardPagesInside(Block* b, bool already_discarded, bool pool_too,
                                          std::uintptr_t from) {
-  // A private pool keeps its free blocks' pages (see DiscardIdlePages), but
+  // A captured pool keeps its free blocks' pages (see DiscardIdlePages), but
   // pages a Sleep has discarded hold nothing whoever owns them.
-  if (b->mempool != 0 && !already_discarded && !pool_too) return;
+  if (PoolPagesPinned(b->mempool) && !already_discarded && !pool_too) return;
   // Only pages that lie wholly inside the block: its own stream is then the
   // only one whose work can still touch them.
   Segment* seg = b->segment;

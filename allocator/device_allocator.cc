@@ -165,7 +165,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
   const bool quiet = ABSL_PREDICT_FALSE(this->quiet());
   if (quiet && hints != nullptr) return RefuseWhileQuiet("advice for an allocation");
-  const std::uint32_t mempool = quiet ? RouteToPool(stream) : 0;
+  const std::uint32_t mempool = ABSL_PREDICT_FALSE(!contexts_.empty()) ? RouteToPool(stream) : 0;
   if (ABSL_PREDICT_FALSE(!capture_frees_.empty()) && mempool != 0) ReclaimJoinedFrees(stream, mempool);
   if (!pending_.empty() && !quiet) ProcessPendingFrees(/*synchronize=*/false);
   BoundUnmerged();
@@ -173,12 +173,15 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   const std::size_t rounded = RoundRequest(bytes, *config_);
   if (ABSL_PREDICT_FALSE(learn_ != nullptr) && !quiet) LearnBeforeAlloc(rounded);
   // A private pool's segments keep small and large blocks apart as
-  // PyTorch's do, in arena mode too (NewPoolSegment).
-  const PoolKind pool = LookupPoolFor(rounded, mempool != 0, *config_);
+  // PyTorch's do, in arena mode too, unless it grows by arenas (NewPoolSegment).
+  const PoolKind pool = ABSL_PREDICT_FALSE(mempool != 0) ? LookupKind(rounded, mempool)
+                                                         : BlockPoolFor(rounded, *config_);
   // Oversubscription: what the caller routes to the host, and what can never
   // fit the device's part, goes to the host at once.
   // (A budget of 0, PyTorch's memory fraction 0, refuses everything.)
-  const bool spill = ABSL_PREDICT_FALSE(host_budget_ != 0) && !quiet && budget_ != 0;
+  // (A private pool's blocks stay in its own segments, on the device.)
+  const bool spill =
+      ABSL_PREDICT_FALSE(host_budget_ != 0) && !quiet && budget_ != 0 && mempool == 0;
   const bool planned = spill && !iteration_.plan_host.empty() && PlannedOnHost(rounded);
   if (spill && (host_routing_ > 0 || rounded > budget_ || planned)) {
     absl::StatusOr<void*> h = AllocateOnHost(rounded, bytes, pool, stream);
@@ -225,12 +228,21 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
     // A private pool's own free blocks first; else it grows by a segment of
     // its own (PoolSegment), never by the shared cache's room.
     Block* b = mempool != 0 ? FindSameStream(rounded, pool, stream, mempool, &new_pages) : nullptr;
-    const bool no_split = NoSplit(mempool);
+    const bool no_split = mempool != 0 && NoSplit(mempool);
     if (ABSL_PREDICT_FALSE(no_split) && b != nullptr && b->size > SegmentSizeFor(rounded)) {
       ReturnBlock(b);  // a whole block far larger than a segment for this request: not for it
       b = nullptr;
     }
     Segment* made = nullptr;  // a segment made for this request, if any
+    if (ABSL_PREDICT_FALSE(mempool != 0) && !(b != nullptr && new_pages == 0) &&
+        PoolGrowsByArenas(mempool) &&
+        AdoptIdleStreams(rounded, pool, stream, /*synchronize=*/retry && !quiet,
+                         /*may_query=*/!quiet, mempool)) {
+      // As the shared cache's arenas do (below), within the pool's own.
+      if (b != nullptr) ReturnBlock(b);
+      CoalesceUnmerged();
+      b = FindSameStream(rounded, pool, stream, mempool, &new_pages);
+    }
     if (ABSL_PREDICT_FALSE(mempool != 0) && b == nullptr) {
       absl::StatusOr<Block*> fresh = NewPoolSegment(rounded, pool, stream, mempool);
       if (!fresh.ok()) {
@@ -239,6 +251,7 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
         continue;
       }
       b = *fresh;
+      new_pages = FreshPagesFor(b, rounded);
     }
     if (b == nullptr) b = FindSameStream(rounded, pool, stream, 0, &new_pages);
     // Known to need no new page: then there is nothing to make room for.
@@ -349,7 +362,7 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
   b->stream = stream;
   b->allocated = true;
   b->unmerged = false;
-  const bool whole = NoSplit(mempool);
+  const bool whole = mempool != 0 && NoSplit(mempool);
   if (!whole && ShouldSplit(b->size, rounded, pool, *config_)) {
     // A block taken from another stream may border a free block of this
     // stream: let the next coalescing merge them.
@@ -636,7 +649,7 @@ void DeviceAllocator::ProcessPendingFrees(bool synchronize) {
   }
   pending_.resize(kept);
   // Deferred frees whose fencing failed, when the pools may make calls again.
-  if (ABSL_PREDICT_FALSE(synchronize && !deferred_.empty()) && contexts_.empty()) {
+  if (ABSL_PREDICT_FALSE(synchronize && !deferred_.empty()) && !quiet()) {
     RecordDeferredFrees();
   }
 }

@@ -230,12 +230,19 @@ class DeviceAllocator {
   Block* FindSameStream(std::size_t rounded, PoolKind pool, Stream stream, std::uint32_t mempool,
                         std::size_t* fresh_pages = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ---- private pools (mempool.cc) ----
-  // Whether a pool is being allocated to: a CUDA graph capture may be under
-  // way, so no query, event, sync, placement or discard call is made (on a
-  // capturing stream any of them would break the capture).
-  bool quiet() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !contexts_.empty(); }
+  // Whether a pool context that may be a capture is open: then no query,
+  // event, sync, placement or discard call is made (on a capturing stream
+  // any of them would break the capture).
+  bool quiet() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return capture_contexts_ != 0; }
   // The pool an allocation on `stream` goes to (0: the shared cache).
   std::uint32_t RouteToPool(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether pool `index`'s free pages stay populated (a graph may replay
+  // into them); whether it grows by arenas (PoolContextOptions::not_a_capture).
+  bool PoolPagesPinned(std::uint32_t index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool PoolGrowsByArenas(std::uint32_t index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Where a rounded request for pool `mempool` is looked up (LookupPoolFor).
+  PoolKind LookupKind(std::size_t rounded, std::uint32_t mempool) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::uint32_t PoolIndex(MemPoolId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A block of private pool `index` stopped being used; the pool goes once
   // it is released and holds nothing.
@@ -299,9 +306,11 @@ class DeviceAllocator {
   // become free blocks of `stream`, queued for merging with their
   // neighbours. A stream whose free blocks were all freed before it was
   // last seen idle is not asked again. Returns whether any was adopted.
-  // Without `may_query` (quiet), only streams already known idle.
+  // Without `may_query` (quiet), only streams already known idle. Among
+  // `mempool`'s own blocks, if given (a pool that grows by arenas).
   bool AdoptIdleStreams(std::size_t rounded, PoolKind pool, Stream stream, bool synchronize,
-                        bool may_query = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                        bool may_query = true, std::uint32_t mempool = 0)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> NewSegment(std::size_t rounded, PoolKind pool, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ---- the host tier (host_tier.cc): oversubscription's allocations that
@@ -428,14 +437,11 @@ class DeviceAllocator {
   // b keeps the lower part; the upper part, returned, is a new block with
   // b's stream, pool and placement, not yet in any list.
   Block* SplitAt(Block* b, std::uintptr_t at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A private pool grows as PyTorch's pools do, by a segment of its own of
-  // the request's segment size (policy/size_policy.h SegmentSizeFor), in
-  // arena mode too: PyTorch's tools count a pool's segments, and a pool's
-  // memory goes back whole once it is wholly free and the pool released
-  // (ReleaseIdleSegments). Pools are allocated to only while quiet, when no
-  // cached memory may be given back: the segment must fit the budget as it
-  // is. A pool with a SegmentSource takes its segments from it. Returns the
-  // segment's one block, pool `mempool`'s.
+  // A private pool grows by a segment of its own of the request's segment
+  // size (SegmentSizeFor), as PyTorch's tools expect of a capture's pool, or
+  // by arenas of its own (PoolGrowsByArenas); its memory goes back whole once
+  // the pool is released and wholly free (ReleaseIdleSegments). A pool with a
+  // SegmentSource takes its segments from it. Returns the new block.
   absl::StatusOr<Block*> NewPoolSegment(std::size_t rounded, PoolKind pool, Stream stream,
                                         std::uint32_t mempool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One allocation of `size` bytes from the backend (or from the
@@ -448,14 +454,9 @@ class DeviceAllocator {
   // waits only for its blocks in use: its wholly free segments may go.
   bool PoolReleased(std::uint32_t index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether private pool `mempool` hands its blocks out whole (no_split).
-  bool NoSplit(std::uint32_t mempool) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (ABSL_PREDICT_TRUE(mempool == 0)) return false;
-    auto it = mempools_.find(mempool);
-    return it != mempools_.end() && it->second.no_split;
-  }
+  bool NoSplit(std::uint32_t mempool) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Out of memory: a free block of a live use_on_oom pool other than
-  // `mempool` that serves the request, handed out as that pool's; nullptr
-  // if none.
+  // `mempool` that serves the request, handed out as that pool's, or null.
   void* TakeFromUseOnOomPools(std::size_t rounded, std::size_t requested, Stream stream,
                               std::uint32_t mempool, const AllocationHints* hints)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -576,10 +577,9 @@ class DeviceAllocator {
   BlockPool small_pool_ ABSL_GUARDED_BY(mu_);
   BlockPool large_pool_ ABSL_GUARDED_BY(mu_);
   BlockPool host_pool_ ABSL_GUARDED_BY(mu_);  // free blocks of host-tier segments
-  // Per pool, the block the last Free returned, kept out of the btree: an
-  // alloc/free cycle of one size then neither erases nor inserts. It counts
-  // as free and in its pool; every lookup other than the exact-size one,
-  // and every merge, first moves it into the btree (FlushRecent).
+  // Per pool, the block the last Free returned, kept out of the btree (an
+  // alloc/free cycle of one size neither erases nor inserts); counted free
+  // and in its pool, moved into the btree before any other lookup or merge.
   Block* recent_[2] ABSL_GUARDED_BY(mu_) = {nullptr, nullptr};
   absl::flat_hash_map<std::uintptr_t, Block*> allocated_ ABSL_GUARDED_BY(mu_);
   absl::btree_map<std::uintptr_t, Segment*> segments_ ABSL_GUARDED_BY(mu_);
@@ -601,10 +601,9 @@ class DeviceAllocator {
   std::uint64_t free_seq_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<Stream, std::uint64_t> idle_through_ ABSL_GUARDED_BY(mu_);
   Stream last_stream_ ABSL_GUARDED_BY(mu_) = kDefaultStream;  // last validated
-  // The stream of the last Sleep or Wake. Each Sleep and Wake is ordered
-  // after the one before (a Sleep's discards after the last Wake's
-  // repopulation, a Wake after the Sleep), and so are the free or Move of a
-  // block whose pages a Sleep discarded.
+  // The stream of the last Sleep or Wake: each Sleep and Wake is ordered
+  // after the one before, and so are the free or Move of a block whose
+  // pages a Sleep discarded.
   Stream sleep_wake_stream_ ABSL_GUARDED_BY(mu_) = kDefaultStream;
   // Allocations whose contents (all, or all but what sits on pages that
   // stayed) a Sleep copied into staging_ before discarding their pages, by
@@ -633,6 +632,7 @@ class DeviceAllocator {
   absl::flat_hash_map<std::uint32_t, PrivatePool> mempools_ ABSL_GUARDED_BY(mu_);
   std::uint32_t next_mempool_ ABSL_GUARDED_BY(mu_) = 1;
   std::vector<PoolContext> contexts_ ABSL_GUARDED_BY(mu_);  // pools being allocated to
+  int capture_contexts_ ABSL_GUARDED_BY(mu_) = 0;  // of contexts_, those not not_a_capture
   // Freed while quiet but used on other streams: out of the pools, counted
   // as awaiting one event, until RecordDeferredFrees (which keeps here, for
   // a later try, those it could not order after a stream that used them).

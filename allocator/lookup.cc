@@ -118,8 +118,13 @@ Block* DeviceAllocator::FindCrossStream(std::size_t rounded, PoolKind pool, Stre
 }
 
 bool DeviceAllocator::AdoptIdleStreams(std::size_t rounded, PoolKind pool, Stream stream,
-                                       bool synchronize, bool may_query) {
+                                       bool synchronize, bool may_query, std::uint32_t mempool) {
   BlockPool& p = PoolOf(pool);
+  Block first;  // the lowest key of `mempool`'s blocks (the shared cache's: 0)
+  first.mempool = mempool;
+  first.stream = 0;
+  first.size = 0;
+  first.addr = 0;
   // A block next to a free block or to one of `stream`'s merges into a
   // larger hole once it is `stream`'s.
   const auto joins = [stream](const Block* n) {
@@ -127,9 +132,9 @@ bool DeviceAllocator::AdoptIdleStreams(std::size_t rounded, PoolKind pool, Strea
   };
   // Collect what may be adopted, one stream's run at a time, then re-key it.
   std::vector<Block*> adopted;
-  for (auto it = p.begin(); it != p.end() && (*it)->mempool == 0;) {
+  for (auto it = p.lower_bound(&first); it != p.end() && (*it)->mempool == mempool;) {
     const Stream s = (*it)->stream;
-    const auto end = StreamRunEnd(p, 0, s);
+    const auto end = StreamRunEnd(p, mempool, s);
     if (s == stream) {
       it = end;
       continue;

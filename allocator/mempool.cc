@@ -8,11 +8,16 @@
 // empty, the pool drains: its segments serve no one and are given back
 // only when cached memory is, after a wait for the device (never at the
 // release itself, as in PyTorch): a graph may still be replaying into them.
-// While any pool is being allocated to, a CUDA graph capture may be under way
-// on some stream, so the allocator is quiet: no query, event, sync,
-// placement or discard call (PyTorch's allocator likewise stops processing
-// events while captures are under way). Frees that need events wait in
-// deferred_ until the last pool context ends.
+// While any pool context that may be a capture is open, a CUDA graph capture
+// may be under way on some stream, so the allocator is quiet: no query,
+// event, sync, placement or discard call (PyTorch's allocator likewise stops
+// processing events while captures are under way). Frees that need events
+// wait in deferred_ until the last such context ends. A context its caller
+// knows is no capture (PyTorch's use_mem_pool) routes without quieting, and
+// a pool only such contexts allocate to grows, in arena mode, by arenas of
+// its own whose idle pages are given back as the shared cache's are: the
+// footprint the shared cache has (a pool of native-size segments held 50%
+// more on a varlen training loop).
 #include <algorithm>
 #include <optional>
 #include <utility>
@@ -71,8 +76,36 @@ void DeviceAllocator::BeginAllocateToPool(MemPoolId id, StreamFilter filter,
   MutexLock l(&mu_);
   // As PyTorch's: the pool is created, or its use count raised, here too.
   const std::uint32_t index = PoolIndex(id);
-  ++mempools_[index].use_count;
+  PrivatePool& pool = mempools_[index];
+  ++pool.use_count;
+  if (!options.not_a_capture) {
+    pool.captured = true;
+    ++capture_contexts_;
+  }
   contexts_.push_back({index, std::move(filter), options});
+}
+
+bool DeviceAllocator::PoolPagesPinned(std::uint32_t index) const {
+  if (index == 0) return false;
+  auto it = mempools_.find(index);
+  return it == mempools_.end() || it->second.captured;
+}
+
+bool DeviceAllocator::PoolGrowsByArenas(std::uint32_t index) const {
+  if (index == 0 || !arena_mode()) return false;
+  auto it = mempools_.find(index);
+  return it != mempools_.end() && !it->second.captured && it->second.source == nullptr &&
+         !it->second.no_split;
+}
+
+bool DeviceAllocator::NoSplit(std::uint32_t mempool) const {
+  if (ABSL_PREDICT_TRUE(mempool == 0)) return false;
+  auto it = mempools_.find(mempool);
+  return it != mempools_.end() && it->second.no_split;
+}
+
+PoolKind DeviceAllocator::LookupKind(std::size_t rounded, std::uint32_t mempool) const {
+  return LookupPoolFor(rounded, mempool != 0 && !PoolGrowsByArenas(mempool), *config_);
 }
 
 absl::Status DeviceAllocator::EndAllocateToPool(MemPoolId id) {
@@ -92,9 +125,11 @@ absl::Status DeviceAllocator::EndAllocateToPool(MemPoolId id) {
         device_));
   }
   const std::uint32_t index = it->index;
+  const bool was_quiet = quiet();
+  if (!it->options.not_a_capture) --capture_contexts_;
   ended_filter = std::move(it->filter);
   contexts_.erase(it);
-  if (contexts_.empty()) RecordDeferredFrees();
+  if (was_quiet && !quiet()) RecordDeferredFrees();
   ForgetIfDrained(index);  // released while it was being allocated to
   // The context's own reference goes with ReleasePool, as in PyTorch.
   return absl::OkStatus();
@@ -188,6 +223,14 @@ void DeviceAllocator::ForgetIfDrained(std::uint32_t index) {
 
 absl::StatusOr<Block*> DeviceAllocator::NewPoolSegment(std::size_t rounded, PoolKind pool,
                                                        Stream stream, std::uint32_t mempool) {
+  if (PoolGrowsByArenas(mempool)) {
+    absl::StatusOr<Block*> arena = NewArena(rounded, pool, stream);
+    if (!arena.ok()) return arena.status();
+    (*arena)->segment->owner_pool = mempool;
+    ++mempools_[mempool].segments;
+    (*arena)->mempool = mempool;
+    return arena;
+  }
   absl::StatusOr<Block*> b = NewClassicSegment(SegmentSizeFor(rounded), pool, stream, mempool);
   if (!b.ok() && absl::IsResourceExhausted(b.status())) {
     // Quiet, the cache's idle memory cannot be given back (a discard or a
@@ -228,8 +271,8 @@ void* DeviceAllocator::TakeFromUseOnOomPools(std::size_t rounded, std::size_t re
     }
   }
   std::sort(lenders.begin(), lenders.end());  // the oldest pool first, whatever the map's order
-  const PoolKind kind = LookupPoolFor(rounded, /*private_pool=*/true, *config_);
   for (std::uint32_t index : lenders) {
+    const PoolKind kind = LookupKind(rounded, index);
     Block* b = FindSameStream(rounded, kind, stream, index);
     if (b == nullptr) continue;
     const std::size_t take =

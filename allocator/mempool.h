@@ -39,6 +39,14 @@ struct PoolContextOptions {
   // rather than only after the last context ends. Needs a backend that
   // reports capture topology (CUDA 12.3+; the host backend's emulation).
   bool reuse_after_join = false;
+  // The caller knows no CUDA graph is captured through this context (PyTorch's
+  // use_mem_pool, begun on a stream that is not capturing). Such a context
+  // leaves the allocator active (it populates, prefetches, discards and
+  // releases as without it), and a pool never allocated to by any other
+  // kind of context grows, in arena mode, by arenas of its own whose idle
+  // pages are given back as the shared cache's are. A capture begins a
+  // context of its own (PyTorch's capture_begin does), which is quiet.
+  bool not_a_capture = false;
 };
 
 // What a pool does besides holding its blocks (PyTorch's MemPool(no_split=,
@@ -94,6 +102,9 @@ struct PrivatePoolState {
   bool use_on_oom = false;
   std::shared_ptr<SegmentSource> source;  // null: the backend's managed memory
   std::size_t segments = 0;  // its own segments held (Segment::owner_pool), its blocks' only home
+  // A context that may be a capture has allocated to it: a graph may replay
+  // into its free blocks, so their pages stay populated for good.
+  bool captured = false;
 };
 struct PoolContextState {
   std::uint32_t index;

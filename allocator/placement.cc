@@ -119,7 +119,9 @@ void DeviceAllocator::PlaceSegmentBlock(Block* b, Stream stream, Location target
 }
 
 void DeviceAllocator::OnFreed(Block* b) {
-  // A private pool keeps its blocks' contents: a graph replays into them.
+  // A private pool keeps its blocks' contents (a graph replays into a
+  // captured pool's; any pool's may be restored by a checkpoint); an
+  // uncaptured pool's idle pages go as the shared cache's do, by need.
   // A host-tier block's pages stay populated on the host for its next user.
   if (!config_->discard_on_free || quiet() || b->mempool != 0 || !b->segment->placeable()) return;
   if (b->segment->arena) {

@@ -42,6 +42,8 @@ ABSL_FLAG(std::string, json, "", "write results here as JSON");
 ABSL_FLAG(std::string, config, "",
           "CMA_ALLOC_CONF text for the allocator under test (default: the CMA_ALLOC_CONF "
           "environment variable)");
+ABSL_FLAG(bool, replay_in_pool, true,
+          "replay each trace a second time inside a private pool (PyTorch's use_mem_pool)");
 ABSL_FLAG(int, device, 0, "device to measure");
 ABSL_FLAG(int, host_memory_gib, 16,
           "memory of each emulated device of the host backend, in GiB (replays of traces "
@@ -162,16 +164,22 @@ absl::Status ReplaySuite(Backend& backend, int device, const std::string& config
   // backend call, so the steady state's calls per operation are measured.
   FaultInjectingBackend counting(backend);
   Json rows = Json::array();
-  std::cout << absl::StrFormat("%-28s %14s %14s %7s %7s %8s %10s %10s %11s\n", "trace",
+  std::cout << absl::StrFormat("%-38s %14s %14s %7s %7s %8s %10s %10s %11s\n", "trace",
                                "peak_requested", "peak_reserved", "ratio", "device", "arenas",
                                "ns_per_op", "steady_ns", "steady_calls");
+  std::vector<std::pair<std::string, bool>> runs;  // (trace, in a pool)
   for (const std::string& path : traces) {
+    runs.push_back({path, false});
+    if (absl::GetFlag(FLAGS_replay_in_pool)) runs.push_back({path, true});
+  }
+  for (const auto& [path, in_pool] : runs) {
     absl::StatusOr<std::vector<TraceOp>> ops = ReadTrace(path);
     if (!ops.ok()) return ops.status();
     auto alloc = CachingManagedAllocator::Create(counting, config);
     if (!alloc.ok()) return alloc.status();
     const std::string name = path.substr(path.find_last_of('/') + 1);
     ReplayOptions options;
+    options.in_pool = in_pool;
     // On the host backend the same instrument reads its emulated population.
     options.sample_device_memory = true;
     options.calls = [&counting]() { return counting.Calls(FaultKind::kAny); };
@@ -193,7 +201,7 @@ absl::Status ReplaySuite(Backend& backend, int device, const std::string& config
     row["steady_pages_discarded"] = r->steady_pages_discarded;
     row["skipped_frees"] = static_cast<std::int64_t>(r->skipped_frees);
     row["ooms"] = static_cast<std::int64_t>(r->ooms);
-    std::cout << absl::StrFormat("%-28s %14d %14d %7.3f %7.3f %8d %10.1f %10.1f %11.4f\n",
+    std::cout << absl::StrFormat("%-38s %14d %14d %7.3f %7.3f %8d %10.1f %10.1f %11.4f\n",
                                  r->trace, r->peak_requested, r->peak_reserved, r->ratio,
                                  r->device_ratio, r->backend_allocs, r->ns_per_op,
                                  r->steady_ns_per_op, r->steady_backend_calls_per_op);

@@ -89,7 +89,11 @@ absl::StatusOr<ReplayResult> Replay(CachingManagedAllocator& allocator, int devi
     if (!s.ok()) return s.status();
     streams[op.stream] = *s;
   }
+  constexpr MemPoolId kPool{0xC0FFEE, 1};
+  int pool_refs = 0;  // the pool's own reference, then its context's
   auto cleanup = [&]() {
+    if (pool_refs == 2) (void)allocator.EndAllocateToPool(device, kPool);
+    for (; pool_refs > 0; --pool_refs) (void)allocator.ReleasePool(device, kPool);
     (void)allocator.EmptyCache();
     for (auto& [id, s] : streams) (void)backend.DestroyStream(s);
   };
@@ -102,8 +106,20 @@ absl::StatusOr<ReplayResult> Replay(CachingManagedAllocator& allocator, int devi
     if (m.ok()) free_at_start = static_cast<std::int64_t>(m->free_bytes);
   }
 
+  if (options.in_pool) {
+    absl::Status s = allocator.CreateOrIncrefPool(device, kPool);
+    pool_refs = s.ok() ? 1 : 0;
+    PoolContextOptions context;
+    context.not_a_capture = true;
+    if (s.ok()) s = allocator.BeginAllocateToPool(device, kPool, nullptr, context);
+    pool_refs += s.ok() && pool_refs == 1 ? 1 : 0;
+    if (!s.ok()) {
+      cleanup();
+      return s;
+    }
+  }
   ReplayResult r;
-  r.trace = name;
+  r.trace = options.in_pool ? absl::StrCat(name, " (MemPool)") : name;
   Pass first;
   if (absl::Status s = RunPass(allocator, device, ops, streams,
                                options.sample_device_memory && free_at_start >= 0, first);

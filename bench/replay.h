@@ -28,6 +28,9 @@ namespace cma {
 
 struct ReplayOptions {
   bool sample_device_memory = false;
+  // Every allocation inside a private pool (PyTorch's use_mem_pool: a
+  // context that is no capture), made before and released after the passes.
+  bool in_pool = false;
   // Backend calls made so far (e.g. FaultInjectingBackend::Calls); optional.
   std::function<std::int64_t()> calls;
 };

@@ -368,7 +368,7 @@ absl::Status ArenaChecker::DoAlloc(StepSource& in) {
     }
   }
   // While a pool is allocated to, nothing is prefetched: first touch places.
-  if (contexts_.empty()) {
+  if (!Quiet()) {
     if (absl::Status r = CheckResident(p, size); !r.ok()) return r;
   }
   // The user's kernel touches the memory, populating what was not
@@ -411,7 +411,7 @@ absl::Status ArenaChecker::DoMove(StepSource& in) {
   Live& l = live_.at(p);
   const Location target = in.Next(2) == 0 ? Location::Host() : Location::Device(0);
   const bool dead = in.Next(4) == 0;
-  if (!contexts_.empty()) {
+  if (Quiet()) {
     return ExpectRefused(alloc_->Move(reinterpret_cast<void*>(p), target, l.stream, dead), "move");
   }
   Note(absl::StrFormat("move %#x to %s%s", p, LocationName(target), dead ? " (dead)" : ""));
@@ -467,7 +467,7 @@ absl::Status ArenaChecker::DoSleep(Stream s, SleepLevel level) {
 absl::Status ArenaChecker::DoReleaseStaging() {
   Note("release sleep staging");
   absl::StatusOr<std::size_t> r = alloc_->ReleaseSleepStaging(0);
-  if (!contexts_.empty()) return ExpectRefused(r.status(), "release_sleep_staging");
+  if (Quiet()) return ExpectRefused(r.status(), "release_sleep_staging");
   bool holds = false;
   for (const auto& [p, l] : live_) holds = holds || l.staged;
   if (holds) {
@@ -559,7 +559,7 @@ absl::Status ArenaChecker::Step(StepSource& in) {
   } else if (op < 83) {
     Note("empty_cache");
     s = alloc_->EmptyCache();
-    if (!contexts_.empty()) s = ExpectRefused(s, "empty_cache");
+    if (Quiet()) s = ExpectRefused(s, "empty_cache");
     if (s.ok() && in.Next(2) == 0) s = DoReleaseStaging();
   } else if (op < 87) {
     static constexpr double kFractions[] = {1.0 / 64, 1.0 / 8, 0.25, 0.5, 0.75, 1.0};
@@ -582,14 +582,14 @@ absl::Status ArenaChecker::Step(StepSource& in) {
     }
   } else if (op < 94) {
     const Stream st = PickStream(in);
-    if (!contexts_.empty()) {
+    if (Quiet()) {
       s = ExpectRefused(alloc_->Sleep(0, st).status(), "sleep");
     } else if (!asleep_) {
       s = DoSleep(st, static_cast<SleepLevel>(in.Next(3)));
     }
   } else if (op < 97) {
     const Stream st = PickStream(in);
-    if (asleep_ && !contexts_.empty()) {
+    if (asleep_ && Quiet()) {
       s = ExpectRefused(alloc_->Wake(0, st).status(), "wake");
     } else if (asleep_) {
       Note(absl::StrFormat("wake on %d", st));
@@ -608,7 +608,7 @@ absl::Status ArenaChecker::Step(StepSource& in) {
       if (s.ok()) s = CheckTags();
     }
   } else if (op < 98) {
-    if (contexts_.empty()) {
+    if (!Quiet()) {
       s = DoForget(in);
     } else {
       s = ExpectRefused(alloc_->ForgetStream(streams_[in.Next(kStreams)]), "forget_stream");

@@ -225,8 +225,11 @@ class ArenaChecker {
     std::uint32_t pool;
     Stream only;
     bool all;
+    bool capture = true;  // else begun not_a_capture: the allocator stays active
   };
   std::vector<Context> contexts_;
+  // Whether a context that may be a capture is open: the allocator is quiet.
+  bool Quiet() const;
   std::map<std::uint32_t, int> pool_refs_;
   std::map<std::uint32_t, std::vector<std::pair<std::uintptr_t, std::uintptr_t>>> pool_free_;
   // No reference and no context: no graph replays into the pool's free

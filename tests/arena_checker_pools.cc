@@ -34,6 +34,10 @@ std::uint32_t ArenaChecker::Route(Stream s) const {
   return 0;
 }
 
+bool ArenaChecker::Quiet() const {
+  return std::any_of(contexts_.begin(), contexts_.end(), [](const Context& c) { return c.capture; });
+}
+
 bool ArenaChecker::Released(std::uint32_t pool) const {
   auto refs = pool_refs_.find(pool);
   if (refs != pool_refs_.end() && refs->second > 0) return false;
@@ -63,15 +67,22 @@ absl::Status ArenaChecker::DoPoolStep(StepSource& in) {
       if (contexts_.size() >= 2) return absl::OkStatus();
       const bool all = in.Next(3) == 0;
       const Stream only = streams_[in.Next(kStreams)];
-      Note(absl::StrFormat("begin pool %d for %s", pool,
-                           all ? std::string("every stream") : absl::StrCat("stream ", only)));
+      // Pool 2's every-stream contexts are use_mem_pool's (no capture),
+      // derived rather than drawn so that the corpus keeps its meaning.
+      const bool capture = !(all && pool == 2);
+      Note(absl::StrFormat("begin pool %d for %s%s", pool,
+                           all ? std::string("every stream") : absl::StrCat("stream ", only),
+                           capture ? "" : " (no capture)"));
       StreamFilter filter;
       if (!all) filter = [only](Stream s) { return s == only; };
-      if (absl::Status b = alloc_->BeginAllocateToPool(0, id, std::move(filter)); !b.ok()) {
+      PoolContextOptions options;
+      options.not_a_capture = !capture;
+      if (absl::Status b = alloc_->BeginAllocateToPool(0, id, std::move(filter), options);
+          !b.ok()) {
         return Violation(absl::StrCat("begin failed: ", b.ToString()));
       }
       ++pool_refs_[pool];
-      contexts_.push_back({pool, only, all});
+      contexts_.push_back({pool, only, all, capture});
       return absl::OkStatus();
     }
     case 1: {
@@ -134,7 +145,7 @@ absl::Status ArenaChecker::DoTakeCheckpoint(StepSource& in, std::uint32_t pool) 
   checkpoints_[pool] = *cp;
   // Now and then restored at once: nothing changed, so it must succeed and
   // keep everything in place.
-  if (in.Next(3) != 0 || !contexts_.empty() || asleep_) return absl::OkStatus();
+  if (in.Next(3) != 0 || Quiet() || asleep_) return absl::OkStatus();
   absl::StatusOr<PoolRestoreResult> r = alloc_->RestorePoolCheckpoint(*cp);
   if (!r.ok()) {
     return Violation(absl::StrCat("restore right after the take failed: ", r.status().ToString()));
@@ -149,7 +160,7 @@ absl::Status ArenaChecker::DoRestoreCheckpoint(std::uint32_t pool) {
   auto saved = checkpoints_.find(pool);
   if (saved == checkpoints_.end() || asleep_) return absl::OkStatus();
   const PoolCheckpoint& cp = saved->second;
-  if (!contexts_.empty()) {
+  if (Quiet()) {
     // Refused while recording; a cudagraph tree restores between recordings.
     absl::Status refused = ExpectRefused(alloc_->RestorePoolCheckpoint(cp).status(), "restore");
     if (!refused.ok()) return refused;

@@ -311,12 +311,14 @@ int cma_pool_begin_flags(int device, unsigned long long id0, unsigned long long 
   std::shared_ptr<void> owned(ctx, [release_ctx](void* c) {
     if (release_ctx != nullptr) release_ctx(c);
   });
-  if ((flags & ~CMA_POOL_REUSE_AFTER_JOIN) != 0) {
+  constexpr unsigned kKnown = CMA_POOL_REUSE_AFTER_JOIN | CMA_POOL_NOT_A_CAPTURE;
+  if ((flags & ~kKnown) != 0) {
     return Fail(absl::InvalidArgumentError(
-        absl::StrFormat("cma_pool_begin_flags: unknown flags %#x", flags & ~CMA_POOL_REUSE_AFTER_JOIN)));
+        absl::StrFormat("cma_pool_begin_flags: unknown flags %#x", flags & ~kKnown)));
   }
   cma::PoolContextOptions options;
   options.reuse_after_join = (flags & CMA_POOL_REUSE_AFTER_JOIN) != 0;
+  options.not_a_capture = (flags & CMA_POOL_NOT_A_CAPTURE) != 0;
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return -1;
   cma::StreamFilter f;

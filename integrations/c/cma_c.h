@@ -140,13 +140,21 @@ int cma_pool_begin(int device, unsigned long long id0, unsigned long long id1,
  * capture once the allocating stream's captured work depends on every use).
  * Unknown flags: -1, nothing begun, ctx released. */
 #define CMA_POOL_REUSE_AFTER_JOIN 1u
+/* CMA_POOL_NOT_A_CAPTURE: the caller knows no CUDA graph is captured through
+ * this context (PyTorch's use_mem_pool begun on a stream that is not
+ * capturing; a capture begins a context of its own). cma stays active while
+ * it is open (it populates, prefetches, discards and releases), and a pool
+ * only such contexts allocate to grows, in arena mode, by arenas of its own
+ * whose idle pages are given back as the shared cache's are. */
+#define CMA_POOL_NOT_A_CAPTURE 2u
 int cma_pool_begin_flags(int device, unsigned long long id0, unsigned long long id1,
                          cma_stream_filter_fn filter, void* ctx, void (*release_ctx)(void* ctx),
                          unsigned flags);
 int cma_pool_end(int device, unsigned long long id0, unsigned long long id1);
-/* 1 while any pool context of `device` is open (cma then makes no call that
- * would break a CUDA graph capture: no population, event or release), 0 when
- * none is, -1 for a bad device. A diagnostic: an open context nobody ends
+/* 1 while any pool context of `device` that may be a capture is open (one
+ * begun without CMA_POOL_NOT_A_CAPTURE: cma then makes no call that would
+ * break a CUDA graph capture: no population, event or release), 0 when none
+ * is, -1 for a bad device. A diagnostic: an open context nobody ends
  * leaves cma in that mode. */
 int cma_allocating_to_pool(int device);
 int cma_pool_release(int device, unsigned long long id0, unsigned long long id1);

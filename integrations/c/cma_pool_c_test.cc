@@ -53,8 +53,8 @@ int AcceptAll(void*, void*) { return 1; }
 // one begins a context as cma_pool_begin does.
 TEST_F(PoolCApiTest, BeginFlags) {
   released_contexts = 0;
-  EXPECT_EQ(cma_pool_begin_flags(0, 7, 0, nullptr, nullptr, &CountRelease, 0x6), -1);
-  EXPECT_THAT(cma_last_error(), HasSubstr("unknown flags 0x6"));
+  EXPECT_EQ(cma_pool_begin_flags(0, 7, 0, nullptr, nullptr, &CountRelease, 0xd), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("unknown flags 0xc"));
   EXPECT_EQ(released_contexts, 1);
   EXPECT_EQ(cma_pool_use_count(0, 7, 0), -1) << "a refused begin made the pool";
   ASSERT_EQ(cma_pool_begin_flags(0, 7, 0, &AcceptAll, nullptr, &CountRelease,
@@ -285,6 +285,36 @@ TEST_F(PoolCApiTest, EmptyCacheInsideAPoolContextFailsWithFailedPrecondition) {
   ASSERT_EQ(cma_pool_end(0, 9, 0), 0);
   EXPECT_EQ(cma_empty_cache(), 0) << cma_last_error();
   ASSERT_EQ(cma_pool_release(0, 9, 0), 0);
+}
+
+// A context begun with CMA_POOL_NOT_A_CAPTURE (PyTorch's use_mem_pool)
+// routes without quieting cma: empty_cache works inside it, and the pool's
+// idle pages go back with the shared cache's while its allocations stay.
+TEST_F(PoolCApiTest, ANotACaptureContextLeavesCmaActive) {
+  ASSERT_EQ(cma_pool_create_or_incref(0, 9, 0), 0) << cma_last_error();
+  ASSERT_EQ(cma_pool_begin_flags(0, 9, 0, nullptr, nullptr, nullptr, CMA_POOL_NOT_A_CAPTURE), 0)
+      << cma_last_error();
+  EXPECT_EQ(cma_allocating_to_pool(0), 0);
+  const size_t big = size_t{64} << 20;
+  void* kept = cma_malloc(big, 0, nullptr);
+  void* dropped = cma_malloc(big, 0, nullptr);
+  ASSERT_NE(kept, nullptr);
+  ASSERT_NE(dropped, nullptr);
+  auto reserved = [] {
+    return Json(cma_stats_json(0))["reserved_bytes.all.current"].get<long long>();
+  };
+  const long long both = reserved();
+  ASSERT_EQ(cma_free(dropped), 0) << cma_last_error();
+  EXPECT_EQ(cma_empty_cache(), 0) << cma_last_error();
+  EXPECT_LE(reserved(), both - static_cast<long long>(big) + (4 << 20))
+      << "the pool's idle pages stayed populated";
+  ASSERT_EQ(cma_pool_end(0, 9, 0), 0);
+  ASSERT_EQ(cma_free(kept), 0) << cma_last_error();
+  ASSERT_EQ(cma_pool_release(0, 9, 0), 0);
+  ASSERT_EQ(cma_pool_release(0, 9, 0), 0);
+  EXPECT_EQ(cma_empty_cache(), 0) << cma_last_error();
+  EXPECT_EQ(reserved(), 0);
+  EXPECT_EQ(cma_pool_use_count(0, 9, 0), -1) << "a released, empty pool is forgotten";
 }
 
 }  // namespace

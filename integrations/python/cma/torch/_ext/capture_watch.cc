@@ -5,14 +5,6 @@
 namespace cma_torch {
 namespace {
 
-bool Accepts(const CaptureWatch::Filter& filter, cudaStream_t stream) {
-  try {
-    return filter(stream);
-  } catch (...) {
-    return false;
-  }
-}
-
 bool Capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
@@ -23,6 +15,23 @@ bool Capturing(cudaStream_t stream) {
 }
 
 }  // namespace
+
+bool AcceptsStream(const CaptureWatch::Filter& filter, cudaStream_t stream) {
+  try {
+    return filter(stream);
+  } catch (...) {
+    return false;
+  }
+}
+
+bool CapturingOrUnknown(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();  // not left for PyTorch's next error check
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
 
 void CaptureWatch::Begin(c10::DeviceIndex device, Pool pool, std::shared_ptr<const Filter> filter,
                          cudaStream_t stream) {
@@ -51,7 +60,7 @@ std::vector<CaptureWatch::Context> CaptureWatch::TakeFailed() {
   for (auto it = entries_.begin(); it != entries_.end();) {
     bool drop = false;
     if (it->thread == self) {
-      if (Accepts(*it->filter, it->stream)) {
+      if (AcceptsStream(*it->filter, it->stream)) {
         if (it->state == State::kUnknown) {
           // Accepted while capturing: a capture's context. Accepted with no
           // capture there: a stream or thread context, not watched further.

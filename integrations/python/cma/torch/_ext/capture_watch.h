@@ -73,6 +73,12 @@ class CaptureWatch {
   std::atomic<int> watched_{0};
 };
 
+// Whether `filter` accepts `stream` (false if it throws).
+bool AcceptsStream(const CaptureWatch::Filter& filter, cudaStream_t stream);
+// Whether `stream` is capturing, or the runtime cannot say (the error is
+// cleared, not left for PyTorch's next check).
+bool CapturingOrUnknown(cudaStream_t stream);
+
 }  // namespace cma_torch
 
 #endif  // CMA_INTEGRATIONS_PYTHON_TORCH_CAPTURE_WATCH_H_

@@ -119,15 +119,23 @@ void CmaCudaAllocator::beginAllocateToPool(c10::DeviceIndex device, Pool pool,
   auto* ctx = new Filter(shared);  // cma's core deletes it (DeleteFilter)
   // PyTorch's setting as it stands when the capture begins
   // (torch.cuda.memory._set_allocator_settings changes it between captures).
-  const unsigned flags = cca::CUDAAllocatorConfig::graph_capture_record_stream_reuse()
-                             ? CMA_POOL_REUSE_AFTER_JOIN
-                             : 0;
+  unsigned flags = cca::CUDAAllocatorConfig::graph_capture_record_stream_reuse()
+                       ? CMA_POOL_REUSE_AFTER_JOIN
+                       : 0;
+  const cudaStream_t current = c10::cuda::getCurrentCUDAStream(device).stream();
+  // PyTorch's capture_begin opens its context before the capture starts,
+  // with a filter that accepts only a capturing stream; use_mem_pool's
+  // filter accepts this thread's streams. Accepting the current stream while
+  // nothing captures there, the context is no capture: cma stays active and
+  // the pool keeps the shared cache's footprint (CMA_POOL_NOT_A_CAPTURE).
+  if (!CapturingOrUnknown(current) && (!*shared || AcceptsStream(*shared, current))) {
+    flags |= CMA_POOL_NOT_A_CAPTURE;
+  }
   if (api.pool_begin_flags(device, pool.first, pool.second, &CallFilter, ctx, &DeleteFilter,
                            flags) != 0) {
     Fail("beginAllocateToPool");
   }
-  captures_.Begin(device, pool, std::move(shared),
-                  c10::cuda::getCurrentCUDAStream(device).stream());
+  captures_.Begin(device, pool, std::move(shared), current);
 }
 
 void CmaCudaAllocator::endAllocateToPool(c10::DeviceIndex device, Pool pool) {
