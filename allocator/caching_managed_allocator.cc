@@ -525,6 +525,10 @@ absl::Status CachingManagedAllocator::ApplyPyTorchSettings(absl::string_view pyt
   return absl::OkStatus();
 }
 
+AllocatorConfig CachingManagedAllocator::LiveConfig() {
+  return devices_.empty() ? config_ : devices_.front()->LiveConfig();
+}
+
 absl::Status CachingManagedAllocator::ResetPeakStats(int device) {
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();

@@ -271,6 +271,9 @@ class CachingManagedAllocator {
   // kInvalidArgument naming the key, and nothing changes. config() stays the
   // configuration the allocator was created with.
   absl::Status ApplyPyTorchSettings(absl::string_view pytorch_settings);
+  // The configuration in force now: config() with the shared keys as the
+  // last ApplyPyTorchSettings left them (every device follows the same).
+  AllocatorConfig LiveConfig();
   // Oversubscription (config oversubscribe:1, policy/oversubscription.h):
   // while routing is on for `device` (nested calls count), its allocations
   // are placed on the host, as those that do not fit the device's part of
@@ -306,6 +309,10 @@ class CachingManagedAllocator {
   // resetAccumulatedStats; current and peak values stay.
   absl::Status ResetAccumulatedStats(int device);
   std::vector<SegmentSnapshot> Snapshot();
+  // The host pool's live allocations (device kHostDevice: CPU tensors in
+  // managed memory), by address; each block's location says where its
+  // pages were last moved. Snapshot() has only the devices' segments.
+  std::vector<BlockSnapshot> HostSnapshot() { return host_->Snapshot(); }
   // The invariant checker (see DeviceAllocator::CheckInvariants) on every device.
   absl::Status CheckInvariants();
 

@@ -154,6 +154,9 @@ class DeviceAllocator {
   void SetBudget(std::size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // The keys shared with PyTorch, from the next request on.
   void SetSharedSettings(const SharedSettings& s) ABSL_LOCKS_EXCLUDED(mu_);
+  // The configuration this device follows now: the allocator's, with the
+  // shared keys as SetSharedSettings last left them.
+  AllocatorConfig LiveConfig() ABSL_LOCKS_EXCLUDED(mu_);
   std::size_t device_total() const { return device_total_; }
   DeviceStats GetStats() ABSL_LOCKS_EXCLUDED(mu_);
   // The last failure counted in num_placement_errors (a hint the backend

@@ -416,6 +416,26 @@ HostPoolStats HostPool::GetStats() {
   return stats_;
 }
 
+std::vector<BlockSnapshot> HostPool::Snapshot() {
+  MutexLock l(&mu_);
+  std::vector<BlockSnapshot> out;
+  for (const auto& [addr, b] : blocks_) {
+    if (!b->allocated && !b->pending) continue;
+    BlockSnapshot bs;
+    bs.address = b->addr;
+    bs.size = b->size;
+    bs.requested = b->requested;
+    bs.state = b->allocated ? "active_allocated" : "active_pending_free";
+    bs.stream = b->last_stream;
+    bs.location = LocationName(b->location);
+    bs.populated_end = b->size;
+    out.push_back(std::move(bs));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const BlockSnapshot& x, const BlockSnapshot& y) { return x.address < y.address; });
+  return out;
+}
+
 void HostPool::ResetPeakStats() {
   MutexLock l(&mu_);
   for (Stat* s : {&stats_.allocation, &stats_.segment, &stats_.allocated_bytes,

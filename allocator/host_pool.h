@@ -50,6 +50,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "allocator/host_ledger.h"
+#include "allocator/snapshot.h"
 #include "allocator/stats.h"
 #include "backends/backend.h"
 #include "policy/host_size_class.h"
@@ -133,6 +134,10 @@ class HostPool {
   // use. Frees still waiting for a GPU keep theirs.
   absl::Status EmptyCache() ABSL_LOCKS_EXCLUDED(mu_);
   HostPoolStats GetStats() ABSL_LOCKS_EXCLUDED(mu_);
+  // The live allocations (freed ones awaiting a GPU's work included, as
+  // "active_pending_free"), by address; location: where the last move left
+  // the pages ("host" or "device N").
+  std::vector<BlockSnapshot> Snapshot() ABSL_LOCKS_EXCLUDED(mu_);
   void ResetPeakStats() ABSL_LOCKS_EXCLUDED(mu_);
   // Free lists hold exactly the free blocks, slabs count their chunks in
   // use, and the statistics equal a recount.

@@ -207,4 +207,9 @@ void DeviceAllocator::SetSharedSettings(const SharedSettings& s) {
   config_copy_.garbage_collection_threshold = s.garbage_collection_threshold;
 }
 
+AllocatorConfig DeviceAllocator::LiveConfig() {
+  MutexLock l(&mu_);
+  return config_copy_;
+}
+
 }  // namespace cma

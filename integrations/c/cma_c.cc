@@ -93,6 +93,12 @@ CachingManagedAllocator* Get() {
   return G().current.load(std::memory_order_acquire);
 }
 
+std::string PyTorchSettings() {
+  Global& g = G();
+  cma::MutexLock l(&g.mu);
+  return g.pytorch_settings;
+}
+
 char* CopyString(const std::string& s) {
   char* out = static_cast<char*>(std::malloc(s.size() + 1));
   if (out != nullptr) std::memcpy(out, s.c_str(), s.size() + 1);
@@ -521,6 +527,7 @@ char* cma_snapshot_json(void) {
                         {"state", b.state},
                         {"stream", b.stream},
                         {"location", b.location},
+                        {"away", b.away},
                         {"pool", {b.pool.first, b.pool.second}}});
     }
     out.push_back({{"device", seg.device},
@@ -531,6 +538,7 @@ char* cma_snapshot_json(void) {
                    {"segment_type", seg.segment_type},
                    {"is_arena", seg.is_arena},
                    {"populated_bytes", seg.populated_bytes},
+                   {"on_host", seg.on_host},
                    {"blocks", std::move(blocks)}});
   }
   return CopyString(out.dump());
@@ -540,9 +548,26 @@ char* cma_config_json(void) {
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return nullptr;
   const cma::AllocatorConfig& c = a->config();
-  nlohmann::json j = {{"config", c.ToString()},
-                      {"learn_step", c.learn_step},
-                      {"oversubscribe", c.oversubscribe}};
+  // "config" is what the allocator was made with; "live" what it follows
+  // now, PyTorch's settings of the shared keys applied since included, so
+  // that a tool reporting the allocator's settings reports these.
+  const cma::AllocatorConfig live = a->LiveConfig();
+  nlohmann::json divisions = nlohmann::json::array();
+  for (int i = 0; i < cma::RoundupDivisions::kIntervals; ++i) {
+    divisions.push_back(live.roundup_power2_divisions.For(std::size_t{1} << (20 + i)));
+  }
+  nlohmann::json j = {
+      {"config", c.ToString()},
+      {"learn_step", c.learn_step},
+      {"oversubscribe", c.oversubscribe},
+      {"live",
+       {{"config", live.ToString()},
+        {"max_split_size", live.max_split_size},
+        {"roundup_power2_divisions", live.roundup_power2_divisions.ToString()},
+        {"roundup_power2_divisions_by_interval", std::move(divisions)},
+        {"garbage_collection_threshold", live.garbage_collection_threshold},
+        {"segments", live.segments == cma::SegmentMode::kArena ? "arena" : "classic"},
+        {"pytorch_settings", cma::capi::PyTorchSettings()}}}};
   return CopyString(j.dump());
 }
 

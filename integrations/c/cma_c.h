@@ -266,15 +266,30 @@ char* cma_host_stats_json(void);
  * migrating, ...): its message, "" if none; NULL for a bad device. Free
  * with cma_string_free. */
 char* cma_last_placement_error(int device);
-/* The configuration in force: {"config": CMA_ALLOC_CONF text of the keys
- * that differ from the defaults, "learn_step": bool, "oversubscribe":
- * bool}. Free with cma_string_free; NULL (cma_last_error) before init. */
+/* The configuration: {"config": CMA_ALLOC_CONF text of the keys that
+ * differ from the defaults, as the allocator was made, "learn_step": bool,
+ * "oversubscribe": bool, "live": what it follows now, PyTorch's settings of
+ * the shared keys applied since included: {"config": text, "max_split_size":
+ * bytes (SIZE_MAX: any block may be split), "roundup_power2_divisions":
+ * text, "roundup_power2_divisions_by_interval": [16 counts, as
+ * cma_live_settings_info], "garbage_collection_threshold": fraction (0:
+ * off), "segments": "arena"|"classic", "pytorch_settings": the last string
+ * cma_apply_pytorch_settings accepted ("" if none)}}. Free with
+ * cma_string_free; NULL (cma_last_error) when the allocator cannot be made. */
 char* cma_config_json(void);
+/* The host pool's live allocations (device -1: CPU-side memory), by address:
+ * [{"address", "size", "requested_size", "state" ("active_allocated", or
+ * "active_pending_free": freed, awaiting a GPU's work), "stream",
+ * "location" (where the last move left the pages: "host" or "device N")}].
+ * cma_snapshot_json has the devices' segments only. */
+char* cma_host_snapshot_json(void);
 /* [{"device", "address", "total_size", "segment_type", "is_arena",
- *   "populated_bytes", "blocks": [...]}, ...] (an arena's total_size is its
- *   address range; populated_bytes its memory). Each block: {"address",
- *   "size", "requested_size", "state", "stream", "location", "pool": [id0,
- *   id1]} ([0, 0]: the shared cache). */
+ *   "populated_bytes", "on_host", "blocks": [...]}, ...] (an arena's
+ *   total_size is its address range; populated_bytes its memory; on_host:
+ *   oversubscription's host tier, whose pages live on the host and count in
+ *   no device number). Each block: {"address", "size", "requested_size",
+ *   "state", "stream", "location", "away" (a live allocation sent to the
+ *   host, cma_send_away), "pool": [id0, id1]} ([0, 0]: the shared cache). */
 char* cma_snapshot_json(void);
 void cma_string_free(char* s);
 /* Allocation history for tools: while enabled, the last max_entries alloc
@@ -295,6 +310,25 @@ typedef struct cma_stat_pair {
  * size the array), or -1. The keys stay valid until this thread's next call
  * of cma_stats_pairs. */
 long long cma_stats_pairs(int device, cma_stat_pair* out, size_t cap);
+
+/* The settings cma follows now (CMA_ALLOC_CONF's, with the keys shared
+ * with PyTorch as the last cma_apply_pytorch_settings left them), for a
+ * framework's allocator interface (PyTorch's getDeviceStats().max_split_size
+ * and a snapshot's config_metadata). */
+#define CMA_ROUNDUP_INTERVALS 16
+typedef struct cma_live_settings_info {
+  size_t max_split_size;               /* SIZE_MAX: any block may be split */
+  double garbage_collection_threshold; /* 0: off */
+  /* roundup_power2_divisions per size interval, as PyTorch's config lists
+   * them: [0, 2 MiB), [2 MiB, 4 MiB), ..., [32 GiB, inf); 0: none. */
+  size_t roundup_power2_divisions[CMA_ROUNDUP_INTERVALS];
+  int is_arena; /* segments:arena: address space populated on demand */
+  /* The last string cma_apply_pytorch_settings accepted ("" if none); valid
+   * until this thread's next cma_live_settings. */
+  const char* pytorch_settings;
+} cma_live_settings_info;
+/* 0, or -1 (cma_last_error): the allocator cannot be made, or out is NULL. */
+int cma_live_settings(cma_live_settings_info* out);
 
 typedef struct cma_segment_info {
   int device;

@@ -32,6 +32,9 @@ int WithAllocator(Op op) {
   absl::Status s = op(*a);
   return s.ok() ? 0 : Fail(s);
 }
+// The last PyTorch settings string cma_apply_pytorch_settings accepted ("" if
+// none, or since cma_shutdown).
+std::string PyTorchSettings();
 // A malloc'ed copy for the caller to cma_string_free.
 char* CopyString(const std::string& s);
 // Adds the symmetric heaps' statistics to a stats object: for one device,

@@ -17,6 +17,8 @@ namespace {
 
 // The keys handed out by cma_stats_pairs live here until the thread's next call.
 thread_local std::map<std::string, std::int64_t> stat_pairs;
+// The string handed out by cma_live_settings, likewise.
+thread_local std::string live_pytorch_settings;
 
 }  // namespace
 
@@ -94,6 +96,44 @@ int cma_snapshot_visit(void (*on_segment)(void* ctx, const cma_segment_info* seg
     for (const cma_block_info& b : blocks) on_block(ctx, &b);
   }
   return 0;
+}
+
+int cma_live_settings(cma_live_settings_info* out) {
+  cma::CachingManagedAllocator* a = cma::capi::Get();
+  if (a == nullptr) return -1;
+  if (out == nullptr) {
+    return cma::capi::Fail(absl::InvalidArgumentError("cma_live_settings: null output"));
+  }
+  const cma::AllocatorConfig live = a->LiveConfig();
+  *out = cma_live_settings_info{};
+  out->max_split_size = live.max_split_size;
+  out->garbage_collection_threshold = live.garbage_collection_threshold;
+  static_assert(CMA_ROUNDUP_INTERVALS == cma::RoundupDivisions::kIntervals,
+                "cma_c.h's interval count is policy/roundup_divisions.h's");
+  for (int i = 0; i < CMA_ROUNDUP_INTERVALS; ++i) {
+    // Interval i holds sizes from 1 MiB << i (the first: every size below 2 MiB).
+    out->roundup_power2_divisions[i] =
+        static_cast<size_t>(live.roundup_power2_divisions.For(std::size_t{1} << (20 + i)));
+  }
+  out->is_arena = live.segments == cma::SegmentMode::kArena;
+  live_pytorch_settings = cma::capi::PyTorchSettings();
+  out->pytorch_settings = live_pytorch_settings.c_str();
+  return 0;
+}
+
+char* cma_host_snapshot_json(void) {
+  cma::CachingManagedAllocator* a = cma::capi::Get();
+  if (a == nullptr) return nullptr;
+  nlohmann::json out = nlohmann::json::array();
+  for (const cma::BlockSnapshot& b : a->HostSnapshot()) {
+    out.push_back({{"address", b.address},
+                   {"size", b.size},
+                   {"requested_size", b.requested},
+                   {"state", b.state},
+                   {"stream", b.stream},
+                   {"location", b.location}});
+  }
+  return cma::capi::CopyString(out.dump());
 }
 
 }  // extern "C"

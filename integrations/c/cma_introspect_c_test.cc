@@ -178,3 +178,107 @@ TEST_F(HostCApiTest, SnapshotVisitBlocksTileTheirSegmentAndPoolsOwnTheirs) {
 }
 
 }  // namespace
+
+namespace {
+
+// What cma follows now: CMA_ALLOC_CONF's shared keys until PyTorch's settings
+// replace them, the string itself kept, and back again when a string leaves
+// a key out (what PyTorch's getDeviceStats and snapshot config report).
+TEST(CApiLiveSettingsTest, FollowPyTorchsSettingsAndTheLastString) {
+  cma_shutdown();
+  ASSERT_EQ(cma_init("max_split_size_mb:64,roundup_power2_divisions:2", "host"), 0)
+      << cma_last_error();
+  cma_live_settings_info s;
+  ASSERT_EQ(cma_live_settings(&s), 0) << cma_last_error();
+  EXPECT_EQ(s.max_split_size, 64 * kMiB);
+  EXPECT_EQ(s.garbage_collection_threshold, 0.0);
+  for (size_t d : s.roundup_power2_divisions) EXPECT_EQ(d, 2u);
+  EXPECT_EQ(s.is_arena, 1);
+  EXPECT_STREQ(s.pytorch_settings, "");
+
+  const char* torch =
+      "max_split_size_mb:128,roundup_power2_divisions:[64:8,128:2,256:4,>:1],"
+      "garbage_collection_threshold:0.5,expandable_segments:True";
+  ASSERT_EQ(cma_apply_pytorch_settings(torch), 0) << cma_last_error();
+  ASSERT_EQ(cma_live_settings(&s), 0) << cma_last_error();
+  EXPECT_EQ(s.max_split_size, 128 * kMiB);
+  EXPECT_EQ(s.garbage_collection_threshold, 0.5);
+  // Interval i starts at 1 MiB << i; 64's count covers every interval below, and
+  // ">" the last named one (256) and above, as in PyTorch.
+  EXPECT_EQ(s.roundup_power2_divisions[0], 8u);
+  EXPECT_EQ(s.roundup_power2_divisions[6], 8u);
+  EXPECT_EQ(s.roundup_power2_divisions[7], 2u);
+  EXPECT_EQ(s.roundup_power2_divisions[8], 1u);
+  EXPECT_EQ(s.roundup_power2_divisions[15], 1u);
+  EXPECT_STREQ(s.pytorch_settings, torch);
+
+  const nlohmann::json c = Json(cma_config_json());
+  EXPECT_EQ(c["config"].get<std::string>().find("max_split_size_mb:128"), std::string::npos);
+  EXPECT_NE(c["live"]["config"].get<std::string>().find("max_split_size_mb:128"),
+            std::string::npos)
+      << c.dump();
+  EXPECT_EQ(c["live"]["max_split_size"].get<size_t>(), 128 * kMiB);
+  EXPECT_EQ(c["live"]["garbage_collection_threshold"].get<double>(), 0.5);
+  EXPECT_EQ(c["live"]["roundup_power2_divisions_by_interval"][7], 2);
+  EXPECT_EQ(c["live"]["segments"], "arena");
+  EXPECT_EQ(c["live"]["pytorch_settings"], torch);
+
+  // A string that leaves the keys out gives CMA_ALLOC_CONF's values back.
+  ASSERT_EQ(cma_apply_pytorch_settings("expandable_segments:False"), 0) << cma_last_error();
+  ASSERT_EQ(cma_live_settings(&s), 0);
+  EXPECT_EQ(s.max_split_size, 64 * kMiB);
+  EXPECT_EQ(s.roundup_power2_divisions[7], 2u);
+  EXPECT_EQ(s.garbage_collection_threshold, 0.0);
+  EXPECT_STREQ(s.pytorch_settings, "expandable_segments:False");
+  // A refused string changes nothing, the string included.
+  EXPECT_EQ(cma_apply_pytorch_settings("max_split_size_mb:-3"), -1);
+  ASSERT_EQ(cma_live_settings(&s), 0);
+  EXPECT_EQ(s.max_split_size, 64 * kMiB);
+  EXPECT_STREQ(s.pytorch_settings, "expandable_segments:False");
+  EXPECT_EQ(cma_live_settings(nullptr), -1);
+  cma_shutdown();
+  // Unlimited by default; classic segments are not arenas.
+  ASSERT_EQ(cma_init("segments:classic", "host"), 0) << cma_last_error();
+  ASSERT_EQ(cma_live_settings(&s), 0);
+  EXPECT_EQ(s.max_split_size, SIZE_MAX);
+  EXPECT_EQ(s.is_arena, 0);
+  EXPECT_EQ(Json(cma_config_json())["live"]["segments"], "classic");
+  cma_shutdown();
+}
+
+// The host pool's live allocations (CPU tensors in managed memory), with
+// where their pages are: what the device snapshot does not show.
+TEST_F(HostCApiTest, HostSnapshotListsTheHostPoolsLiveAllocations) {
+  EXPECT_EQ(Json(cma_host_snapshot_json()).size(), 0u);
+  void* small = cma_malloc(100 << 10, -1, nullptr);
+  void* big = cma_malloc(3 * kMiB, -1, nullptr);
+  void* dev = cma_malloc(kMiB, 0, nullptr);
+  ASSERT_TRUE(small != nullptr && big != nullptr && dev != nullptr) << cma_last_error();
+  ASSERT_EQ(cma_move(big, 0, nullptr, 0), 0) << cma_last_error();
+  ASSERT_EQ(cma_synchronize(nullptr), 0);
+  const nlohmann::json h = Json(cma_host_snapshot_json());
+  ASSERT_EQ(h.size(), 2u) << h.dump();
+  std::map<size_t, nlohmann::json> by_addr;
+  for (const auto& b : h) by_addr[b["address"].get<size_t>()] = b;
+  ASSERT_EQ(by_addr.count(reinterpret_cast<size_t>(small)), 1u) << h.dump();
+  const nlohmann::json& s = by_addr[reinterpret_cast<size_t>(small)];
+  const nlohmann::json& b = by_addr[reinterpret_cast<size_t>(big)];
+  EXPECT_EQ(s["requested_size"], 100 << 10);
+  EXPECT_GE(s["size"].get<size_t>(), size_t{100} << 10);
+  EXPECT_EQ(s["state"], "active_allocated");
+  EXPECT_EQ(s["location"], "host");
+  EXPECT_EQ(b["requested_size"], 3 * kMiB);
+  EXPECT_EQ(b["location"], "device 0");
+  EXPECT_LT(h[0]["address"].get<size_t>(), h[1]["address"].get<size_t>());  // by address
+  // The device's allocation is the device snapshot's, not the host's.
+  for (const auto& seg : Json(cma_snapshot_json())) EXPECT_EQ(seg["on_host"], false);
+  ASSERT_EQ(cma_free(small), 0);
+  ASSERT_EQ(cma_free(big), 0);
+  ASSERT_EQ(cma_free(dev), 0);
+  ASSERT_EQ(cma_synchronize(nullptr), 0);
+  for (const auto& blk : Json(cma_host_snapshot_json())) {
+    EXPECT_NE(blk["state"], "active_allocated") << blk.dump();
+  }
+}
+
+}  // namespace

@@ -9,13 +9,13 @@ Framework routes: cma.torch (PyTorch), cma.cupy (CuPy) and cma.numba (Numba's
 External Memory Management plugin). Installed from the wheel, the package
 carries libcma.so; CMA_LIBRARY, when set, names another one.
 """
-from cma._lib import (CmaError, CmaOutOfMemoryError, advise, apply_pytorch_settings, backend_name, device_of, empty_cache, forget_stream, free, host_stats, host_view,
-                      history, init, last_placement_error, library_path, malloc, mem_info, memory_snapshot, memory_stats, move, placed_on_host,
+from cma._lib import (CmaError, CmaOutOfMemoryError, advise, apply_pytorch_settings, backend_name, config, device_of, empty_cache, forget_stream, free, host_stats, host_view,
+                      history, host_snapshot, init, last_placement_error, library_path, malloc, mem_info, memory_snapshot, memory_stats, move, placed_on_host,
                       record_history, record_stream, release_sleep_staging, set_host_routing, reset_peak_stats, set_disposable, set_keep, sleep, wake,
                       set_memory_fraction, shutdown, snapshot, stats, synchronize)
 
-__all__ = ["CmaError", "CmaOutOfMemoryError", "advise", "apply_pytorch_settings", "backend_name", "device_of", "empty_cache", "forget_stream", "free", "host_stats", "host_view",
-           "history", "init", "last_placement_error", "library_path", "malloc", "mem_info", "memory_snapshot", "memory_stats", "move", "placed_on_host",
+__all__ = ["CmaError", "CmaOutOfMemoryError", "advise", "apply_pytorch_settings", "backend_name", "config", "device_of", "empty_cache", "forget_stream", "free", "host_stats", "host_view",
+           "history", "host_snapshot", "init", "last_placement_error", "library_path", "malloc", "mem_info", "memory_snapshot", "memory_stats", "move", "placed_on_host",
            "record_history", "record_stream", "release_sleep_staging", "set_host_routing", "reset_peak_stats", "set_disposable", "set_keep", "sleep", "wake",
            "set_memory_fraction",
            "shutdown", "snapshot", "stats", "synchronize"]

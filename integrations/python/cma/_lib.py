@@ -86,6 +86,7 @@ def lib():
                 "cma_host_stats_json": (vp, []),
                 "cma_last_placement_error": (vp, [i]),
                 "cma_snapshot_json": (vp, []),
+                "cma_host_snapshot_json": (vp, []),
                 "cma_config_json": (vp, []),
                 "cma_string_free": (None, [vp]),
                 "cma_symmetric_create": (vp, [i, ctypes.POINTER(i), ctypes.POINTER(i), i, i, i,
@@ -304,8 +305,11 @@ def stats(device=-1):
 
 
 def config():
-    """The configuration in force: {"config": text, "learn_step": bool,
-    "oversubscribe": bool}."""
+    """The configuration: {"config": text as the allocator was made,
+    "learn_step": bool, "oversubscribe": bool, "live": what it follows now,
+    PyTorch's settings of the shared keys included ({"config",
+    "max_split_size", "roundup_power2_divisions", "garbage_collection_threshold",
+    "segments", "pytorch_settings": the last string applied, ...}; cma_c.h)}."""
     return _json(lib().cma_config_json())
 
 
@@ -316,6 +320,13 @@ def host_stats():
 
 def snapshot():
     return _json(lib().cma_snapshot_json())
+
+
+def host_snapshot():
+    """The host pool's live allocations (CPU-side memory: managed CPU
+    tensors), by address: [{"address", "size", "requested_size", "state",
+    "stream", "location": "host" or "device N"}]."""
+    return _json(lib().cma_host_snapshot_json())
 
 
 def last_placement_error(device=0):
@@ -338,8 +349,10 @@ def memory_stats(device=-1):
 
 
 def memory_snapshot():
-    """Managed segments and symmetric allocations: {"managed": [...], "symmetric": [...]}."""
-    return {"managed": snapshot(), "symmetric": _json(lib().cma_symmetric_snapshot_json())}
+    """Managed segments, the host pool's allocations and symmetric allocations:
+    {"managed": [...], "host": [...], "symmetric": [...]}."""
+    return {"managed": snapshot(), "host": host_snapshot(),
+            "symmetric": _json(lib().cma_symmetric_snapshot_json())}
 
 
 def set_disposable(ptr, disposable=True):

@@ -374,3 +374,66 @@ def test_step_in_backward_is_bit_identical(impl):
     assert runs["inbwd"]["state_on_host"] > 0, runs["inbwd"]
     assert runs["inbwd"]["tail_state_bytes"] >= 32 << 20, runs["inbwd"]
     assert runs["inbwd_native"]["tail_state_bytes"] == 0, runs["inbwd_native"]
+
+
+def run_route_env(env, *args, timeout=300):
+    """settings_route.py in a fresh process with `env` added (settings read
+    at start need one)."""
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CMA_ALLOC_CONF")}
+    environ.update(env)
+    out = subprocess.run([sys.executable, os.path.join(HERE, "settings_route.py"), *args],
+                         capture_output=True, text=True, timeout=timeout, env=environ)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_pytorchs_settings_reach_cma_and_its_reports():
+    conf = "max_split_size_mb:256,roundup_power2_divisions:4"
+    r = run_route_env({"PYTORCH_CUDA_ALLOC_CONF": conf}, "settings")
+    RESULTS["settings"] = r
+    MiB = 1 << 20
+    start = r["start"]
+    # At start: cma's live config, getDeviceStats and the snapshot agree.
+    assert start["cma_max_split_size"] == 256 * MiB, r
+    assert start["stats_max_split_size"] == 256 * MiB, r
+    assert start["snapshot_max_split_size"] == 256 * MiB, r
+    assert start["cma_roundup"] == "4", r
+    assert set(start["snapshot_roundup"].values()) == {4}, r
+    assert start["cma_pytorch_settings"] == conf and start["snapshot_conf"] == conf, r
+    assert start["snapshot_expandable"] is True and start["snapshot_has_cma"], r
+    # torch.cuda.memory._set_allocator_settings (deprecated in 2.11: warns).
+    after = r["after_set"]
+    assert after["cma_max_split_size"] == 128 * MiB == after["stats_max_split_size"], r
+    assert after["snapshot_max_split_size"] == 128 * MiB, r
+    assert after["cma_gc"] == 0.6 and after["snapshot_gc"] == 0.6, r
+    assert after["cma_roundup"] == "0", r  # left out: CMA_ALLOC_CONF's (none)
+    # torch._C._accelerator_setAllocatorSettings (PyTorch's recommended setter).
+    acc = r["after_accelerator"]
+    assert acc["cma_roundup"] == "8" and set(acc["snapshot_roundup"].values()) == {8}, r
+    assert acc["stats_max_split_size"] == -1 and acc["snapshot_max_split_size"] == -1, r
+    assert acc["cma_pytorch_settings"] == "roundup_power2_divisions:8" == acc["snapshot_conf"], r
+    assert r["bogus_refused"] and r["after_bogus"] == acc, r
+    assert r["allocated_84k"] == 88 << 10, r
+
+
+def test_rfc_0023s_names():
+    r = run_route_env({}, "rfc")
+    RESULTS["rfc_0023_names"] = r
+    assert r["move_on_copy_default"] is False and r["enabled_before"] is False, r
+    assert r["enabled_after"] and r["cpu_tensor_in_snapshot"] == "host", r
+    assert r["to_copies_by_default"], r  # the RFC's flag is off until set
+    assert r["uvm_to_moves"] and r["uvm_to_values"], r
+    assert r["moved_tensor_in_snapshot"] == "device 0", r
+    assert r["move_on_copy_set"] and r["to_moves_when_set"], r
+    assert r["uvm_to_copies_other_tensors"], r
+    assert r["enabled_off"] is False and r["cpu_after_off_is_torchs"], r
+
+
+def test_host_allocations_are_marked_in_pytorchs_snapshot(tmp_path):
+    r = run_route_env({}, "host", str(tmp_path))
+    RESULTS["host_in_snapshot"] = r
+    assert r["tier_marked"] and r["resident_unmarked"], r
+    assert r["away_blocks"] == 1 and r["away_listed"], r
+    assert r["host_tier_bytes"] >= 64 << 20 and r["away_bytes"] >= 62 << 20, r
+    assert r["segment_plot_bytes"] > 1000 and r["sent_values"], r

@@ -13,6 +13,8 @@ Nothing is defined here; each name comes from the module that owns it:
                        snapshot, send_away, bring_back, memory_summary
   zero_copy_mode.py    zero_copy (the TorchFunctionMode of zero-copy .to())
   cpu_switch.py        managed_cpu (RFC-0023's switch) and its helpers
+  uvm.py               RFC-0023's own names: set_enabled_uvm, get_enabled_uvm,
+                       set_uvm_move_on_copy, enabled_uvm_move_on_copy, uvm_to
   _placement.py        host_tier
   training/hints.py    host_resident, step_in_backward, activation_offload, staged_step
   distributed.py       cma.torch.symmetric: symmetric tensors over torch.distributed
@@ -31,14 +33,18 @@ from cma.torch.memory import (advise, bring_back, forget_stream, last_placement_
                               prefetch, release_staging, send_away, sleep, snapshot, wake)
 from cma.torch.training.hints import (activation_offload, host_resident,
                                       staged_step, step_in_backward)
+from cma.torch.uvm import (enabled_uvm_move_on_copy, get_enabled_uvm, set_enabled_uvm,
+                          set_uvm_move_on_copy, uvm_to)
 from cma.torch.zero_copy_mode import zero_copy
 
 __all__ = ["ManagedBatches", "activation_offload", "advise", "bring_back", "empty_managed",
-           "forget_stream", "host_resident", "host_tier", "is_managed_cpu", "last_placement_error",
+           "enabled_uvm_move_on_copy", "forget_stream", "get_enabled_uvm", "host_resident",
+           "host_tier", "is_managed_cpu", "last_placement_error",
            "managed", "managed_cpu", "map_location", "mark_disposable", "mark_keep",
            "memory_stats", "memory_summary", "move", "move_counts", "pool", "prefer_host",
-           "prefetch", "release_staging", "send_away", "sleep", "snapshot", "staged_step",
-           "step_in_backward", "use_as_default", "wake", "zero_copy"]
+           "prefetch", "release_staging", "send_away", "set_enabled_uvm",
+           "set_uvm_move_on_copy", "sleep", "snapshot", "staged_step",
+           "step_in_backward", "use_as_default", "uvm_to", "wake", "zero_copy"]
 
 
 def __getattr__(name):

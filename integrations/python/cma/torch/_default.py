@@ -23,7 +23,7 @@ import warnings
 
 import torch
 
-from cma import _lib
+from cma import _lib, _torch_view
 from cma.torch import _patches
 from cma.torch._ext import build
 from cma.torch.training import learned, plan
@@ -61,34 +61,56 @@ def use_as_default(config=None):
 
 def _follow_pytorch_settings():
     """PyTorch's allocator settings reach cma: the environment's now (kept by
-    cma until its allocator exists), torch.cuda.memory._set_allocator_settings'
-    after PyTorch has parsed and accepted them. Only the keys both share act
-    (_lib.apply_pytorch_settings)."""
+    cma until its allocator exists), and at run time those of
+    torch._C._accelerator_setAllocatorSettings (PyTorch's recommended
+    setter, which goes straight to c10's AcceleratorAllocatorConfig and never
+    to the CUDAAllocator, so only a Python patch sees it) and of the
+    deprecated torch.cuda.memory._set_allocator_settings, after PyTorch has
+    parsed and accepted them, once per call (_torch_view.SettingsFollower).
+    Only the keys both share act (_lib.apply_pytorch_settings). Code that
+    bound either function before use_as_default() (`from torch._C import
+    _accelerator_setAllocatorSettings`) keeps PyTorch's own."""
     # PyTorch reads PYTORCH_ALLOC_CONF when it is set at all, else the older name.
     env = os.environ.get("PYTORCH_ALLOC_CONF", os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
     if env:
         _lib.apply_pytorch_settings(env)
+    _ACCELERATOR_SETTINGS.install()
     _SETTINGS.install()
+    _SNAPSHOT.install()
 
 
-def _following(original):
-    """torch.cuda.memory._set_allocator_settings, then the same settings to cma."""
-    if getattr(original, "_cma_follows", False):
-        return None
+_follower = _torch_view.SettingsFollower(_lib.apply_pytorch_settings)
 
-    def _set_allocator_settings(env):
-        result = original(env)
-        _lib.apply_pytorch_settings(env)
-        return result
-
-    _set_allocator_settings._cma_follows = True
-    _set_allocator_settings.__doc__ = original.__doc__
-    return _set_allocator_settings
-
-
+_ACCELERATOR_SETTINGS = _patches.register(
+    "torch._C._accelerator_setAllocatorSettings",
+    lambda: [(torch._C, "_accelerator_setAllocatorSettings")], _follower.wrap)
 _SETTINGS = _patches.register(
     "torch.cuda.memory._set_allocator_settings",
-    lambda: [(torch.cuda.memory, "_set_allocator_settings")], _following)
+    lambda: [(torch.cuda.memory, "_set_allocator_settings")], _follower.wrap)
+
+
+def _marking(original):
+    """torch.cuda.memory._snapshot with what cma placed on the host marked
+    (_torch_view.mark_snapshot: segments' "cma_on_host", blocks' "cma_away",
+    and the key "cma")."""
+    if getattr(original, "_cma_marks", False):
+        return None
+
+    def _snapshot(*args, **kwargs):
+        snap = original(*args, **kwargs)
+        return _torch_view.mark_snapshot(snap, _lib.snapshot(), _lib.host_snapshot(),
+                                         _lib.config())
+
+    _snapshot._cma_marks = True
+    _snapshot._cma_wraps = original
+    _snapshot.__doc__ = original.__doc__
+    return _snapshot
+
+
+# torch.cuda.memory._dump_snapshot looks _snapshot up in its module at call
+# time, so the pickle memory_viz opens carries the marks too.
+_SNAPSHOT = _patches.register(
+    "torch.cuda.memory._snapshot", lambda: [(torch.cuda.memory, "_snapshot")], _marking)
 
 
 def pool():

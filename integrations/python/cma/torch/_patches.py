@@ -10,7 +10,9 @@ False, so a replacement that consults it passes calls through). A patch
 made with restore="always" puts back what it found whatever is there now.
 
 The patches (registered by the modules that own them):
-  torch.cuda.memory._set_allocator_settings   _default.py: PyTorch's settings reach cma
+  torch._C._accelerator_setAllocatorSettings  _default.py: PyTorch's settings reach cma
+  torch.cuda.memory._set_allocator_settings    (the deprecated setter) likewise
+  torch.cuda.memory._snapshot                  _default.py: host-side marks (_torch_view)
   torch.Tensor.to / .cpu / .cuda               cpu_switch.py: moves under managed_cpu()
   torch.utils.data.DataLoader.__init__         dataloader.py: forkserver workers
   clip_grad_norm_ / clip_grad_value_,          training/step_in_backward.py: refused

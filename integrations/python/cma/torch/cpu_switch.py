@@ -79,6 +79,11 @@ class _Counts:
 
 _counts = _Counts()
 _on = False
+# RFC-0023's enabled_uvm_move_on_copy: while the switch is on, .to()/.cpu()/
+# .cuda() that change only the device are moves. managed_cpu() turns it on
+# with the switch (its documented behaviour); RFC-0023's names leave it off
+# until set_uvm_move_on_copy(True) (uvm.py).
+_move_on_copy = False
 
 
 def _move_or_copy(base, current):
@@ -109,10 +114,13 @@ def _method_patch(name, base):
 _METHODS = (_method_patch("to", _TO), _method_patch("cpu", _CPU), _method_patch("cuda", _CUDA))
 
 
-def managed_cpu(enabled=True):
+def managed_cpu(enabled=True, move_on_copy=True):
     """Turns the switch on (the default) or off; returns whether it was on.
-    Turning it on compiles cma's PyTorch extension on first use, as
-    use_as_default() does."""
+    `move_on_copy` (turning it on, or while it is on): .to(), .cpu() and
+    .cuda() that change only the device are moves (default); False leaves
+    them PyTorch's copies (RFC-0023's enabled_uvm_move_on_copy off; cma.torch.
+    uvm_to still moves). Turning it on compiles cma's PyTorch extension on
+    first use, as use_as_default() does."""
     global _on, _counts
     was = _on
     if enabled and _dataloader.in_bootstrap_process():
@@ -121,21 +129,62 @@ def managed_cpu(enabled=True):
         _dataloader.install()
         _lib.lib()
         build.build().cpu_on(_lib.library_path())
-        for patch in _METHODS:
-            patch.install()
         _counts = _Counts()
         _on = True
     elif not enabled and _on:
         build.build().cpu_off()
-        for patch in _METHODS:  # what was there, another patch included
+        for patch in _METHODS:  # what was there, another patch included; the flag kept
             patch.uninstall()
         _dataloader.uninstall()
         _on = False
+    if enabled and _on:
+        _set_moves(move_on_copy)
     return was
+
+
+def _set_moves(on):
+    """The .to()/.cpu()/.cuda() patches in place (on) or PyTorch's methods,
+    or another library's wrapper of them, back (off)."""
+    global _move_on_copy
+    _move_on_copy = bool(on)
+    for patch in _METHODS:
+        if on:
+            patch.install()
+        else:
+            patch.uninstall()  # what was there, another patch included
 
 
 def is_managed_cpu():
     return _on
+
+
+def set_move_on_copy(enabled):
+    """RFC-0023's set_uvm_move_on_copy: whether .to()/.cpu()/.cuda() that
+    change only the device are moves while the switch is on; kept for the
+    next time it is turned on through set_enabled_uvm (uvm.py)."""
+    global _move_on_copy
+    if _on:
+        _set_moves(enabled)
+    else:
+        _move_on_copy = bool(enabled)
+
+
+def move_on_copy():
+    """Whether .to()/.cpu()/.cuda() that change only the device are moves
+    (now, while the switch is on; else once set_enabled_uvm turns it on)."""
+    return _move_on_copy
+
+
+def move_or_copy(tensor, device, non_blocking=False):
+    """tensor.to(device) as the switch with moves does it, whatever the switch
+    and the flag: a move where the tensor owns a whole cma allocation (the
+    rules of zero_copy_mode.py), else PyTorch's copy. RFC-0023's uvm_to."""
+    if not torch.compiler.is_compiling():
+        out = _zc._zero_copy(_TO, (tensor, device), {"non_blocking": non_blocking},
+                             wait_for_device=True)
+        if out is not None:
+            return out
+    return _TO(tensor, device, non_blocking=non_blocking)
 
 
 def move_counts():

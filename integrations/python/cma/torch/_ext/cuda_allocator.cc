@@ -59,6 +59,12 @@ void FillStatArray(const StatMap& m, const std::string& name, c10::CachingAlloca
   }
 }
 
+cma_live_settings_info LiveSettings(const char* method) {
+  cma_live_settings_info s{};
+  if (api.live_settings(&s) != 0) Fail(method);
+  return s;
+}
+
 CmaCudaAllocator* g_allocator = nullptr;
 
 void Delete(void* ptr) { g_allocator->DeleteFromDataPtr(ptr); }
@@ -236,6 +242,7 @@ void LoadApi(const std::string& library) {
   Resolve(h, "cma_pool_set_options", loaded.pool_set_options);
   Resolve(h, "cma_pool_empty_cache", loaded.pool_empty_cache);
   Resolve(h, "cma_pool_check_live", loaded.pool_check_live);
+  Resolve(h, "cma_live_settings", loaded.live_settings);
   Resolve(h, "cma_pool_checkpoint_take", loaded.pool_checkpoint_take);
   Resolve(h, "cma_pool_checkpoint_free", loaded.pool_checkpoint_free);
   Resolve(h, "cma_pool_checkpoint_restore", loaded.pool_checkpoint_restore);

@@ -96,6 +96,7 @@ struct Api {
   int (*pool_set_options)(int, unsigned long long, unsigned long long, int, int);
   int (*pool_empty_cache)(int, unsigned long long, unsigned long long);
   int (*pool_check_live)(int, unsigned long long, unsigned long long, void* const*, size_t);
+  int (*live_settings)(cma_live_settings_info*);
   cma_pool_checkpoint* (*pool_checkpoint_take)(int, unsigned long long, unsigned long long);
   void (*pool_checkpoint_free)(cma_pool_checkpoint*);
   int (*pool_checkpoint_restore)(const cma_pool_checkpoint*, cma_pool_ptr_fn, cma_pool_ptr_fn,
@@ -117,6 +118,10 @@ using StatMap = std::unordered_map<std::string, int64_t>;
 StatMap Stats(int device);
 int64_t Get(const StatMap& m, const std::string& key);
 void FillStatArray(const StatMap& m, const std::string& name, c10::CachingAllocator::StatArray& a);
+// The settings cma follows now (cma_live_settings: CMA_ALLOC_CONF's, with
+// PyTorch's settings of the keys both share as last applied); raises naming
+// `method` if cma cannot say.
+cma_live_settings_info LiveSettings(const char* method);
 
 // One live allocation, remembered only while history, a tracker or the
 // memory profiler wants it.
@@ -271,7 +276,11 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
     s.num_sync_all_streams = Get(m, "num_sync_all_streams");
     s.num_device_alloc = Get(m, "num_device_alloc");
     s.num_device_free = Get(m, "num_device_free");
-    s.max_split_size = -1;  // cma splits any block (PyTorch reports SIZE_MAX this way)
+    // cma's live max_split_size (PYTORCH_CUDA_ALLOC_CONF's or
+    // _set_allocator_settings' when they set it); unlimited (SIZE_MAX) is
+    // -1, as PyTorch's own allocator reports it.
+    const size_t max_split = LiveSettings("getDeviceStats").max_split_size;
+    s.max_split_size = max_split == SIZE_MAX ? -1 : static_cast<int64_t>(max_split);
     return s;
   }
   void resetAccumulatedStats(c10::DeviceIndex device) override {

@@ -251,10 +251,22 @@ cca::SnapshotInfo CmaCudaAllocator::snapshot(Pool pool, bool include_traces) {
     if (b->own_segment) x->open = false;
   };
   if (api.snapshot_visit(on_segment, on_block, &ctx) != 0) Fail("snapshot");
-  ctx.info.config_metadata.garbage_collection_threshold = 0;
-  ctx.info.config_metadata.max_split_size = SIZE_MAX;
-  ctx.info.config_metadata.expandable_segments = false;
-  ctx.info.config_metadata.last_allocator_settings = "caching_managed_allocator";
+  // The settings cma follows now (torch.cuda.memory._snapshot()'s
+  // "allocator_settings"): the keys cma shares with PyTorch as
+  // PYTORCH_CUDA_ALLOC_CONF or the last _set_allocator_settings /
+  // _accelerator_setAllocatorSettings left them, else CMA_ALLOC_CONF's; the
+  // last settings string cma applied ("" if none); expandable_segments: cma's
+  // arenas (segments:arena), which each segment's is_expandable reports too.
+  // PyTorch's pinned-memory keys are its own host allocator's: left as they
+  // are.
+  const cma_live_settings_info live = LiveSettings("snapshot");
+  auto& config = ctx.info.config_metadata;
+  config.garbage_collection_threshold = live.garbage_collection_threshold;
+  config.max_split_size = live.max_split_size;
+  config.expandable_segments = live.is_arena != 0;
+  config.last_allocator_settings = live.pytorch_settings;
+  config.roundup_power2_divisions.assign(
+      live.roundup_power2_divisions, live.roundup_power2_divisions + CMA_ROUNDUP_INTERVALS);
   if (include_traces) {
     const int devices = std::max(device_count_.load(), 1);
     ctx.info.device_traces.resize(devices);
