@@ -38,8 +38,19 @@ STARTED = time.monotonic()  # a script's --budget counts from here: its preparat
 
 # ---------------------------------------------------------------- routes
 
+def base_route(route):
+    """A route's allocator: "cma+mempool" is cma's, inside a torch.cuda.MemPool."""
+    return route.split("+", 1)[0]
+
+
+def in_mempool(route):
+    """Whether the route's loop runs under torch.cuda.use_mem_pool(torch.cuda.MemPool())."""
+    return route.endswith("+mempool")
+
+
 def route_env(route, base=None):
     """The environment a route's process starts with."""
+    route = base_route(route)
     env = dict(os.environ if base is None else base)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     if route == "expandable":
@@ -52,6 +63,8 @@ def route_env(route, base=None):
 
 def install(route):
     """In a route's process, before anything initialises CUDA."""
+    if in_mempool(route) and base_route(route) in ("native", "expandable", "cma"):
+        route = base_route(route)
     if route not in ("native", "expandable", "cma", "cma_pool"):
         raise SystemExit("unknown route %r" % route)
     if route == "expandable" and "expandable_segments:True" not in os.environ.get(

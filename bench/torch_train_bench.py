@@ -10,6 +10,8 @@ autocast, deterministic kernels.
   cma          cma.torch.use_as_default()
   cma_pool     cma.torch.pool() under torch.cuda.use_mem_pool (not run
                unless named in --routes)
+  R+mempool    route R (native, expandable, cma) with the loop inside
+               torch.cuda.use_mem_pool(torch.cuda.MemPool()) (named in --routes)
 
 Reported per route, medians over rounds, with ratios to native and to
 expandable: step time (median of the steps after warm-up), device physical
@@ -93,9 +95,12 @@ def run_route(a):
         torch.cuda.synchronize()
         lowest[0] = min(lowest[0], torch.cuda.mem_get_info()[0])
 
-    if route == "cma_pool":
-        import cma.torch as cmat
-        pool = cmat.pool()
+    if route == "cma_pool" or torch_routes.in_mempool(route):
+        if route == "cma_pool":
+            import cma.torch as cmat
+            pool = cmat.pool()
+        else:
+            pool = torch.cuda.MemPool()
         with torch.cuda.use_mem_pool(pool):
             losses, times = train(a.steps, sample)
     else:

@@ -437,3 +437,15 @@ def test_host_allocations_are_marked_in_pytorchs_snapshot(tmp_path):
     assert r["away_blocks"] == 1 and r["away_listed"], r
     assert r["host_tier_bytes"] >= 64 << 20 and r["away_bytes"] >= 62 << 20, r
     assert r["segment_plot_bytes"] > 1000 and r["sent_values"], r
+
+
+def test_memory_plots_name_a_freed_tensor_in_a_fresh_process():
+    # PyTorch's TestCudaMallocAsync.test_memory_plots, run alone: the plots
+    # drop freed allocations' events, so only a free block's last request
+    # still names the size.
+    runs = {r: run_script("memory_plots_route.py", r) for r in ("native", "cma")}
+    RESULTS["memory_plots"] = runs
+    for r in ("native", "cma"):
+        for run in runs[r]["runs"]:
+            assert run["size_named"], runs
+            assert run["maker_named"] == (run["context"] is not None), runs

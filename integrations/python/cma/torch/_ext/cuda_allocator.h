@@ -42,6 +42,7 @@
 #include <cstdlib>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -388,7 +389,10 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
       annotations_.clear();
     }
     history_on_.store(enabled);
-    if (!enabled && trackers_.empty()) live_.clear();
+    if (!enabled && trackers_.empty()) {
+      live_.clear();
+      freed_.clear();
+    }
   }
   bool isHistoryEnabled() override { return history_on_.load(); }
 
@@ -596,6 +600,11 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   std::vector<std::string> compile_context_;
   std::string user_metadata_;
   std::unordered_map<void*, Live> live_;
+  // While tracking, each free block's last requested size by address, with
+  // the order of its free: PyTorch's snapshot shows a free block's last
+  // request (memory_viz's tests look for it); cma's core forgets it.
+  std::map<size_t, std::pair<size_t, uint64_t>> freed_;
+  uint64_t free_order_ = 0;
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
   std::vector<c10::CachingDeviceAllocator::AllocatorTraceTracker> trackers_;
   c10::ApproximateClockToUnixTimeConverter clock_;

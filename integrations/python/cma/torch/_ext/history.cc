@@ -51,6 +51,7 @@ void CmaCudaAllocator::RecordAlloc(void* p, size_t n, c10::DeviceIndex device,
   }
   std::lock_guard<std::mutex> l(mu_);
   live_[p] = Live{n, device, stream, ctx};
+  freed_.erase(reinterpret_cast<size_t>(p));
   if (grew > 0) {
     // The pages this allocation populated (from the first page it covers;
     // another thread's allocation in between may add to `grew`), as
@@ -73,6 +74,10 @@ void CmaCudaAllocator::RecordFree(void* p) {
   if (it == live_.end()) return;  // allocated before tracking began
   const Live live = it->second;
   live_.erase(it);
+  // Bounded: past it, free blocks show no last request (as cma's core).
+  constexpr size_t kMaxFreed = size_t{1} << 16;
+  if (freed_.size() >= kMaxFreed) freed_.clear();
+  freed_[reinterpret_cast<size_t>(p)] = {live.size, ++free_order_};
   if (c10::memoryProfilingEnabled()) {
     c10::reportMemoryUsageToProfiler(p, -static_cast<int64_t>(live.size), 0, 0,
                                      c10::Device(c10::DeviceType::CUDA, live.device));
@@ -199,12 +204,14 @@ cca::SnapshotInfo CmaCudaAllocator::snapshot(Pool pool, bool include_traces) {
     Pool pool;
     cca::SnapshotInfo info;
     std::unordered_map<void*, std::shared_ptr<c10::GatheredContext>> contexts;
+    std::map<size_t, std::pair<size_t, uint64_t>> freed;
     cma_segment_info current;  // the cma segment whose blocks are being visited
     bool open;                 // info.segments.back() continues with the next block
-  } ctx{this, pool, {}, {}, {}, false};
+  } ctx{this, pool, {}, {}, {}, {}, false};
   {
     std::lock_guard<std::mutex> l(mu_);
     for (const auto& [p, live] : live_) ctx.contexts.emplace(p, live.context);
+    ctx.freed = freed_;
   }
   auto on_segment = [](void* c, const cma_segment_info* s) {
     auto* x = static_cast<Ctx*>(c);
@@ -238,6 +245,18 @@ cca::SnapshotInfo CmaCudaAllocator::snapshot(Pool pool, bool include_traces) {
     info.size = b->size;
     info.requested_size = b->requested_size;
     info.allocated = b->allocated != 0;
+    if (!info.allocated) {
+      // PyTorch merges freed neighbours into the block freed last, which
+      // keeps its request: the last free inside this one, if tracked.
+      uint64_t last = 0;
+      for (auto f = x->freed.lower_bound(b->address);
+           f != x->freed.end() && f->first < b->address + b->size; ++f) {
+        if (f->second.second > last) {
+          last = f->second.second;
+          info.requested_size = f->second.first;
+        }
+      }
+    }
     info.active = b->active != 0;
     auto it = x->contexts.find(reinterpret_cast<void*>(b->address));
     if (info.allocated && it != x->contexts.end()) info.context_when_allocated = it->second;
