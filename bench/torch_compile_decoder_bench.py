@@ -33,6 +33,8 @@ On the GPU machine, from a folder made by bench/gpu/package.sh:
 writes OUT/torch_decoder.json and OUT/torch_decoder.txt (the table). Before
 the rounds one untimed native process fills inductor's cache, so that no
 measured process compiles from nothing. --quick: one round, a small model.
+A route R+mempool (native, expandable or cma, named in --routes) serves
+inside torch.cuda.use_mem_pool(torch.cuda.MemPool()).
 """
 import argparse
 import hashlib
@@ -178,6 +180,12 @@ def route_main(a):
     except (AttributeError, TypeError):  # not a Python class here: the count is unknown
         captures[0] = None
     max_len = max(cfg["prompts"]) + cfg["new_tokens"]
+    if torch_routes.in_mempool(a.route):
+        # Serving inside a user's MemPool: everything this thread allocates
+        # from here on (weights, cache, the graphs' inputs) is the pool's,
+        # while cudagraph trees record into pools of their own.
+        mempool = torch.cuda.MemPool()
+        torch.cuda.use_mem_pool(mempool).__enter__()  # for the process's life
     model = build(torch, cfg, max_len)
     constants_at_start = constants_digest(torch, model)
     step = torch.compile(model, mode="reduce-overhead", dynamic=False, fullgraph=True)
@@ -245,7 +253,7 @@ def route_main(a):
         problems.append("only %d CUDA graphs captured (expected %d shapes)" % (
             captures[0], len(cfg["prompts"]) + 1))
     counters = None
-    if a.route == "cma":  # what cma did to pages, to set beside the token check
+    if torch_routes.base_route(a.route) == "cma":  # what cma did to pages, to set beside the token check
         try:
             from cma import _lib as cma_lib
             st = cma_lib.stats(0)

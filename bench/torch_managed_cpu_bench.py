@@ -28,7 +28,11 @@ so that its host memory is its own; the parent prints one JSON document.
               thread (ManagedBatches' copy_threads; pinned_tN: the pinned
               pipeline with its copy split the same way). Each result has a
               profile: per batch, the main thread's wait and .to(), the GPU's
-              time, the pin-memory thread's, and the workers'.
+              time, the pin-memory thread's, and the workers'. switch: the
+              first hour's code under cma.torch.managed_cpu(): the dataset's
+              base image made in the parent under the switch, a DataLoader
+              with default arguments (no pin_memory, default collate and
+              start method) and .to("cuda").
 
 Host memory: the drop of the host's MemAvailable from before the variant to
 its steady state (the process's own memory, pinned and managed included),
@@ -262,7 +266,13 @@ def loader(variant, batches, batch_size, workers, side):
     import torch.utils.data._utils.pin_memory as pin_module
     avail0 = mem_available()
     kind, threads = _threads_of(variant)
-    if kind.startswith("cma"):
+    dataset = Images(batches * batch_size + 8 * batch_size, side)
+    pin = True
+    if kind == "switch":
+        _cma_on()
+        dataset.base = torch.rand(3, side, side)  # cma memory, read by the workers
+        collate, pin = torch.utils.data.default_collate, False
+    elif kind.startswith("cma"):
         cmat = _cma_on()
         extra = {} if threads is None else {"copy_threads": threads}
         collate = cmat.ManagedBatches(map=kind == "cma_map", **extra)
@@ -286,10 +296,10 @@ def loader(variant, batches, batch_size, workers, side):
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 7, stride=2, padding=3), torch.nn.ReLU(),
                                 torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
                                 torch.nn.Linear(64, 1000)).cuda()
-    data = torch.utils.data.DataLoader(Images(batches * batch_size + 8 * batch_size, side),
-                                       batch_size=batch_size, num_workers=workers,
-                                       pin_memory=True, collate_fn=_TimedCollate(collate),
-                                       prefetch_factor=4, persistent_workers=False)
+    extra = {} if kind == "switch" else {"prefetch_factor": 4, "persistent_workers": False}
+    data = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers,
+                                       pin_memory=pin, collate_fn=_TimedCollate(collate),
+                                       **extra)
     seen, start, peak_used = 0, None, 0
     checksum = 0.0
     waits, to_s, gpu = [], [], []
