@@ -5,7 +5,7 @@
 # (000e43cd, 313,414 characters) could not be brought here; this is PyTorch
 # 2.6.0's test/test_cuda.py from Debian's source package pytorch
 # 2.6.0+dfsg-7 (221,448 bytes, sha256 d243b160...087fb), carried in
-# bench/torch_conformance/upstream/ (ignored by git). Each MemPool, memory
+# bench/torch_conformance/upstream/v2_6_0/test_cuda.py (ignored by git). Each MemPool, memory
 # plot, allocator-settings and graph-statistics test alone in a fresh
 # process, then the allocator-facing selection in one process, both routes.
 set -u
@@ -16,7 +16,7 @@ d=/tmp/new; mkdir -p $d; cp -r $R/integrations/python/cma $d/
 mkdir -p $d/cma/include && cp $R/integrations/c/cma_c.h $d/cma/include/
 cp $R/.gpu47/lib/* $d/cma/
 export PYTHONPATH=$d CMA_LIBRARY=$d/cma/libcma.so TORCH_EXTENSIONS_DIR=/tmp/ext_new
-F=$R/bench/torch_conformance/upstream/test_cuda_2.6.0.py
+F=$R/bench/torch_conformance/upstream/v2_6_0/test_cuda.py
 sha256sum $F
 cd $R/bench
 python3 torch_conformance/run_conformance.py --out $OUT/each --test-file $F --routes native,cma \
