@@ -32,7 +32,7 @@ so that its host memory is its own; the parent prints one JSON document.
               first hour's code under cma.torch.managed_cpu(): the dataset's
               base image made in the parent under the switch, a DataLoader
               with default arguments (no pin_memory, default collate and
-              start method) and .to("cuda").
+              start method: cma chooses forkserver and pins) and .to("cuda").
 
 Host memory: the drop of the host's MemAvailable from before the variant to
 its steady state (the process's own memory, pinned and managed included),
@@ -271,7 +271,7 @@ def loader(variant, batches, batch_size, workers, side):
     if kind == "switch":
         _cma_on()
         dataset.base = torch.rand(3, side, side)  # cma memory, read by the workers
-        collate, pin = torch.utils.data.default_collate, False
+        collate = torch.utils.data.default_collate
     elif kind.startswith("cma"):
         cmat = _cma_on()
         extra = {} if threads is None else {"copy_threads": threads}
@@ -296,10 +296,12 @@ def loader(variant, batches, batch_size, workers, side):
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 7, stride=2, padding=3), torch.nn.ReLU(),
                                 torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
                                 torch.nn.Linear(64, 1000)).cuda()
-    extra = {} if kind == "switch" else {"prefetch_factor": 4, "persistent_workers": False}
+    # The switch's loader passes what the first hour's code passes: no
+    # pin_memory, prefetch or worker choice (cma decides those it must).
+    extra = {} if kind == "switch" else {"prefetch_factor": 4, "persistent_workers": False,
+                                         "pin_memory": pin}
     data = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers,
-                                       pin_memory=pin, collate_fn=_TimedCollate(collate),
-                                       **extra)
+                                       collate_fn=_TimedCollate(collate), **extra)
     seen, start, peak_used = 0, None, 0
     checksum = 0.0
     waits, to_s, gpu = [], [], []

@@ -1,6 +1,6 @@
 """A DataLoader with default arguments under cma's CPU switch (issue 50):
 a Dataset made of tensors created after managed_cpu(), read by 2 and 8
-workers with no start method chosen. Forked workers cannot read managed
+workers with no start method chosen; their batches come pinned. Forked workers cannot read managed
 memory (they died with SIGSEGV); the switch now starts them with
 forkserver. The script is deliberately unguarded at module level, as users
 write it: forkserver's server imports it as __mp_main__, where the switch
@@ -60,6 +60,7 @@ def main():
             seen += y.numel()
         out[f"workers_{workers}"] = {
             "context": loader.multiprocessing_context.get_start_method(),
+            "pinned": loader.pin_memory and x.is_pinned(),
             "ok": seen == n and abs(got - want) < 1e-6 * max(1.0, abs(want)),
             "seconds": round(time.perf_counter() - start, 3)}
     # A global read by workers: the server's copy, made with the switch off.
@@ -83,7 +84,13 @@ def main():
     except ValueError as e:
         out["bad_opt_out_refused"] = "CMA_DATALOADER_START" in str(e)
     del os.environ["CMA_DATALOADER_START"]
-    checks = [out["switch_on_in_main"], out["dataset_is_managed"], out["workers_2"]["ok"],
+    # Batches are pinned unless the caller chose, or opted out.
+    chosen = torch.utils.data.DataLoader(dataset, num_workers=2, pin_memory=False)
+    os.environ["CMA_DATALOADER_PIN"] = "0"
+    unpinned = torch.utils.data.DataLoader(dataset, num_workers=2)
+    del os.environ["CMA_DATALOADER_PIN"]
+    out["pin_choice_kept"] = not chosen.pin_memory and not unpinned.pin_memory
+    checks = [out["workers_2"]["pinned"], out["workers_8"]["pinned"], out["pin_choice_kept"],out["switch_on_in_main"], out["dataset_is_managed"], out["workers_2"]["ok"],
               out["workers_8"]["ok"], out["workers_2"]["context"] == "forkserver",
               out["module_level_table_read"], out["explicit_fork_kept"],
               out["switch_off_leaves_default"], out["opt_out_keeps_default"],
