@@ -3,7 +3,7 @@
 # fuzz of the core after this session's pool change, spread over the cores
 # (fuzz/parallel_fuzz.sh): 7 libFuzzer targets for 340 s each on a core of
 # their own, the arena checker's random seeds on the other 9. Binaries:
-# fuzz/build_fuzzers.sh /tmp/fuzzbin here (the core as of 14078c9, unchanged since;
+# fuzz/build_fuzzers.sh /tmp/fuzzbin here (the core of d8d8e1b: 14078c9 and 717c6ef, unchanged since;
 # ASAN+UBSAN, debug info stripped), carried as .gpu47/fuzzbin.tar.xz.
 set -u
 cd "$(dirname "$0")/../../.."
