@@ -434,7 +434,13 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
   }
   const Location here = Location::Device(device_);
   // Everything comes back, also what was sent away while asleep (its inner
-  // pages, wherever the block's own placement says it is).
+  // pages, wherever the block's own placement says it is): after the work
+  // on each such block's stream (a discard of its pages may be queued
+  // there), whatever its placement.
+  absl::flat_hash_set<Stream> owners;
+  for (auto& [addr, b] : allocated_) {
+    if (b->away && b->stream != stream) owners.insert(b->stream);
+  }
   std::vector<Range> migrate = CountBackAll(), repopulate;
   std::vector<StagedPart> parts;
   std::size_t bytes = 0;
@@ -466,7 +472,6 @@ absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
   // A block's stream may have a discard of its pages still queued (the
   // cache's idle pages released by the Sleep): the wake waits for those
   // streams too before it populates.
-  absl::flat_hash_set<Stream> owners;
   for (auto& [addr, b] : allocated_) {
     if (!(b->placed && b->location == here) && b->segment->placeable() && b->stream != stream) {
       owners.insert(b->stream);

@@ -52,6 +52,7 @@ for ((c = ${#fuzzers[@]}; c < cores; ++c)); do checker_loop "$c" & done
 wait
 
 found=0
+summary="$log_dir/summary.txt"
 {
   echo "parallel_fuzz: $(date -u +%FT%TZ), ${seconds} s on ${cores} cores"
   printf '%-13s %12s %11s %8s\n' fuzzer execs new_entries artifacts
@@ -59,14 +60,18 @@ found=0
     execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log_dir/fuzzers/$name.log" |
             tail -1 | grep -o '[0-9]*$')
     arts=$(ls "$log_dir/artifacts/$name" | wc -l)
-    [[ $arts -eq 0 ]] || found=1
     printf '%-13s %12s %11s %8s\n' "$name" "${execs:-?}" "$(ls "$log_dir/work/$name" | wc -l)" \
       "$arts"
   done
   seeds=$(cat "$log_dir"/checker/passed.* 2>/dev/null | wc -l)
-  failed=$(wc -l <"$log_dir/checker/failures" 2>/dev/null || echo 0)
-  [[ $failed -eq 0 ]] || found=1
-  echo "arena checker: $seeds seeds passed, $failed failed (${steps} steps each)"
-  [[ $failed -eq 0 ]] || sed 's/^/  failed: /' "$log_dir/checker/failures"
-} | tee "$log_dir/summary.txt"
+  touch "$log_dir/checker/failures"
+  echo "arena checker: $seeds seeds passed, $(wc -l <"$log_dir/checker/failures") failed" \
+    "(${steps} steps each)"
+  sed 's/^/  failed: /' "$log_dir/checker/failures"
+} >"$summary"
+cat "$summary"
+# Anything found: an artifact of a fuzzer or a failed seed.
+if [[ -n $(find "$log_dir/artifacts" -type f) || -s "$log_dir/checker/failures" ]]; then
+  found=1
+fi
 exit "$found"
