@@ -102,7 +102,9 @@ TEST_F(MemPoolArenaReviewTest, AReleasedCapturedPoolsArenaIsNeverGivenBackByNeed
   absl::StatusOr<void*> p = alloc_->Allocate(400 * kMiB, 0, s2_);
   EXPECT_TRUE(p.ok()) << "a released, wholly free pool's memory was not given back: "
                       << p.status();
-  if (p.ok()) ASSERT_TRUE(alloc_->Free(*p).ok());
+  if (p.ok()) {
+    ASSERT_TRUE(alloc_->Free(*p).ok());
+  }
   ASSERT_TRUE(alloc_->EmptyCache().ok());
   EXPECT_EQ(Reserved(), 0);
 }
@@ -121,6 +123,86 @@ TEST_F(MemPoolArenaReviewTest, AReleasedCapturedPoolsArenaOutlivesASleep) {
   ASSERT_TRUE(alloc_->Sleep(0, s1_).ok());
   EXPECT_EQ(Reserved(), 0) << "a Sleep left a released pool's memory on the device";
   ASSERT_TRUE(alloc_->Wake(0, s1_).ok());
+}
+
+
+// A captured pool's arena pins its idle pages, yet they still count in
+// idle_pages_, which every room check takes as discardable:
+// CheckRoomToBringBack (the check pass of a BringBack over several devices)
+// promises room that MakeRoomToBringBack then cannot make. BringBack checks
+// every device before any moves ("changes nothing if one fails"); here
+// device 0's allocation comes back and the call fails on device 1.
+TEST_F(MemPoolArenaReviewTest, PinnedPoolPagesCountAsIdleSoBringBackMovesHalfABatch) {
+  Remake("", 2);
+  const Stream d1 = *backend_->CreateStream(1);
+  ASSERT_TRUE(alloc_->SetMemoryFraction(0.5, 1).ok());  // device 1: 512 MiB
+  void* on0 = Alloc(100 * kMiB, 0, s1_);
+  void* on1 = Alloc(200 * kMiB, 1, d1);
+  ASSERT_TRUE(alloc_->SendAway({on0}, s1_).ok());
+  ASSERT_TRUE(alloc_->SendAway({on1}, d1).ok());
+  // Device 1's pool: a warm-up (not a capture) grows it by an arena, then a
+  // capture pins its 400 MiB of idle pages.
+  PoolContextOptions not_a_capture;
+  not_a_capture.not_a_capture = true;
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(1, kPool, nullptr, not_a_capture).ok());
+  void* warm = Alloc(400 * kMiB, 1, d1);
+  ASSERT_TRUE(alloc_->Free(warm).ok());
+  ASSERT_TRUE(alloc_->EndAllocateToPool(1, kPool).ok());
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(1, kPool, Only(d1)).ok());
+  ASSERT_TRUE(alloc_->EndAllocateToPool(1, kPool).ok());
+  const std::int64_t away0 = Stats(0).away_bytes[kAllPools].current;
+  ASSERT_GT(away0, 0);
+  absl::Status s = alloc_->BringBack({on0, on1}, kDefaultStream);
+  EXPECT_FALSE(s.ok()) << "device 1 cannot hold it: only pinned pages are idle";
+  EXPECT_EQ(Stats(0).away_bytes[kAllPools].current, away0)
+      << "a failed BringBack moved device 0's allocation back: " << s;
+  ASSERT_TRUE(backend_->CompleteWork(d1).ok());
+  ASSERT_TRUE(alloc_->Free(on0).ok());
+  ASSERT_TRUE(alloc_->Free(on1).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(1, kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(1, kPool).ok());
+  ASSERT_TRUE(backend_->CompleteWork(d1).ok());
+}
+
+// Probe (passes: recorded as sound): an arena pool captured later, lookups
+// switching kinds, checkpoints, use_on_oom lending and no_split toggled.
+TEST_F(MemPoolArenaReviewTest, SoundProbeArenaPoolThenCapturedKindsCheckpointsLending) {
+  ASSERT_TRUE(alloc_->CreateOrIncrefPool(0, kPool).ok());
+  BeginNotACapture(kPool);
+  std::vector<void*> live;
+  for (std::size_t n : {std::size_t{512}, std::size_t{4096}, 3 * kMiB, std::size_t{700000}, 12 * kMiB})
+    live.push_back(Alloc(n, 0, s1_));
+  ASSERT_TRUE(alloc_->Free(live[1]).ok());
+  ASSERT_TRUE(alloc_->Free(live[3]).ok());
+  ExpectInvariants();
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  absl::StatusOr<PoolCheckpoint> cp = alloc_->TakePoolCheckpoint(0, kPool);
+  ASSERT_TRUE(cp.ok()) << cp.status();
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, Only(s1_)).ok());  // captured now
+  void* small = Alloc(4096, 0, s1_);
+  void* large = Alloc(2 * kMiB, 0, s1_);
+  ASSERT_TRUE(alloc_->Free(small).ok());
+  ASSERT_TRUE(alloc_->Free(large).ok());
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  ExpectInvariants();
+  absl::StatusOr<PoolRestoreResult> r = alloc_->RestorePoolCheckpoint(*cp);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ExpectInvariants();
+  ASSERT_TRUE(alloc_->SetPoolOptions(0, kPool, PoolOptions{true, true}).ok());
+  BeginNotACapture(kPool);
+  void* whole = Alloc(4096, 0, s1_);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(0, kPool).ok());
+  ExpectInvariants();
+  ASSERT_TRUE(alloc_->Free(whole).ok());
+  for (const PoolAllocation& a : r->created) ASSERT_TRUE(alloc_->Free(a.ptr).ok());
+  ExpectInvariants();
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(0, kPool).ok());
+  ASSERT_TRUE(alloc_->EmptyPoolCache(0, kPool).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0);
 }
 
 }  // namespace
