@@ -80,21 +80,24 @@ absl::Status DeviceAllocator::MakeRoomForPages(const Block* b, std::size_t bytes
   if (fresh == 0) return absl::OkStatus();  // the steady state: popcounts, no walk
   // The range lies in free block b: a page of it is in use only as the edge
   // page of a neighbour.
+  // (A captured pool's idle pages are never discarded: they count as live
+  // already, and reusing them changes nothing here.)
   std::size_t reused = 0;
-  for (std::size_t p = first; p <= last; ++p) {
+  for (std::size_t p = first; p <= last && !seg->pinned; ++p) {
     reused += seg->pages.populated(p) && seg->pages.edge_users(p) == 0;
   }
   const std::size_t budget_pages = budget_ / kPageSize;
   const std::size_t keep_lo = seg->base + first * kPageSize;
   const std::size_t keep_hi = seg->base + (last + 1) * kPageSize;
-  const std::size_t live_after = populated_pages() - idle_pages_ + fresh + reused;
+  const std::size_t discardable = idle_pages_ - pinned_idle_pages_;
+  const std::size_t live_after = populated_pages() - discardable + fresh + reused;
   std::size_t discard =
-      everything ? idle_pages_
-                 : IdlePagesToDiscard(*config_, populated_pages(), idle_pages_ - reused, fresh,
+      everything ? discardable
+                 : IdlePagesToDiscard(*config_, populated_pages(), discardable - reused, fresh,
                                       live_after, peak_live_pages_, budget_pages);
   if (discard > 0 && !quiet()) DiscardIdlePages(discard, keep_lo, keep_hi, &stream);
-  // Wholly free segments of released pools (their own, not arenas) hold
-  // reserved memory whole: out of room, they go too.
+  // Wholly free segments of released pools (classic ones, captured pools'
+  // arenas) hold reserved memory whole: out of room, they go too.
   if (everything && !quiet() && populated_pages() + fresh > budget_pages) {
     ReleaseIdleSegments((populated_pages() + fresh - budget_pages) * kPageSize, 0,
                         /*classic_only=*/true);
@@ -142,6 +145,7 @@ void DeviceAllocator::AcquirePages(Block* b, bool all_populated) {
   }
   if (last != first) touch_edge(last);
   idle_pages_ -= reused_idle;
+  if (seg->pinned) pinned_idle_pages_ -= reused_idle;
   stats_.idle_populated_bytes -= static_cast<std::int64_t>(reused_idle * kPageSize);
   if (fresh != 0) {
     stats_.num_pages_populated += static_cast<std::int64_t>(fresh);
@@ -165,6 +169,7 @@ void DeviceAllocator::ReleasePages(Block* b) {
   if (last > first + 1 && !b->away) idle += last - first - 1;
   if (last != first) untouch_edge(last);
   idle_pages_ += idle;
+  if (seg->pinned) pinned_idle_pages_ += idle;
   stats_.idle_populated_bytes += static_cast<std::int64_t>(idle * kPageSize);
 }
 
@@ -311,6 +316,7 @@ void DeviceAllocator::ForgetIdlePage(Segment* seg, std::size_t page) {
   }
   UpdateStat(stats_.reserved_bytes, kind, -static_cast<std::int64_t>(kPageSize));
   --idle_pages_;
+  if (seg->pinned) --pinned_idle_pages_;
   stats_.idle_populated_bytes -= static_cast<std::int64_t>(kPageSize);
   ++stats_.num_pages_discarded;
   stats_.discarded_bytes += static_cast<std::int64_t>(kPageSize);

@@ -120,12 +120,14 @@ std::size_t DeviceAllocator::InnerPageCount(absl::Span<Block* const> blocks) con
 
 absl::Status DeviceAllocator::CheckRoomToBringBack(absl::Span<Block* const> blocks) {
   const std::size_t pages = InnerPageCount(blocks);
-  if (pages != 0 && populated_pages() - idle_pages_ + pages > budget_ / kPageSize) {
+  // (A captured pool's idle pages are never discarded: they count as in use.)
+  const std::size_t in_use = populated_pages() - (idle_pages_ - pinned_idle_pages_);
+  if (pages != 0 && in_use + pages > budget_ / kPageSize) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "cma: bringing back %s would exceed the managed budget of device %d (%s in use of %s); "
         "send something away first",
         FormatBytes(pages * kPageSize), device_,
-        FormatBytes((populated_pages() - idle_pages_) * kPageSize), FormatBytes(budget_)));
+        FormatBytes(in_use * kPageSize), FormatBytes(budget_)));
   }
   return absl::OkStatus();
 }

@@ -105,6 +105,9 @@ struct Segment {
   // address range whose kPageSize pages are populated on demand; a populated
   // page that no block in use touches is idle and may be discarded.
   bool arena = false;
+  // A captured pool's arena: its idle pages are never discarded (a graph
+  // replays into its free blocks), counted apart (pinned_idle_pages_).
+  bool pinned = false;
   // Oversubscription's host tier (policy/oversubscription.h): the segment's
   // pages live on the host, mapped for the device; one block, never split.
   // Counted in host_resident_bytes, not reserved_bytes (device memory).

@@ -488,7 +488,8 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
   const std::size_t excess = ReleaseAfterFree(
       *config_, reserved,
-      arena_mode() ? reserved - static_cast<std::size_t>(stats_.idle_populated_bytes)
+      arena_mode() ? reserved - static_cast<std::size_t>(stats_.idle_populated_bytes) +
+                         pinned_idle_pages_ * kPageSize
                    : static_cast<std::size_t>(stats_.active_bytes[kAllPools].current));
   if (ABSL_PREDICT_FALSE(excess > 0) && !quiet()) {
     CoalesceUnmerged();

@@ -120,10 +120,8 @@ class DeviceAllocator {
   absl::Status SetDisposable(void* ptr, bool disposable) ABSL_LOCKS_EXCLUDED(mu_);
   // Marks `ptr` kept by a level-2 Sleep.
   absl::Status SetKeep(void* ptr, bool keep) ABSL_LOCKS_EXCLUDED(mu_);
-  // Every allocation of this device leaves it, ordered on `stream` (sleep.cc;
-  // see CachingManagedAllocator::Sleep): kept contents staged in pinned host
-  // memory or migrated, the rest discarded. Same addresses; the memory is
-  // then reclaimable by the driver. Wake brings them back. Returns the bytes.
+  // Every allocation leaves the device, ordered on `stream`, and Wake brings
+  // them back (sleep.cc; see CachingManagedAllocator::Sleep). Returns bytes.
   absl::StatusOr<std::size_t> Sleep(Stream stream, SleepLevel level) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::size_t> Wake(Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
   // Frees the staging memory; kFailedPrecondition while it holds contents.
@@ -138,15 +136,12 @@ class DeviceAllocator {
   // the device's part is. kFailedPrecondition without a host budget.
   absl::Status SetHostRouting(bool on) ABSL_LOCKS_EXCLUDED(mu_);
   // Gives the host tier's idle segments back (their streams synchronised),
-  // for the host pool when the host's shared cap is short; nothing while a
-  // pool context is open.
+  // for the host pool when the host's cap is short; nothing while quiet.
   void ReleaseIdleHostTier() ABSL_LOCKS_EXCLUDED(mu_);
   // Whether `ptr` is an allocation of this device placed on the host.
   absl::StatusOr<bool> PlacedOnHost(void* ptr) ABSL_LOCKS_EXCLUDED(mu_);
-  // Oversubscription: an iteration of a repeating workload (a training
-  // step) ends here (iteration_plan.cc). The one just recorded becomes the
-  // plan of the next: which of its allocations live on the host
-  // (policy/host_plan.h). A no-op without a host budget.
+  // An iteration of a repeating workload ends here (iteration_plan.cc): the
+  // one recorded plans the next (host_plan:1, learn_step:1).
   void MarkIteration() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Caps this device's managed memory; memory already reserved beyond the new
@@ -165,9 +160,8 @@ class DeviceAllocator {
   void ResetPeakStats() ABSL_LOCKS_EXCLUDED(mu_);
   void ResetAccumulatedStats() ABSL_LOCKS_EXCLUDED(mu_);
   void AppendSnapshot(std::vector<SegmentSnapshot>* out) ABSL_LOCKS_EXCLUDED(mu_);
-  // Verifies that segments are tiled exactly by blocks, neighbours agree,
-  // free lists hold exactly the free blocks, no two free neighbours of one
-  // stream are left unmerged, and the stats equal a recount.
+  // Verifies that blocks tile segments, free lists hold exactly the free
+  // blocks, free neighbours of one stream are merged, stats equal a recount.
   absl::Status CheckInvariants() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -243,6 +237,8 @@ class DeviceAllocator {
   // into them); whether it grows by arenas (PoolContextOptions::not_a_capture).
   bool PoolPagesPinned(std::uint32_t index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool PoolGrowsByArenas(std::uint32_t index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pool `index` is captured: its arenas' idle pages are pinned from now on.
+  void PinPoolArenas(std::uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where a rounded request for pool `mempool` is looked up (LookupPoolFor).
   PoolKind LookupKind(std::size_t rounded, std::uint32_t mempool) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -597,6 +593,7 @@ class DeviceAllocator {
   std::vector<Block*> unmerged_ ABSL_GUARDED_BY(mu_);  // may hold stale entries
   std::vector<Range> populate_ ABSL_GUARDED_BY(mu_);  // arena pages the last hand-out populated
   std::size_t idle_pages_ ABSL_GUARDED_BY(mu_) = 0;   // arena pages populated with no users
+  std::size_t pinned_idle_pages_ ABSL_GUARDED_BY(mu_) = 0;  // of those, in Segment::pinned ones
   std::size_t peak_live_pages_ ABSL_GUARDED_BY(mu_) = 0;  // most arena pages ever in use
   // Frees so far (Block::free_seq), and per stream the count at the last
   // moment its queued work was seen complete: its free blocks numbered up to

@@ -18,7 +18,7 @@
 namespace cma {
 
 bool DeviceAllocator::DeviceHasRoomFor(std::size_t rounded) const {
-  const std::size_t live = populated_pages() - idle_pages_;
+  const std::size_t live = populated_pages() - (idle_pages_ - pinned_idle_pages_);
   const std::size_t pages = (rounded + kPageSize - 1) / kPageSize + 1;  // + a shared edge page
   return live + pages <= budget_ / kPageSize;
 }

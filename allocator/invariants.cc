@@ -85,7 +85,7 @@ absl::Status DeviceAllocator::CheckArenaPages(const Segment* seg, std::size_t* i
 absl::Status DeviceAllocator::CheckInvariants() {
   MutexLock l(&mu_);
   Recount segments, allocated, requested, active, inactive_split, away_bytes;
-  std::size_t idle_pages = 0;
+  std::size_t idle_pages = 0, pinned_idle_pages = 0;
   std::size_t free_blocks[3] = {0, 0, 0};  // small, large, host tier
   std::int64_t host_bytes = 0;
   std::size_t allocated_blocks = 0;
@@ -133,7 +133,13 @@ absl::Status DeviceAllocator::CheckInvariants() {
     }
     if (seg->host_tier) host_bytes += static_cast<std::int64_t>(seg->size);
     if (seg->arena) {
+      const std::size_t before = idle_pages;
       if (absl::Status s = CheckArenaPages(seg, &idle_pages); !s.ok()) return s;
+      if (seg->pinned) pinned_idle_pages += idle_pages - before;
+      if (seg->pinned != (seg->owner_pool != 0 && PoolPagesPinned(seg->owner_pool))) {
+        return Broken(absl::StrFormat("arena %#x pinned %d, its pool's pages pinned %d", base,
+                                      seg->pinned, !seg->pinned));
+      }
     }
     if (seg->first == nullptr || seg->first->prev != nullptr) {
       return Broken(absl::StrFormat("segment %#x has a bad first block", base));
@@ -221,6 +227,10 @@ absl::Status DeviceAllocator::CheckInvariants() {
       static_cast<std::int64_t>(idle_pages * kPageSize) != stats_.idle_populated_bytes) {
     return Broken(absl::StrFormat("idle pages: counted %d, recount %d (stat %d bytes)", idle_pages_,
                                   idle_pages, stats_.idle_populated_bytes));
+  }
+  if (pinned_idle_pages != pinned_idle_pages_) {
+    return Broken(absl::StrFormat("pinned idle pages: counted %d, recount %d", pinned_idle_pages_,
+                                  pinned_idle_pages));
   }
   if (absl::Status s = Compare("segment", stats_.segment, segments.count); !s.ok()) return s;
   if (absl::Status s = Compare("reserved_bytes", stats_.reserved_bytes, segments.bytes); !s.ok()) return s;

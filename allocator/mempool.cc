@@ -78,11 +78,26 @@ void DeviceAllocator::BeginAllocateToPool(MemPoolId id, StreamFilter filter,
   const std::uint32_t index = PoolIndex(id);
   PrivatePool& pool = mempools_[index];
   ++pool.use_count;
+  // A captured pool's contexts are all taken as captures: a capture may be
+  // resumed into it under a thread's context (a capture broken into
+  // segments re-enters the pool before its next segment begins).
+  if (pool.captured) options.not_a_capture = false;
   if (!options.not_a_capture) {
+    if (!pool.captured) PinPoolArenas(index);
     pool.captured = true;
     ++capture_contexts_;
   }
   contexts_.push_back({index, std::move(filter), options});
+}
+
+void DeviceAllocator::PinPoolArenas(std::uint32_t index) {
+  for (auto& [base, seg] : segments_) {
+    if (!seg->arena || seg->owner_pool != index || seg->pinned) continue;
+    seg->pinned = true;
+    std::size_t idle = 0;
+    (void)CheckArenaPages(seg, &idle);  // the recount of its idle pages
+    pinned_idle_pages_ += idle;
+  }
 }
 
 bool DeviceAllocator::PoolPagesPinned(std::uint32_t index) const {
@@ -126,7 +141,19 @@ absl::Status DeviceAllocator::EndAllocateToPool(MemPoolId id) {
   }
   const std::uint32_t index = it->index;
   const bool was_quiet = quiet();
-  if (!it->options.not_a_capture) --capture_contexts_;
+  if (!it->options.not_a_capture) {
+    // PyTorch ends a pool's first context, which may be a capture's with a
+    // context of the same pool nested in it: the capture goes on, so the
+    // pool's next context takes its kind.
+    auto nested = std::find_if(std::next(it), contexts_.end(), [&](const PoolContext& c) {
+      return c.index == it->index && c.options.not_a_capture;
+    });
+    if (nested != contexts_.end()) {
+      nested->options.not_a_capture = false;
+    } else {
+      --capture_contexts_;
+    }
+  }
   ended_filter = std::move(it->filter);
   contexts_.erase(it);
   if (was_quiet && !quiet()) RecordDeferredFrees();

@@ -19,8 +19,8 @@ std::size_t DeviceAllocator::ReleaseCachedSegments(std::size_t goal,
     const std::size_t pages = goal == 0 ? idle_pages_ : (goal + kPageSize - 1) / kPageSize;
     std::size_t released =
         DiscardIdlePages(pages, 0, 0, nullptr, queued_on, settled) * kPageSize;
-    // Pools' segments (classic ones) hold their memory whole: the wholly
-    // free ones of dissolved and released pools go too.
+    // Pools' segments hold their memory whole (classic ones, and a captured
+    // pool's arenas): the wholly free ones of released pools go too.
     if (goal == 0 || released < goal) {
       released += ReleaseIdleSegments(goal == 0 ? 0 : goal - released, 0, /*classic_only=*/true);
     }
@@ -33,7 +33,9 @@ std::size_t DeviceAllocator::ReleaseIdleSegments(std::size_t goal, std::uint32_t
                                                  bool classic_only) {
   std::vector<Segment*> idle;
   for (auto& [base, seg] : segments_) {
-    if (classic_only && (seg->arena || seg->host_tier)) continue;
+    // (classic_only: not the shared cache's arenas nor the host tier; a
+    // pool's own arenas are whole segments of that pool.)
+    if (classic_only && ((seg->arena && seg->owner_pool == 0) || seg->host_tier)) continue;
     // A segment is wholly one pool's or wholly the shared cache's. None of
     // a live private pool's goes (a graph replays into those) but
     // `mempool`'s; a released pool's go, as PyTorch frees them.
@@ -84,6 +86,7 @@ void DeviceAllocator::ReleaseSegment(Segment* seg) {
     UpdateStat(stats_.reserved_bytes, PoolKind::kSmall, -static_cast<std::int64_t>(small));
     UpdateStat(stats_.reserved_bytes, PoolKind::kLarge, -static_cast<std::int64_t>(populated - small));
     idle_pages_ -= seg->pages.populated_count();  // fully free: every populated page is idle
+    if (seg->pinned) pinned_idle_pages_ -= seg->pages.populated_count();
     stats_.idle_populated_bytes -= static_cast<std::int64_t>(populated);
     stats_.virtual_bytes -= static_cast<std::int64_t>(seg->size);
   } else if (seg->host_tier) {
