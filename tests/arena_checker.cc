@@ -624,6 +624,9 @@ absl::Status ArenaChecker::Step(StepSource& in) {
 
 absl::Status ArenaChecker::AfterStep() {
   if (absl::Status c = CheckCalls(); !c.ok()) return c;
+  if (CaptureOpen() && !alloc_->AllocatingToPool(0)) {
+    return Violation("a capture's pool context is open and the allocator is not quiet");
+  }
   if (absl::Status inv = alloc_->CheckInvariants(); !inv.ok()) {
     return Violation(absl::StrCat("invariants: ", inv.ToString()));
   }

@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <set>
 #include <memory>
 #include <random>
 #include <string>
@@ -228,9 +229,15 @@ class ArenaChecker {
     bool capture = true;  // else begun not_a_capture: the allocator stays active
   };
   std::vector<Context> contexts_;
-  // Whether a context that may be a capture is open: the allocator is quiet.
+  // Whether the allocator is quiet: a capture's context is open (the model
+  // says so, and AfterStep checks the allocator agrees), or a pool the
+  // allocator still knows as captured was taken again after its release.
   bool Quiet() const;
+  bool CaptureOpen() const;
   std::map<std::uint32_t, int> pool_refs_;
+  // Pools a capture's context has allocated to since they were last
+  // released: every later context of theirs is a capture's too.
+  std::set<std::uint32_t> captured_;
   std::map<std::uint32_t, std::vector<std::pair<std::uintptr_t, std::uintptr_t>>> pool_free_;
   // No reference and no context: no graph replays into the pool's free
   // ranges any more, and its wholly free segments may be given back (and

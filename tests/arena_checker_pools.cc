@@ -34,9 +34,11 @@ std::uint32_t ArenaChecker::Route(Stream s) const {
   return 0;
 }
 
-bool ArenaChecker::Quiet() const {
+bool ArenaChecker::CaptureOpen() const {
   return std::any_of(contexts_.begin(), contexts_.end(), [](const Context& c) { return c.capture; });
 }
+
+bool ArenaChecker::Quiet() const { return CaptureOpen() || alloc_->AllocatingToPool(0); }
 
 bool ArenaChecker::Released(std::uint32_t pool) const {
   auto refs = pool_refs_.find(pool);
@@ -54,6 +56,9 @@ void ArenaChecker::ForgetDissolvedPools() {
   for (auto it = pool_free_.begin(); it != pool_free_.end();) {
     it = Released(it->first) ? pool_free_.erase(it) : std::next(it);
   }
+  for (auto it = captured_.begin(); it != captured_.end();) {
+    it = Released(*it) ? captured_.erase(it) : std::next(it);
+  }
 }
 
 absl::Status ArenaChecker::DoPoolStep(StepSource& in) {
@@ -69,7 +74,8 @@ absl::Status ArenaChecker::DoPoolStep(StepSource& in) {
       const Stream only = streams_[in.Next(kStreams)];
       // Pool 2's every-stream contexts are use_mem_pool's (no capture),
       // derived rather than drawn so that the corpus keeps its meaning.
-      const bool capture = !(all && pool == 2);
+      const bool capture = !(all && pool == 2) || captured_.count(pool) != 0;
+      if (capture) captured_.insert(pool);
       Note(absl::StrFormat("begin pool %d for %s%s", pool,
                            all ? std::string("every stream") : absl::StrCat("stream ", only),
                            capture ? "" : " (no capture)"));
@@ -90,6 +96,14 @@ absl::Status ArenaChecker::DoPoolStep(StepSource& in) {
                             [&](const Context& x) { return x.pool == pool; });
       if (c == contexts_.end()) return absl::OkStatus();
       Note(absl::StrFormat("end pool %d", pool));
+      if (c->capture) {  // a context of the pool nested in a capture's: the capture goes on
+        for (auto n = std::next(c); n != contexts_.end(); ++n) {
+          if (n->pool == pool && !n->capture) {
+            n->capture = true;
+            break;
+          }
+        }
+      }
       contexts_.erase(c);
       if (absl::Status e = alloc_->EndAllocateToPool(0, id); !e.ok()) {
         return Violation(absl::StrCat("end failed: ", e.ToString()));
