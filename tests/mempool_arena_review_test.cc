@@ -11,15 +11,7 @@ namespace {
 constexpr MemPoolId kPool{51, 0};
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-class MemPoolArenaReviewTest : public MemPoolFixture {
- protected:
-  void BeginNotACapture(MemPoolId id, StreamFilter filter = nullptr) {
-    PoolContextOptions options;
-    options.not_a_capture = true;
-    ASSERT_TRUE(alloc_->BeginAllocateToPool(0, id, std::move(filter), options).ok());
-  }
-  std::int64_t Reserved() { return Stats().reserved_bytes[kAllPools].current; }
-};
+using MemPoolArenaReviewTest = MemPoolFixture;
 
 // A capture's context with a not-a-capture context of the same pool nested
 // inside it (torch.cuda.graph(g, pool=mempool.id) and, inside, a

@@ -16,12 +16,7 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 class MemPoolArenaTest : public MemPoolFixture {
  protected:
-  void BeginUseMemPool(StreamFilter filter = nullptr) {
-    PoolContextOptions options;
-    options.not_a_capture = true;
-    ASSERT_TRUE(alloc_->BeginAllocateToPool(0, kPool, std::move(filter), options).ok());
-  }
-  std::int64_t Reserved() { return Stats().reserved_bytes[kAllPools].current; }
+  void BeginUseMemPool(StreamFilter filter = nullptr) { BeginNotACapture(kPool, std::move(filter)); }
   std::int64_t Segments() { return Stats().segment[kAllPools].current; }
 };
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "tests/test_util.h"
 
@@ -28,6 +29,13 @@ class MemPoolFixture : public AllocatorTest {
   static StreamFilter Only(Stream s) {
     return [s](Stream t) { return t == s; };
   }
+  // A context PyTorch's use_mem_pool would begin (PoolContextOptions::not_a_capture).
+  void BeginNotACapture(MemPoolId id, StreamFilter filter = nullptr) {
+    PoolContextOptions options;
+    options.not_a_capture = true;
+    ASSERT_TRUE(alloc_->BeginAllocateToPool(0, id, std::move(filter), options).ok());
+  }
+  std::int64_t Reserved() { return Stats().reserved_bytes[kAllPools].current; }
   // Calls that would break a CUDA graph capture.
   std::int64_t UncapturableCalls() {
     std::int64_t n = 0;
