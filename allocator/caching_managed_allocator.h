@@ -167,17 +167,20 @@ class CachingManagedAllocator {
   // the allocations of `device` from the streams `filter` accepts (all, if
   // null) to pool `id` until EndAllocateToPool; blocks handed out for the
   // pool serve only it, also after their free, until it is released and
-  // empty. While any pool of a device is being allocated to, a CUDA graph
-  // capture may be under way, so that device's allocator makes no query,
+  // empty. While a context that may be a capture is open on a device (one
+  // begun without PoolContextOptions::not_a_capture, or any context of a
+  // pool a capture has used), that device's allocator makes no query,
   // event, sync, placement or discard call: allocations come from cached
   // or new pages without prefetch (first touch places them), frees that
-  // need events, syncs or advice are finished when the last context ends,
-  // and EmptyCache, ForgetStream (any device's context), Sleep, Wake, Move,
-  // SetHints and Allocate with hints (that device's) return
+  // need events, syncs or advice are finished when the last such context
+  // ends, and EmptyCache, ForgetStream (any device's context), Sleep, Wake,
+  // Move, SetHints and Allocate with hints (that device's) return
   // kFailedPrecondition and change nothing. No memory is freed meanwhile.
-  // A live pool's free blocks are never discarded or released (a graph
-  // replays into them). Errors: kInvalidArgument for a bad device, an end
-  // without a begin, a release without a reference, an unknown pool.
+  // A captured pool's free blocks are never discarded or released while it
+  // lives (a graph replays into them); a pool only not-a-capture contexts
+  // used gives its idle pages back as the shared cache does. Errors:
+  // kInvalidArgument for a bad device, an end without a begin, a release
+  // without a reference, an unknown pool.
   absl::Status CreateOrIncrefPool(int device, MemPoolId id);
   // A new pool (one reference) whose segments come from another allocator
   // (allocator/segment_source.h): PyTorch's MemPool(allocator=...). From
@@ -195,8 +198,8 @@ class CachingManagedAllocator {
   // otherwise, changing nothing.
   absl::Status SetPoolOptions(int device, MemPoolId id, PoolOptions options);
   absl::StatusOr<PoolOptions> GetPoolOptions(int device, MemPoolId id);
-  // Whether any pool of `device` is being allocated to (false for a bad
-  // device).
+  // Whether a context that may be a capture is open on `device`, the
+  // allocator quiet (false for a bad device).
   bool AllocatingToPool(int device);
   // Whether the pool's live allocations are exactly `expected` (PyTorch's
   // checkPoolLiveAllocations, used by torch.compile's cudagraph trees).
