@@ -190,6 +190,11 @@ absl::Status ArenaChecker::DoRestoreCheckpoint(std::uint32_t pool) {
     if (absl::Status c = CheckCalls(); !c.ok()) return c;
   }
   Note(absl::StrFormat("restore pool %d (%d allocations)", pool, cp.allocations.size()));
+  // What each stream had queued before the restore: the last uses of the
+  // blocks it frees (the restore may queue waits on those streams itself).
+  absl::flat_hash_map<Stream, std::int64_t> submitted_before;
+  submitted_before[kDefaultStream] = Submitted(kDefaultStream);
+  for (Stream u : streams_) submitted_before[u] = Submitted(u);
   absl::StatusOr<PoolRestoreResult> r = alloc_->RestorePoolCheckpoint(cp);
   if (absl::Status c = CheckCalls(); !c.ok()) return c;
   std::vector<void*> before;
@@ -229,7 +234,11 @@ absl::Status ArenaChecker::DoRestoreCheckpoint(std::uint32_t pool) {
     pool_free_[pool].push_back({p, p + l.size});
     std::vector<Stream> users = l.uses;
     users.push_back(l.stream);
-    for (Stream u : users) retired_.push_back({p, p + l.size, u, Submitted(u)});
+    for (Stream u : users) {
+      auto known = submitted_before.find(u);
+      retired_.push_back(
+          {p, p + l.size, u, known == submitted_before.end() ? Submitted(u) : known->second});
+    }
   }
   for (const PoolAllocation& a : cp.allocations) {
     const auto p = reinterpret_cast<std::uintptr_t>(a.ptr);
