@@ -73,6 +73,11 @@ struct Block {
   // learn_step: the stream of the allocation's last reported use, which a
   // send away waits for (allocator/learn_step.cc).
   Stream used_on = kDefaultStream;
+  // Allocated on the host tier because the caller routed it there (a
+  // HostTier context: oversubscription's optimizer state), not because the
+  // device's part was full: it never occupies the device, and the learned
+  // step's plan counts it so.
+  bool routed_to_host = false;
   int pending_events = 0;  // > 0 while freed but still used by other streams
   // Free blocks: when the block was last used, as DeviceAllocator's count of
   // frees; 0 when it has not been used since a moment its stream was known

@@ -380,8 +380,9 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
   b->away = false;
   b->used_on = stream;
   b->stream_uses.clear();
+  b->routed_to_host = b->segment->host_tier && host_routing_ > 0;
   if (ABSL_PREDICT_FALSE(learn_ != nullptr) && mempool == 0) {
-    learn_->schedule.AllocDone(b->addr, b->segment->arena ? b->size : 0);
+    learn_->schedule.AllocDone(b->addr, b->routed_to_host ? 0 : b->size);
   }
   if (ABSL_PREDICT_FALSE(iteration_.recording)) RecordAllocation(b);
   const PoolKind size_class = b->size_class = PoolFor(rounded);

@@ -22,7 +22,7 @@ namespace {
 // The device part the plan may fill: the budget less room for what the
 // plan does not see (the pages that allocations share at their edges,
 // allocations it does not track).
-std::size_t PlannedPart(std::size_t budget) { return budget - budget / 8; }
+std::size_t PlannedPart(std::size_t budget) { return budget - budget / 16; }
 
 // How far ahead of its use a bring back may start, in events.
 constexpr std::int64_t kMaxLeadEvents = 512;
@@ -158,7 +158,7 @@ void DeviceAllocator::EndLearnedStep() {
   RunDue();
   std::vector<std::pair<std::uintptr_t, std::size_t>> live;
   for (const auto& [addr, b] : allocated_) {
-    if (b->mempool == 0) live.push_back({addr, CanBeAway(*b) ? b->size : 0});
+    if (b->mempool == 0) live.push_back({addr, b->routed_to_host ? 0 : b->size});
   }
   std::sort(live.begin(), live.end());
   ls.schedule.BeginStep(live);

@@ -30,7 +30,6 @@ void LearnedSchedule::BeginStep(
   id_of_.clear();
   own_address_.clear();
   own_sizes_.clear();
-  own_movable_.clear();
   uses_.clear();
   (void)step_->Live(kNothing, 0);
   for (const auto& [addr, bytes] : live) {
@@ -72,11 +71,8 @@ absl::Status LearnedSchedule::EndStep(const ReplayPlanOptions& options, Due* due
   if (replaying_ && !diverged_) Collect(~std::size_t{0}, due);  // what is due at the end
   recording_ = false;
   ++counts_.steps;
-  // The step repeated, and so did its allocations and where they went (one
-  // that did not fit the device before and does now is news): the plan
-  // stands.
-  if (replaying_ && !diverged_ && uses_ == planned_uses_ && own_sizes_ == planned_sizes_ &&
-      own_movable_ == planned_movable_) {
+  // The step repeated, and so did its allocations: the plan stands.
+  if (replaying_ && !diverged_ && uses_ == planned_uses_ && own_sizes_ == planned_sizes_) {
     return absl::OkStatus();
   }
   replaying_ = false;
@@ -96,7 +92,6 @@ absl::Status LearnedSchedule::EndStep(const ReplayPlanOptions& options, Due* due
   }
   planned_uses_ = uses_;
   planned_sizes_ = own_sizes_;
-  planned_movable_ = own_movable_;
   replaying_ = true;
   ++counts_.plans;
   // What the step never uses leaves once, before the replay begins.
@@ -124,17 +119,15 @@ void LearnedSchedule::Alloc(std::size_t bytes, Due* due) {
   if (!recording_ || !Record()) return;
   own_address_.push_back(0);  // AllocDone names it
   own_sizes_.push_back(bytes);
-  own_movable_.push_back(false);
   alloc_pending_ = true;
 }
 
-void LearnedSchedule::AllocDone(std::uintptr_t addr, std::size_t movable_bytes) {
+void LearnedSchedule::AllocDone(std::uintptr_t addr, std::size_t device_bytes) {
   if (!recording_ || !alloc_pending_) return;
   alloc_pending_ = false;
   const std::uint64_t id = own_address_.size() - 1;
-  (void)step_->Alloc(id, movable_bytes);
+  (void)step_->Alloc(id, device_bytes);
   own_address_.back() = addr;
-  own_movable_.back() = movable_bytes != 0;
   id_of_[addr] = id;
 }
 

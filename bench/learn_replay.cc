@@ -9,7 +9,7 @@
 // in seconds instead of GPU minutes; the GPU benchmark measures the time.
 //
 //   learn_replay --step=step.csv.gz [--fractions=0.6667,0.3333] [--steps=6]
-//                [--conf=oversubscribe:1,learn_step:1] [--json=out.json]
+//                [--conf=oversubscribe:1,learn_step:1] [--state_after=0.85] [--json=out.json]
 //
 // The step's allocations are made as the file says; carried allocations the
 // step frees come back, in the next step, as the ones the step made and
@@ -41,6 +41,11 @@ ABSL_FLAG(int, steps, 6, "steps replayed per device part (the first records, the
 ABSL_FLAG(std::string, conf, "oversubscribe:1,learn_step:1",
           "the allocator's config; managed_budget and device_headroom are added");
 ABSL_FLAG(std::string, json, "", "write the per-step figures here as JSON");
+ABSL_FLAG(double, state_after, 0.85,
+          "carried allocations that live through the step and are first used after this "
+          "fraction of its events (the optimizer's state: the step ends with the optimizer) are "
+          "made in a host-tier context, as cma.torch's oversubscription routes optimizer "
+          "state; 0: none");
 
 namespace cma {
 namespace {
@@ -69,7 +74,7 @@ struct StepFigures {
 
 // Replays the step `steps` times under a device part of `part` bytes.
 absl::StatusOr<std::vector<StepFigures>> Replay(const Step& step, std::size_t part, int steps,
-                                                const std::string& conf) {
+                                                const std::string& conf, double state_after) {
   HostBackendOptions o;
   o.device_count = 1;
   o.device_capacity = part + kHeadroom;
@@ -91,9 +96,13 @@ absl::StatusOr<std::vector<StepFigures>> Replay(const Step& step, std::size_t pa
   // Carried allocations the step frees, by size: the next step's carried
   // ones are what this step made and left live.
   std::vector<std::int32_t> carried_freed;
+  const auto state_from = static_cast<std::int64_t>(state_after * step.events().size());
   for (std::size_t i = 0; i < allocs.size(); ++i) {
     if (!allocs[i].carried) continue;
+    const bool state = state_after > 0 && allocs[i].persistent() && allocs[i].first_use >= state_from;
+    if (state) (void)alloc.SetHostRouting(0, true);
     absl::StatusOr<void*> p = alloc.Allocate(allocs[i].bytes, 0, *stream);
+    if (state) (void)alloc.SetHostRouting(0, false);
     if (!p.ok()) return p.status();
     ptr[i] = *p;
     if (allocs[i].free_event >= 0) carried_freed.push_back(static_cast<std::int32_t>(i));
@@ -211,7 +220,7 @@ int Run() {
     so.record_moves = false;
     absl::StatusOr<LinkLowerBound> bound = LowerBoundLinkBytes(step, so);
     ReplayPlanOptions ro;
-    ro.device_bytes = part - part / 8;  // as allocator/learn_step.cc plans
+    ro.device_bytes = part - part / 16;  // as allocator/learn_step.cc plans
     ro.max_lead_events = 512;
     absl::StatusOr<ReplayPlan> plan = PlanReplay(step, ro);
     std::printf("device part %.2f GiB (%.4g of the live peak %.2f GiB)\n",
@@ -226,14 +235,14 @@ int Run() {
       std::printf("  lower bound: %s\n", std::string(bound.status().message()).c_str());
     }
     if (plan.ok()) {
-      std::printf("  policy's plan (7/8 of the part): H2D %.2f GB, D2H %.2f GB, %zu actions\n",
+      std::printf("  policy's plan (15/16 of the part): H2D %.2f GB, D2H %.2f GB, %zu actions\n",
                   GB(plan->bytes.h2d), GB(plan->bytes.d2h), plan->actions.size());
       pj["plan"] = {{"h2d", plan->bytes.h2d}, {"d2h", plan->bytes.d2h}};
     } else {
       std::printf("  policy's plan: %s\n", std::string(plan.status().message()).c_str());
     }
     absl::StatusOr<std::vector<StepFigures>> figs =
-        Replay(step, part, steps, absl::GetFlag(FLAGS_conf));
+        Replay(step, part, steps, absl::GetFlag(FLAGS_conf), absl::GetFlag(FLAGS_state_after));
     if (!figs.ok()) return Fail(std::string(figs.status().message()));
     std::printf("  %4s %9s %9s %9s %9s %9s %9s %9s %5s %5s %6s %6s\n", "step", "sent GB",
                 "back GB", "H2D GB", "D2H GB", "host+ GB", "host GB", "away GB", "plans", "div",

@@ -93,6 +93,59 @@ TEST_F(LearnStepTest, ALearnedStepFitsTheDeviceWhereTheFirstDidNot) {
   }
 }
 
+TEST_F(LearnStepTest, WhatTheHostTierTookLandsOnTheDeviceAndThePlanStands) {
+  // Oversubscription's optimizer state, routed to the host for good and
+  // used by the step's last kernel: it counts nothing on the device, so the
+  // plan makes no room for it. What the first step placed on the host
+  // because the device was full counts at its size: once the plan makes
+  // room, every activation lands on the device, step after step, under one
+  // plan, and nothing stays away between steps that was not away before.
+  std::vector<void*> state;
+  ASSERT_TRUE(alloc_->SetHostRouting(0, true).ok());
+  for (int i = 0; i < kLayers; ++i) state.push_back(Alloc(2 * kParam, 0, s_));
+  ASSERT_TRUE(alloc_->SetHostRouting(0, false).ok());
+  for (void* p : state) {
+    ASSERT_TRUE(*alloc_->PlacedOnHost(p));
+    std::memset(p, 's', 2 * kParam);
+  }
+  std::vector<void*> optimizer(params_.begin(), params_.end());
+  optimizer.insert(optimizer.end(), state.begin(), state.end());
+  auto step = [&] {
+    std::vector<void*> acts;
+    int on_host = 0;
+    for (int i = 0; i < kLayers; ++i) {
+      void* a = Alloc(kAct, 0, s_);
+      on_host += *alloc_->PlacedOnHost(a);
+      Use(i == 0 ? std::vector<void*>{params_[i], a}
+                 : std::vector<void*>{params_[i], a, acts.back()});
+      acts.push_back(a);
+    }
+    for (int i = kLayers - 1; i >= 0; --i) {
+      Use({params_[i], acts[i]});
+      EXPECT_TRUE(alloc_->Free(acts[i]).ok());
+    }
+    Use(optimizer);
+    EXPECT_TRUE(alloc_->MarkIteration(0).ok());
+    ExpectInvariants();
+    return on_host;
+  };
+  EXPECT_GT(step(), 0) << "the first step is larger than the device's part";
+  step();
+  const std::int64_t plans = Stats().learned_plans;
+  const std::int64_t away = Stats().away_bytes[kAllPools].current;
+  EXPECT_GE(plans, 1);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(step(), 0) << "step " << i + 3;
+  const DeviceStats st = Stats();
+  EXPECT_EQ(st.learned_plans, plans) << "the plan stands";
+  EXPECT_EQ(st.away_bytes[kAllPools].current, away) << "nothing left away drifts";
+  EXPECT_EQ(st.learned_misses, 0);
+  ASSERT_TRUE(backend_->SynchronizeStream(s_).ok());
+  for (void* p : state) {
+    EXPECT_EQ(static_cast<const char*>(p)[kParam], 's');
+    EXPECT_TRUE(alloc_->Free(p).ok());
+  }
+}
+
 TEST_F(LearnStepTest, AStepThatChangesIsLearntAgain) {
   for (int i = 0; i < 4; ++i) Step();
   const DeviceStats before = Stats();

@@ -8,6 +8,7 @@
 # cma's oversubscription without learning (the command of
 # h200_2026-11-29/call4.sh). The core and hooks it ran are not in main: apply
 # learn_sizes_always.diff (this folder) to the commit that adds it first.
+# Its learn_fused.json is committed as learn_fused_1.json.
 set -u
 cd "$(dirname "$0")/../../.."
 R=$PWD

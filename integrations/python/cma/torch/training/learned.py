@@ -7,8 +7,8 @@ replays the plan while the steps repeat. Allocations and frees it sees
 itself; the uses come from here, through cma_note_uses: global module hooks
 report what each module's forward reads (its own parameters and buffers,
 its tensor inputs), a hook on its outputs' gradients what its backward
-reads (the same tensors), and an optimizer's step its parameters and
-gradients; the step ends with the optimizer's (cma_mark_iteration). Nothing
+reads (the same tensors), and an optimizer's step its parameters,
+gradients and state; the step ends with the optimizer's (cma_mark_iteration). Nothing
 is decided here, and no tensor is held: only storage addresses.
 
 install() registers the hooks once per process; use_as_default() calls it
@@ -82,14 +82,31 @@ def install():
         return None
 
     def step_pre(opt, args, kwargs):
-        # One use per parameter (with its gradient), in order: an optimizer
-        # works through its tensors one after another, and the plan needs
-        # only what one update touches on the device at once (all of them
-        # together may not fit: at 3x a model's parameters and gradients
-        # alone can exceed the device's part).
+        # What an update reads and writes: each parameter, its gradient and
+        # its optimizer state. Reported before the update's kernels run, so
+        # one use must stand for what one kernel touches at once: a fused or
+        # foreach implementation (the default on CUDA) updates a group's
+        # tensors in one multi-tensor launch, so the group is one use (the
+        # plan then brings it all back first and sends nothing in between,
+        # which would run ahead of that launch); a for-loop implementation
+        # (foreach=False) updates one parameter after another, one use each.
+        # (State that oversubscription routed to the host counts nothing on
+        # the device: the allocator knows it.)
         for g in opt.param_groups:
+            per_group = g.get("fused") or g.get("foreach") is not False
+            group = []
             for p in g["params"]:
-                used = _storages((p, p.grad), torch)
+                tensors = [p, p.grad]
+                tensors.extend(v for v in opt.state.get(p, {}).values()
+                               if isinstance(v, torch.Tensor))
+                if per_group:
+                    group.extend(tensors)
+                    continue
+                used = _storages(tensors, torch)
+                if used:
+                    _note(used, torch)
+            if group:
+                used = _storages(group, torch)
                 if used:
                     _note(used, torch)
 
