@@ -33,6 +33,8 @@ so that its host memory is its own; the parent prints one JSON document.
               base image made in the parent under the switch, a DataLoader
               with default arguments (no pin_memory, default collate and
               start method: cma chooses forkserver and pins) and .to("cuda").
+              pinned_fs: the pinned pipeline with workers started by
+              forkserver, as the switch starts them (no cma).
 
 Host memory: the drop of the host's MemAvailable from before the variant to
 its steady state (the process's own memory, pinned and managed included),
@@ -300,6 +302,8 @@ def loader(variant, batches, batch_size, workers, side):
     # pin_memory, prefetch or worker choice (cma decides those it must).
     extra = {} if kind == "switch" else {"prefetch_factor": 4, "persistent_workers": False,
                                          "pin_memory": pin}
+    if kind == "pinned_fs":  # the pinned pipeline with the switch's start method
+        extra["multiprocessing_context"] = "forkserver"
     data = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers,
                                        collate_fn=_TimedCollate(collate), **extra)
     seen, start, peak_used = 0, None, 0

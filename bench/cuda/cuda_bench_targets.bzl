@@ -61,3 +61,21 @@ def cuda_bench_targets():
         srcs = [":link_duplex_bench_obj"],
         deps = ["@local_cuda//:cudart_static"],
     )
+
+    # How fast a live allocation's pages leave for the host and come back
+    # (issue 48: the away state's transport). One .cu with its main.
+    native.genrule(
+        name = "away_transport_bench_obj",
+        srcs = ["away_transport_bench.cu"],
+        outs = ["away_transport_bench.o"],
+        cmd = ("%s/bin/nvcc -O3 -std=c++17 -Xcompiler -fPIC " % CUDA_ROOT +
+               "-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 " +
+               "-gencode arch=compute_90,code=compute_90 -c $(location away_transport_bench.cu) -o $@"),
+        local = True,
+    )
+
+    native.cc_binary(
+        name = "away_transport_bench",
+        srcs = [":away_transport_bench_obj"],
+        deps = ["@local_cuda//:cudart_static"],
+    )

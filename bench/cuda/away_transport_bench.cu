@@ -1,0 +1,218 @@
+// How fast can a live allocation's device pages leave for the host and come
+// back (issue 48: the away state's transport)? GPU-only; prints one JSON
+// object. Each variant moves a range of managed memory that a kernel has
+// just written on the device (so the device holds the only copy), timed by
+// events on the stream that moves it; the median of --reps runs.
+//
+//   prefetch          cudaMemPrefetchAsync to the host in 64 MiB calls (what
+//                     the allocator's SendAway does today, batched)
+//   prefetch_2m       the same in 2 MiB calls
+//   prefetch_batch    one cudaMemPrefetchBatchAsync of 64 MiB ranges
+//   prefetch_pref_host  after cudaMemAdviseSetPreferredLocation(host)
+//   prefetch_duplex   the D2H prefetch while another range is prefetched H2D
+//                     on a second stream (the rate reported is D2H's)
+//   copy_discard      cudaMemcpyAsync into pinned memory, then
+//                     cudaMemDiscardBatchAsync of the range: what a staged
+//                     transport would cost (the contents then live only in
+//                     the pinned copy)
+//   back_prefetch     the way back: H2D prefetch of the range sent by
+//                     `prefetch` (for comparison)
+//   back_copy         the way back of copy_discard: discard-and-prefetch to
+//                     the device (populating, no transfer), then
+//                     cudaMemcpyAsync from pinned
+//
+//   away_transport_bench [--mib=1024] [--reps=3]
+//
+// Memory: 2x --mib of managed memory on the device, --mib of pinned host.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+#define CHECK(call)                                                                   \
+  do {                                                                                \
+    cudaError_t e_ = (call);                                                          \
+    if (e_ != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "away_transport_bench: %s: %s (line %d)\n", #call,         \
+                   cudaGetErrorString(e_), __LINE__);                                 \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+__global__ void Fill(int* p, size_t n, int v) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    p[i] = v + static_cast<int>(i);
+  }
+}
+
+struct Run {
+  cudaStream_t s, other;
+  cudaEvent_t t0, t1;
+  int device;
+  size_t bytes;
+  char *range, *second;
+  void* pinned;
+  cudaMemLocation host{cudaMemLocationTypeHost, 0};
+  cudaMemLocation dev{};
+
+  // The range on the device, written there by a kernel.
+  void WriteOnDevice(char* p, int v) {
+    CHECK(cudaMemPrefetchAsync(p, bytes, dev, 0, s));
+    Fill<<<1024, 256, 0, s>>>(reinterpret_cast<int*>(p), bytes / sizeof(int), v);
+    CHECK(cudaStreamSynchronize(s));
+  }
+  template <typename F>
+  double Time(F issue) {
+    CHECK(cudaEventRecord(t0, s));
+    issue();
+    CHECK(cudaEventRecord(t1, s));
+    CHECK(cudaEventSynchronize(t1));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    return static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+  }
+  void PrefetchChunks(char* p, size_t chunk, const cudaMemLocation& to, cudaStream_t st) {
+    for (size_t off = 0; off < bytes; off += chunk) {
+      CHECK(cudaMemPrefetchAsync(p + off, std::min(chunk, bytes - off), to, 0, st));
+    }
+  }
+  double Variant(const std::string& name) {
+    const cudaMemLocation to_host = host;
+    if (name == "back_prefetch") {
+      WriteOnDevice(range, 1);
+      CHECK(cudaMemPrefetchAsync(range, bytes, host, 0, s));
+      CHECK(cudaStreamSynchronize(s));
+      return Time([&] { PrefetchChunks(range, 64 * kMiB, dev, s); });
+    }
+    if (name == "back_copy") {
+      WriteOnDevice(range, 2);
+      CHECK(cudaMemcpyAsync(pinned, range, bytes, cudaMemcpyDeviceToHost, s));
+      void* ptrs[] = {range};
+      size_t sizes[] = {bytes};
+      CHECK(cudaMemDiscardBatchAsync(ptrs, sizes, 1, 0, s));
+      CHECK(cudaStreamSynchronize(s));
+      return Time([&] {
+        std::vector<void*> ps;
+        std::vector<size_t> ss;
+        for (size_t off = 0; off < bytes; off += 64 * kMiB) {
+          ps.push_back(range + off);
+          ss.push_back(std::min(64 * kMiB, bytes - off));
+        }
+        size_t idx = 0;
+        CHECK(cudaMemDiscardAndPrefetchBatchAsync(ps.data(), ss.data(), ps.size(), &dev, &idx, 1,
+                                                  0, s));
+        CHECK(cudaMemcpyAsync(range, pinned, bytes, cudaMemcpyHostToDevice, s));
+      });
+    }
+    WriteOnDevice(range, 3);
+    if (name == "prefetch") return Time([&] { PrefetchChunks(range, 64 * kMiB, to_host, s); });
+    if (name == "prefetch_2m") return Time([&] { PrefetchChunks(range, 2 * kMiB, to_host, s); });
+    if (name == "prefetch_batch") {
+      return Time([&] {
+        std::vector<void*> ps;
+        std::vector<size_t> ss;
+        for (size_t off = 0; off < bytes; off += 64 * kMiB) {
+          ps.push_back(range + off);
+          ss.push_back(std::min(64 * kMiB, bytes - off));
+        }
+        size_t idx = 0;
+        CHECK(cudaMemPrefetchBatchAsync(ps.data(), ss.data(), ps.size(), &host, &idx, 1, 0, s));
+      });
+    }
+    if (name == "prefetch_pref_host") {
+      CHECK(cudaMemAdvise(range, bytes, cudaMemAdviseSetPreferredLocation, host));
+      const double r = Time([&] { PrefetchChunks(range, 64 * kMiB, to_host, s); });
+      CHECK(cudaMemAdvise(range, bytes, cudaMemAdviseUnsetPreferredLocation, host));
+      return r;
+    }
+    if (name == "prefetch_duplex") {
+      // `second` starts on the host and goes to the device meanwhile.
+      CHECK(cudaMemPrefetchAsync(second, bytes, host, 0, other));
+      CHECK(cudaStreamSynchronize(other));
+      CHECK(cudaEventRecord(t0, s));
+      CHECK(cudaStreamWaitEvent(other, t0, 0));
+      PrefetchChunks(second, 64 * kMiB, dev, other);
+      PrefetchChunks(range, 64 * kMiB, to_host, s);
+      CHECK(cudaEventRecord(t1, s));
+      CHECK(cudaEventSynchronize(t1));
+      CHECK(cudaStreamSynchronize(other));
+      float ms = 0;
+      CHECK(cudaEventElapsedTime(&ms, t0, t1));
+      return static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+    }
+    if (name == "copy_discard") {
+      return Time([&] {
+        CHECK(cudaMemcpyAsync(pinned, range, bytes, cudaMemcpyDeviceToHost, s));
+        void* ptrs[] = {range};
+        size_t sizes[] = {bytes};
+        CHECK(cudaMemDiscardBatchAsync(ptrs, sizes, 1, 0, s));
+      });
+    }
+    std::fprintf(stderr, "away_transport_bench: no variant %s\n", name.c_str());
+    std::exit(2);
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t mib = 1024;
+  int reps = 3;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--mib=", 6) == 0) {
+      mib = std::strtoull(argv[i] + 6, nullptr, 10);
+    } else if (std::strncmp(argv[i], "--reps=", 7) == 0) {
+      reps = std::atoi(argv[i] + 7);
+    } else {
+      std::fprintf(stderr, "usage: away_transport_bench [--mib=1024] [--reps=3]\n");
+      return 2;
+    }
+  }
+  if (mib < 64 || reps < 1) {
+    std::fprintf(stderr, "away_transport_bench: --mib must be >= 64 and --reps >= 1\n");
+    return 2;
+  }
+  Run r;
+  r.device = 0;
+  CHECK(cudaSetDevice(r.device));
+  r.dev = {cudaMemLocationTypeDevice, r.device};
+  r.bytes = mib * kMiB;
+  CHECK(cudaStreamCreateWithFlags(&r.s, cudaStreamNonBlocking));
+  CHECK(cudaStreamCreateWithFlags(&r.other, cudaStreamNonBlocking));
+  CHECK(cudaEventCreate(&r.t0));
+  CHECK(cudaEventCreate(&r.t1));
+  CHECK(cudaMallocManaged(reinterpret_cast<void**>(&r.range), r.bytes));
+  CHECK(cudaMallocManaged(reinterpret_cast<void**>(&r.second), r.bytes));
+  CHECK(cudaHostAlloc(&r.pinned, r.bytes, cudaHostAllocPortable));
+  std::memset(r.pinned, 0, r.bytes);
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, r.device));
+  const char* variants[] = {"prefetch",        "prefetch_2m",  "prefetch_batch",
+                            "prefetch_pref_host", "prefetch_duplex", "copy_discard",
+                            "back_prefetch",   "back_copy"};
+  std::printf("{\"gpu\": \"%s\", \"mib\": %zu, \"reps\": %d, \"gbps\": {", prop.name, mib, reps);
+  bool first = true;
+  for (const char* v : variants) {
+    std::vector<double> rates;
+    r.Variant(v);  // warm: the first cycle populates host pages for the first time
+    for (int k = 0; k < reps; ++k) rates.push_back(r.Variant(v));
+    std::sort(rates.begin(), rates.end());
+    std::printf("%s\"%s\": %.2f", first ? "" : ", ", v, rates[rates.size() / 2]);
+    std::fflush(stdout);
+    first = false;
+  }
+  std::printf("}}\n");
+  CHECK(cudaFree(r.range));
+  CHECK(cudaFree(r.second));
+  CHECK(cudaFreeHost(r.pinned));
+  return 0;
+}
