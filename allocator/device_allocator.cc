@@ -382,7 +382,7 @@ void* DeviceAllocator::HandOut(Block* b, std::size_t rounded, std::size_t reques
   b->stream_uses.clear();
   b->routed_to_host = b->segment->host_tier && host_routing_ > 0;
   if (ABSL_PREDICT_FALSE(learn_ != nullptr) && mempool == 0) {
-    learn_->schedule.AllocDone(b->addr, b->routed_to_host ? 0 : b->size);
+    learn_->schedule.AllocDone(b->addr, LearnedExtent(*b, /*carried=*/false));
   }
   if (ABSL_PREDICT_FALSE(iteration_.recording)) RecordAllocation(b);
   const PoolKind size_class = b->size_class = PoolFor(rounded);

@@ -182,13 +182,14 @@ class DeviceAllocator {
   void CountBack(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<Range> CountBackAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // their inner pages
   void ForgetAway(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ---- the learned step (learn_step.cc) ----
-  // The events of the step, each after what the plan has due before it.
+  // ---- the learned step (learn_step.cc): events, each after what is due ----
   void LearnBeforeAlloc(std::size_t rounded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LearnFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Carries out learn_->due.
-  void RunDue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunDue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // carries out learn_->due
   void EndLearnedStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What `b` counts in the plan.
+  LearnedSchedule::Extent LearnedExtent(const Block& b, bool carried)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // CheckInvariants for one arena's page maps; adds its idle pages.
   absl::Status CheckArenaPages(const Segment* seg, std::size_t* idle_pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

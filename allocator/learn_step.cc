@@ -22,7 +22,7 @@ namespace {
 // The device part the plan may fill: the budget less room for what the
 // plan does not see (the pages that allocations share at their edges,
 // allocations it does not track).
-std::size_t PlannedPart(std::size_t budget) { return budget - budget / 16; }
+std::size_t PlannedPart(std::size_t budget) { return budget - budget / 8; }
 
 // How far ahead of its use a bring back may start, in events.
 constexpr std::int64_t kMaxLeadEvents = 512;
@@ -149,6 +149,26 @@ void DeviceAllocator::RunDue() {
   ls.due.clear();
 }
 
+LearnedSchedule::Extent DeviceAllocator::LearnedExtent(const Block& b, bool carried) {
+  // On the host tier for good: routed there, or carried (never made again,
+  // and a host-tier block cannot be brought back).
+  if (b.routed_to_host || (carried && b.segment->host_tier)) return {0, 0};
+  // The device counts whole pages, and a send leaves the first and last.
+  if (carried) {  // at its address for good: what it spans there
+    const std::size_t first = b.segment->PageOf(b.addr);
+    const std::size_t last = b.segment->PageOf(b.addr + b.size - 1);
+    Block* one[] = {const_cast<Block*>(&b)};
+    return {(last - first + 1) * kPageSize, CanBeAway(b) ? InnerPageCount(one) * kPageSize : 0};
+  }
+  // Made in the step: where it lands changes from step to step, so what it
+  // counts is fixed by its size (a plan that changed with its alignment
+  // would be made every step): its bytes (pages it shares with neighbours
+  // are the planned part's margin), and the least a send moves. One on the
+  // host tier (the device was full) lands in an arena next time.
+  const bool movable = b.segment->host_tier || Awayable(b).ok();
+  return {b.size, movable && b.size > 2 * kPageSize ? b.size - 2 * kPageSize : 0};
+}
+
 void DeviceAllocator::EndLearnedStep() {
   LearnState& ls = *learn_;
   ReplayPlanOptions options;
@@ -156,11 +176,12 @@ void DeviceAllocator::EndLearnedStep() {
   options.max_lead_events = kMaxLeadEvents;
   if (absl::Status s = ls.schedule.EndStep(options, &ls.due); !s.ok()) NotePlacementError(s);
   RunDue();
-  std::vector<std::pair<std::uintptr_t, std::size_t>> live;
+  std::vector<std::pair<std::uintptr_t, LearnedSchedule::Extent>> live;
   for (const auto& [addr, b] : allocated_) {
-    if (b->mempool == 0) live.push_back({addr, b->routed_to_host ? 0 : b->size});
+    if (b->mempool == 0) live.push_back({addr, LearnedExtent(*b, /*carried=*/true)});
   }
-  std::sort(live.begin(), live.end());
+  std::sort(live.begin(), live.end(),
+            [](const auto& x, const auto& y) { return x.first < y.first; });
   ls.schedule.BeginStep(live);
 }
 

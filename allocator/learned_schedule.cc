@@ -18,8 +18,7 @@ constexpr std::uint64_t kNothing = kCarried;
 
 }  // namespace
 
-void LearnedSchedule::BeginStep(
-    absl::Span<const std::pair<std::uintptr_t, std::size_t>> live) {
+void LearnedSchedule::BeginStep(absl::Span<const std::pair<std::uintptr_t, Extent>> live) {
   step_ = std::make_unique<Step>();
   recording_ = true;
   overflowed_ = false;
@@ -30,11 +29,12 @@ void LearnedSchedule::BeginStep(
   id_of_.clear();
   own_address_.clear();
   own_sizes_.clear();
+  own_device_.clear();
   uses_.clear();
   (void)step_->Live(kNothing, 0);
-  for (const auto& [addr, bytes] : live) {
+  for (const auto& [addr, extent] : live) {
     const std::uint64_t id = kCarried | addr;
-    if (step_->Live(id, bytes).ok()) id_of_[addr] = id;
+    if (step_->Live(id, extent.device_bytes, extent.movable_bytes).ok()) id_of_[addr] = id;
   }
 }
 
@@ -42,6 +42,7 @@ void LearnedSchedule::SettleAlloc() {
   if (!alloc_pending_) return;
   alloc_pending_ = false;  // it failed: an allocation of nothing
   (void)step_->Alloc(own_address_.size() - 1, 0);
+  own_device_.back() = 0;
 }
 
 bool LearnedSchedule::Record() {
@@ -71,8 +72,10 @@ absl::Status LearnedSchedule::EndStep(const ReplayPlanOptions& options, Due* due
   if (replaying_ && !diverged_) Collect(~std::size_t{0}, due);  // what is due at the end
   recording_ = false;
   ++counts_.steps;
-  // The step repeated, and so did its allocations: the plan stands.
-  if (replaying_ && !diverged_ && uses_ == planned_uses_ && own_sizes_ == planned_sizes_) {
+  // The step repeated, and so did its allocations and what they hold on the
+  // device: the plan stands.
+  if (replaying_ && !diverged_ && uses_ == planned_uses_ && own_sizes_ == planned_sizes_ &&
+      own_device_ == planned_device_) {
     return absl::OkStatus();
   }
   replaying_ = false;
@@ -92,6 +95,7 @@ absl::Status LearnedSchedule::EndStep(const ReplayPlanOptions& options, Due* due
   }
   planned_uses_ = uses_;
   planned_sizes_ = own_sizes_;
+  planned_device_ = own_device_;
   replaying_ = true;
   ++counts_.plans;
   // What the step never uses leaves once, before the replay begins.
@@ -119,14 +123,16 @@ void LearnedSchedule::Alloc(std::size_t bytes, Due* due) {
   if (!recording_ || !Record()) return;
   own_address_.push_back(0);  // AllocDone names it
   own_sizes_.push_back(bytes);
+  own_device_.push_back(0);
   alloc_pending_ = true;
 }
 
-void LearnedSchedule::AllocDone(std::uintptr_t addr, std::size_t device_bytes) {
+void LearnedSchedule::AllocDone(std::uintptr_t addr, Extent extent) {
   if (!recording_ || !alloc_pending_) return;
   alloc_pending_ = false;
   const std::uint64_t id = own_address_.size() - 1;
-  (void)step_->Alloc(id, device_bytes);
+  (void)step_->Alloc(id, extent.device_bytes, extent.movable_bytes);
+  own_device_.back() = extent.device_bytes;
   own_address_.back() = addr;
   id_of_[addr] = id;
 }

@@ -57,9 +57,18 @@ class LearnedSchedule {
     std::int64_t divergences = 0;  // replays a differing event ended
   };
 
-  // A step begins; `live` are the allocations that exist now (address, and
-  // the bytes they hold on the device: see AllocDone).
-  void BeginStep(absl::Span<const std::pair<std::uintptr_t, std::size_t>> live);
+  // What an allocation counts in the plan: the bytes it holds on the device
+  // where the plan makes room for it, and of those the bytes a send away
+  // takes off (the rest, pages it shares with neighbours, stays counted).
+  struct Extent {
+    std::size_t device_bytes = 0;
+    std::size_t movable_bytes = 0;
+  };
+  // A step begins; `live` are the allocations that exist now, with their
+  // extents: 0 device bytes for one the host tier holds (routed there, or
+  // placed there because the device was full: a carried allocation is never
+  // made again, so it never lands on the device).
+  void BeginStep(absl::Span<const std::pair<std::uintptr_t, Extent>> live);
   // The step ends: what the plan still had due fills `due`; then, unless
   // the step replayed the plan to its end, plans the next from it under
   // `options` (policy/replay_schedule.h). A plan the policy refuses (a use
@@ -72,15 +81,16 @@ class LearnedSchedule {
   // allocations went (the plan changes that): every allocation, every free
   // of one the step knows, every use reported is an event. An allocation
   // is two calls: Alloc before it is made (`bytes`: the request, rounded),
-  // AllocDone with its address once it is, and the bytes it holds on the
-  // device where the plan makes room: its size, wherever it went (one the
-  // host tier took because the device was full lands on the device once the
-  // plan makes room, so the plan does not shrink with where allocations
-  // happened to go and stands from step to step), or 0 for one the caller
-  // routed to the host for good; one that failed has no AllocDone. A
-  // planned move of an allocation that cannot be away is skipped.
+  // AllocDone with its address and extent once it is: its size on the
+  // device wherever it went (one the host tier took because the device was
+  // full lands on the device once the plan makes room, so the plan does not
+  // shrink with where allocations happened to go and stands from step to
+  // step), or 0 for one the caller routed to the host for good; one that
+  // failed has no AllocDone. A step whose allocations' device bytes differ
+  // from the planned step's (a routing that changed) plans anew. A planned
+  // move of an allocation that cannot be away is skipped.
   void Alloc(std::size_t bytes, Due* due);
-  void AllocDone(std::uintptr_t addr, std::size_t device_bytes);
+  void AllocDone(std::uintptr_t addr, Extent extent);
   void Free(std::uintptr_t addr, Due* due);
   // One use reporting `reported` pointers, of which `addrs` are this
   // device's allocations (others: memory the step does not track).
@@ -108,6 +118,7 @@ class LearnedSchedule {
   absl::flat_hash_map<std::uintptr_t, std::uint64_t> id_of_;  // live -> id
   std::vector<std::uintptr_t> own_address_;  // ordinal -> address this step
   std::vector<std::size_t> own_sizes_;       // ordinal -> request, rounded
+  std::vector<std::size_t> own_device_;      // ordinal -> its device bytes
   bool alloc_pending_ = false;               // an Alloc awaits its AllocDone
   std::vector<std::size_t> uses_;            // per use: pointers reported
   // The plan replayed now, the step it came from, and each action's place
@@ -116,6 +127,7 @@ class LearnedSchedule {
   std::vector<std::size_t> action_use_;
   std::vector<std::size_t> planned_uses_;
   std::vector<std::size_t> planned_sizes_;
+  std::vector<std::size_t> planned_device_;
   bool replaying_ = false;
   bool diverged_ = false;
   std::size_t next_action_ = 0;

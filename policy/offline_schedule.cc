@@ -26,7 +26,8 @@ std::int32_t Step::IndexOf(std::uint64_t id) const {
   return it == index_.end() ? -1 : it->second;
 }
 
-absl::Status Step::Declare(std::uint64_t id, std::size_t bytes, bool carried) {
+absl::Status Step::Declare(std::uint64_t id, std::size_t bytes, std::size_t movable,
+                           bool carried) {
   if (index_.contains(id)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "id %d is declared twice (alloc or live): an id names one allocation", id));
@@ -37,6 +38,7 @@ absl::Status Step::Declare(std::uint64_t id, std::size_t bytes, bool carried) {
   Allocation a;
   a.id = id;
   a.bytes = bytes;
+  a.movable = movable;
   a.carried = carried;
   if (!carried) a.alloc_event = static_cast<std::int64_t>(events_.size());
   index_[id] = static_cast<std::int32_t>(allocations_.size());
@@ -50,10 +52,12 @@ absl::Status Step::Declare(std::uint64_t id, std::size_t bytes, bool carried) {
   return absl::OkStatus();
 }
 
-absl::Status Step::Live(std::uint64_t id, std::size_t bytes) { return Declare(id, bytes, true); }
+absl::Status Step::Live(std::uint64_t id, std::size_t bytes, std::size_t movable) {
+  return Declare(id, bytes, movable, true);
+}
 
-absl::Status Step::Alloc(std::uint64_t id, std::size_t bytes) {
-  return Declare(id, bytes, false);
+absl::Status Step::Alloc(std::uint64_t id, std::size_t bytes, std::size_t movable) {
+  return Declare(id, bytes, movable, false);
 }
 
 absl::Status Step::Use(absl::Span<const StepAccess> accesses) {

@@ -58,9 +58,14 @@ class Step {
  public:
   // An allocation that exists when the step begins (parameters, optimizer
   // state, the previous step's leftovers), wherever its line appears.
-  absl::Status Live(std::uint64_t id, std::size_t bytes);
+  // `movable`: the bytes of it that a move takes off the device (the rest
+  // stays counted there while it is away: pages it shares with neighbours);
+  // only PlanReplay (policy/replay_schedule.h) reads it, the offline
+  // schedule and bound move whole allocations.
+  static constexpr std::size_t kAllMovable = ~std::size_t{0};
+  absl::Status Live(std::uint64_t id, std::size_t bytes, std::size_t movable = kAllMovable);
   // An allocation made during the step.
-  absl::Status Alloc(std::uint64_t id, std::size_t bytes);
+  absl::Status Alloc(std::uint64_t id, std::size_t bytes, std::size_t movable = kAllMovable);
   // One kernel; an id named twice is one access with both modes.
   absl::Status Use(absl::Span<const StepAccess> accesses);
   absl::Status Free(std::uint64_t id);
@@ -68,6 +73,8 @@ class Step {
   struct Allocation {
     std::uint64_t id = 0;
     std::size_t bytes = 0;
+    std::size_t movable = kAllMovable;  // see Live
+    std::size_t movable_bytes() const { return movable < bytes ? movable : bytes; }
     bool carried = false;          // declared by Live
     std::int64_t alloc_event = -1;  // its Alloc's event index (-1: carried)
     std::int64_t free_event = -1;   // its Free's event index (-1: not freed)
@@ -95,7 +102,7 @@ class Step {
   std::int32_t IndexOf(std::uint64_t id) const;
 
  private:
-  absl::Status Declare(std::uint64_t id, std::size_t bytes, bool carried);
+  absl::Status Declare(std::uint64_t id, std::size_t bytes, std::size_t movable, bool carried);
 
   std::vector<Allocation> allocations_;
   std::vector<Event> events_;

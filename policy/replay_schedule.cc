@@ -159,6 +159,7 @@ Model BuildModel(const Step& step) {
                      std::none_of(u.begin(), u.end(), [](const UseOf& x) { return x.writes; });
     auto add_gap = [&](Index from_use, Index to_use, int after) {
       if (to_use - from_use < 2) return;  // no event between: it cannot be away
+      if (al.movable_bytes() == 0) return;  // nothing of it can leave
       m.gaps_of[a].push_back(static_cast<std::int32_t>(m.gaps.size()));
       Gap g;
       g.allocation = static_cast<std::int32_t>(a);
@@ -190,7 +191,8 @@ std::string Bytes(std::int64_t b) {
 std::vector<std::int64_t> Floor(const Model& m, const Step& step) {
   std::vector<std::int64_t> diff(m.n + 1, 0);
   for (const Gap& g : m.gaps) {
-    const std::int64_t b = static_cast<std::int64_t>(step.allocations()[g.allocation].bytes);
+    const std::int64_t b =
+        static_cast<std::int64_t>(step.allocations()[g.allocation].movable_bytes());
     ForPieces(m.n, g.u + 1, g.v, [&](Index l, Index r) {
       diff[l] -= b;
       diff[r] += b;
@@ -232,8 +234,8 @@ absl::Status ChooseAway(const Step& step, std::int64_t capacity, Index start, Mo
   // The best victim on top: farthest next use, then larger, then read-only.
   auto worse = [&](const Piece& x, const Piece& y) {
     if (x.next_use != y.next_use) return x.next_use < y.next_use;
-    const std::size_t bx = allocs[m.gaps[x.gap].allocation].bytes;
-    const std::size_t by = allocs[m.gaps[y.gap].allocation].bytes;
+    const std::size_t bx = allocs[m.gaps[x.gap].allocation].movable_bytes();
+    const std::size_t by = allocs[m.gaps[y.gap].allocation].movable_bytes();
     if (bx != by) return bx < by;
     const bool rx = m.read_only[m.gaps[x.gap].allocation];
     const bool ry = m.read_only[m.gaps[y.gap].allocation];
@@ -259,7 +261,7 @@ absl::Status ChooseAway(const Step& step, std::int64_t capacity, Index start, Mo
       if (p.end <= t || gap.away) continue;  // over, or already away
       gap.away = true;
       gap.bring = gap.v;
-      const std::int64_t b = static_cast<std::int64_t>(allocs[gap.allocation].bytes);
+      const std::int64_t b = static_cast<std::int64_t>(allocs[gap.allocation].movable_bytes());
       // Away over its whole stretch: now, later in the lap, and (no matter
       // to the sweep) earlier.
       const auto [from, end] = lap(gap);
@@ -283,7 +285,8 @@ MaxTree CountWithAway(const Step& step, const Model& m) {
   std::vector<std::int64_t> diff(m.n + 1, 0);
   for (const Gap& g : m.gaps) {
     if (!g.away) continue;
-    const std::int64_t b = static_cast<std::int64_t>(step.allocations()[g.allocation].bytes);
+    const std::int64_t b =
+        static_cast<std::int64_t>(step.allocations()[g.allocation].movable_bytes());
     ForPieces(m.n, g.u + 1, g.v, [&](Index l, Index r) {
       diff[l] -= b;
       diff[r] += b;
@@ -309,13 +312,13 @@ void KeepWhatFits(const Step& step, std::int64_t capacity, Model& m, MaxTree& co
   const auto& allocs = step.allocations();
   std::vector<std::int32_t> away = AwayGaps(m);
   std::sort(away.begin(), away.end(), [&](std::int32_t x, std::int32_t y) {
-    const std::size_t bx = allocs[m.gaps[x].allocation].bytes;
-    const std::size_t by = allocs[m.gaps[y].allocation].bytes;
+    const std::size_t bx = allocs[m.gaps[x].allocation].movable_bytes();
+    const std::size_t by = allocs[m.gaps[y].allocation].movable_bytes();
     return bx != by ? bx > by : x < y;
   });
   for (std::int32_t g : away) {
     Gap& gap = m.gaps[g];
-    const std::int64_t b = static_cast<std::int64_t>(allocs[gap.allocation].bytes);
+    const std::int64_t b = static_cast<std::int64_t>(allocs[gap.allocation].movable_bytes());
     bool fits = true;
     ForPieces(m.n, gap.u + 1, gap.v,
               [&](Index l, Index r) { fits = fits && count.Max(l, r) + b <= capacity; });
@@ -348,7 +351,7 @@ void BringAhead(const Step& step, const ReplayPlanOptions& options, std::int64_t
   MaxTree in_flight(std::vector<std::int64_t>(m.n, 0));
   for (std::int32_t g : away) {
     Gap& gap = m.gaps[g];
-    const std::int64_t b = static_cast<std::int64_t>(allocs[gap.allocation].bytes);
+    const std::int64_t b = static_cast<std::int64_t>(allocs[gap.allocation].movable_bytes());
     const Index lo = lowest(gap);
     auto last_blocked = [&](Index l, Index r) {
       return std::max(count.LastAbove(l, r, capacity - b),
@@ -468,18 +471,18 @@ absl::StatusOr<ReplayPlan> PlanReplay(const Step& step, const ReplayPlanOptions&
     send.kind = ReplayAction::Kind::kSendAway;
     send.at_event = (g.u + 1 + m.n) % m.n;
     send.id = al.id;
-    send.bytes = al.bytes;
+    send.bytes = al.movable_bytes();
     send.write_back = g.write_back;
     plan.actions.push_back(send);
     ReplayAction bring;
     bring.kind = ReplayAction::Kind::kBringBack;
     bring.at_event = (g.bring + m.n) % m.n;
     bring.id = al.id;
-    bring.bytes = al.bytes;
+    bring.bytes = al.movable_bytes();
     bring.lead_events = g.v - g.bring;
     plan.actions.push_back(bring);
-    plan.bytes.h2d += al.bytes;
-    if (g.write_back) plan.bytes.d2h += al.bytes;
+    plan.bytes.h2d += al.movable_bytes();
+    if (g.write_back) plan.bytes.d2h += al.movable_bytes();
   }
   std::sort(plan.actions.begin(), plan.actions.end(),
             [](const ReplayAction& x, const ReplayAction& y) {
