@@ -93,9 +93,15 @@ def install():
         # (State that oversubscription routed to the host counts nothing on
         # the device: the allocator knows it.)
         for g in opt.param_groups:
-            per_group = g.get("fused") or g.get("foreach") is not False
+            # foreach None is the CUDA default of the optimizers that have
+            # the key; one without it (LBFGS, SparseAdam, others') or a
+            # differentiable one loops over its parameters.
+            per_group = bool(g.get("fused")) or (
+                "foreach" in g and g["foreach"] is not False and not g.get("differentiable"))
             group = []
             for p in g["params"]:
+                if p.grad is None:  # the update skips it: no kernel reads it
+                    continue
                 tensors = [p, p.grad]
                 tensors.extend(v for v in opt.state.get(p, {}).values()
                                if isinstance(v, torch.Tensor))
