@@ -22,7 +22,7 @@ namespace {
 // The device part the plan may fill: the budget less room for what the
 // plan does not see (the pages that allocations share at their edges,
 // allocations it does not track).
-std::size_t PlannedPart(std::size_t budget) { return budget - budget / 8; }
+std::size_t PlannedPart(std::size_t budget) { return budget - budget / 16; }
 
 // How far ahead of its use a bring back may start, in events.
 constexpr std::int64_t kMaxLeadEvents = 512;

@@ -221,7 +221,7 @@ int Run() {
     so.record_moves = false;
     absl::StatusOr<LinkLowerBound> bound = LowerBoundLinkBytes(step, so);
     ReplayPlanOptions ro;
-    ro.device_bytes = part - part / 8;  // as allocator/learn_step.cc plans
+    ro.device_bytes = part - part / 16;  // as allocator/learn_step.cc plans
     ro.max_lead_events = 512;
     absl::StatusOr<ReplayPlan> plan = PlanReplay(step, ro);
     std::printf("device part %.2f GiB (%.4g of the live peak %.2f GiB)\n",
@@ -236,7 +236,7 @@ int Run() {
       std::printf("  lower bound: %s\n", std::string(bound.status().message()).c_str());
     }
     if (plan.ok()) {
-      std::printf("  policy's plan (7/8 of the part, whole allocations movable): H2D %.2f GB, "
+      std::printf("  policy's plan (15/16 of the part, whole allocations movable): H2D %.2f GB, "
                   "D2H %.2f GB, %zu actions\n",
                   GB(plan->bytes.h2d), GB(plan->bytes.d2h), plan->actions.size());
       pj["plan"] = {{"h2d", plan->bytes.h2d}, {"d2h", plan->bytes.d2h}};
