@@ -7,36 +7,17 @@
 #include <vector>
 
 #include "gmock/gmock.h"
-#include "tests/test_util.h"
+#include "tests/learn_step_fixture.h"
 
 namespace cma {
 namespace {
 
-constexpr std::size_t kMiB = std::size_t{1} << 20;
-
-// learn_step_test's fixture: eight 12 MiB parameters in a 160 MiB device
+// learn_step_test's shape: eight 12 MiB parameters in a 160 MiB device
 // part, eight 12 MiB activations a step.
-class LearnReviewTest : public AllocatorTest {
+class LearnReviewTest : public LearnStepFixture {
  protected:
-  static constexpr int kLayers = 8;
-  static constexpr std::size_t kParam = 12 * kMiB;
   static constexpr std::size_t kAct = 12 * kMiB;
-
-  void SetUp() override {
-    Make({.device_count = 1, .device_capacity = 256 * kMiB},
-         "oversubscribe:1,learn_step:1,managed_budget:1G,device_headroom:96M");
-    s_ = *backend_->CreateStream(0);
-    for (int i = 0; i < kLayers; ++i) params_.push_back(Alloc(kParam, 0, s_));
-    ASSERT_TRUE(alloc_->MarkIteration(0).ok());
-  }
-  void TearDown() override {
-    for (void* p : params_) EXPECT_TRUE(alloc_->Free(p).ok());
-    AllocatorTest::TearDown();
-  }
-  void Use(std::vector<void*> ptrs) { ASSERT_TRUE(alloc_->NoteUses(0, ptrs, s_).ok()); }
-
-  Stream s_ = 0;
-  std::vector<void*> params_;
+  void SetUp() override { MakeLayers(8, 12 * kMiB); }
 };
 
 // Review: a carried allocation that the host tier took because the device
@@ -49,25 +30,7 @@ TEST_F(LearnReviewTest, ReviewCarriedOverflowOnTheHostDoesNotBlockThePlan) {
   ASSERT_TRUE(*alloc_->PlacedOnHost(x));
   std::vector<void*> group(params_.begin(), params_.end());
   group.push_back(x);
-  auto step = [&] {
-    int on_host = 0;
-    std::vector<void*> acts;
-    for (int i = 0; i < kLayers; ++i) {
-      void* a = Alloc(kAct, 0, s_);
-      on_host += *alloc_->PlacedOnHost(a);
-      Use(i == 0 ? std::vector<void*>{params_[i], a}
-                 : std::vector<void*>{params_[i], a, acts.back()});
-      acts.push_back(a);
-    }
-    for (int i = kLayers - 1; i >= 0; --i) {
-      Use({params_[i], acts[i]});
-      EXPECT_TRUE(alloc_->Free(acts[i]).ok());
-    }
-    Use(group);
-    EXPECT_TRUE(alloc_->MarkIteration(0).ok());
-    ExpectInvariants();
-    return on_host;
-  };
+  auto step = [&] { return RunStep({.act = kAct, .last_use = group}); };
   EXPECT_GT(step(), 0);
   int last = 0;
   for (int i = 0; i < 5; ++i) last = step();
@@ -81,25 +44,7 @@ TEST_F(LearnReviewTest, ReviewCarriedOverflowOnTheHostDoesNotBlockThePlan) {
 // that the recording step routed to the host (0 device bytes in the plan)
 // is made on the device in later steps: the plan never makes room for it.
 TEST_F(LearnReviewTest, ReviewRoutingThatChangesIsLearntAgain) {
-  auto step = [&](bool routed) {
-    int on_host = 0;
-    std::vector<void*> acts;
-    for (int i = 0; i < kLayers; ++i) {
-      if (routed) EXPECT_TRUE(alloc_->SetHostRouting(0, true).ok());
-      void* a = Alloc(kAct, 0, s_);
-      if (routed) EXPECT_TRUE(alloc_->SetHostRouting(0, false).ok());
-      on_host += *alloc_->PlacedOnHost(a);
-      Use(i == 0 ? std::vector<void*>{params_[i], a}
-                 : std::vector<void*>{params_[i], a, acts.back()});
-      acts.push_back(a);
-    }
-    for (int i = kLayers - 1; i >= 0; --i) {
-      Use({params_[i], acts[i]});
-      EXPECT_TRUE(alloc_->Free(acts[i]).ok());
-    }
-    EXPECT_TRUE(alloc_->MarkIteration(0).ok());
-    return on_host;
-  };
+  auto step = [&](bool routed) { return RunStep({.act = kAct, .routed = routed}); };
   step(true);
   step(true);  // a plan with every activation at 0 bytes: nothing moves
   const std::int64_t plans = Stats().learned_plans;
@@ -120,51 +65,21 @@ TEST_F(LearnReviewTest, ReviewRoutingThatChangesIsLearntAgain) {
 // as the only room for that, a plan of many mid-sized allocations overran
 // the part: bring-backs missed and allocations spilled to the host. Now
 // each allocation's movable bytes reach the plan (LearnedSchedule::Extent).
-class LearnMarginTest : public AllocatorTest,
+class LearnMarginTest : public LearnStepFixture,
                         public ::testing::WithParamInterface<std::tuple<int, int, int>> {};
 
 TEST_P(LearnMarginTest, ReviewSteadyStepHasNoMissNorSpill) {
-  const auto [layers, param_k, act_k] = GetParam();
-  const std::size_t param = param_k * std::size_t{1024} * 1024 / 4;
-  const std::size_t act = act_k * std::size_t{1024} * 1024 / 4;
-  Make({.device_count = 1, .device_capacity = 256 * kMiB},
-       "oversubscribe:1,learn_step:1,managed_budget:1G,device_headroom:96M");
-  Stream s = *backend_->CreateStream(0);
-  std::vector<void*> params;
-  for (int i = 0; i < layers; ++i) params.push_back(Alloc(param, 0, s));
-  ASSERT_TRUE(alloc_->MarkIteration(0).ok());
-  auto use = [&](std::vector<void*> p) { ASSERT_TRUE(alloc_->NoteUses(0, p, s).ok()); };
-  auto step = [&] {
-    const DeviceStats before = Stats();
-    std::vector<void*> acts;
-    for (int i = 0; i < layers; ++i) {
-      void* a = Alloc(act, 0, s);
-      use(i == 0 ? std::vector<void*>{params[i], a}
-                 : std::vector<void*>{params[i], a, acts.back()});
-      acts.push_back(a);
-    }
-    for (int i = layers - 1; i >= 0; --i) {
-      use({params[i], acts[i]});
-      EXPECT_TRUE(alloc_->Free(acts[i]).ok());
-    }
-    EXPECT_TRUE(alloc_->MarkIteration(0).ok());
-    const DeviceStats now = Stats();
-    return std::pair<std::int64_t, std::int64_t>(
-        now.learned_misses - before.learned_misses,
-        now.host_overflow_bytes - before.host_overflow_bytes);
-  };
-  for (int i = 0; i < 4; ++i) step();
-  std::int64_t misses = 0, spilled = 0;
-  for (int i = 0; i < 3; ++i) {
-    auto [m, h] = step();
-    misses += m;
-    spilled += h;
-  }
-  EXPECT_GE(Stats().learned_plans, 1);
-  EXPECT_EQ(misses, 0);
-  EXPECT_EQ(spilled, 0);
-  ASSERT_TRUE(backend_->SynchronizeStream(s).ok());
-  for (void* p : params) EXPECT_TRUE(alloc_->Free(p).ok());
+  const auto [layers, param_quarter_mib, act_quarter_mib] = GetParam();
+  MakeLayers(layers, param_quarter_mib * kMiB / 4);
+  const std::size_t act = act_quarter_mib * kMiB / 4;
+  for (int i = 0; i < 4; ++i) RunStep({.act = act});
+  const DeviceStats before = Stats();
+  for (int i = 0; i < 3; ++i) RunStep({.act = act});
+  const DeviceStats after = Stats();
+  EXPECT_GE(after.learned_plans, 1);
+  EXPECT_EQ(after.learned_misses - before.learned_misses, 0);
+  EXPECT_EQ(after.host_overflow_bytes - before.host_overflow_bytes, 0);
+  ExpectParamsIntact();
 }
 
 // (12 layers of 10 MiB parameters and 10 MiB activations still misses

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "gmock/gmock.h"
-#include "tests/test_util.h"
+#include "tests/learn_step_fixture.h"
 
 namespace cma {
 namespace {
@@ -15,55 +15,14 @@ namespace {
 using ::testing::HasSubstr;
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-class LearnStepTest : public AllocatorTest {
+class LearnStepTest : public LearnStepFixture {
  protected:
   static constexpr int kLayers = 8;
   static constexpr std::size_t kParam = 12 * kMiB;
   static constexpr std::size_t kAct = 12 * kMiB;
 
-  void SetUp() override {
-    // A 160 MiB device part; the rest of a 1 GiB budget on the host.
-    Make({.device_count = 1, .device_capacity = 256 * kMiB},
-         "oversubscribe:1,learn_step:1,managed_budget:1G,device_headroom:96M");
-    s_ = *backend_->CreateStream(0);
-    for (int i = 0; i < kLayers; ++i) {
-      params_.push_back(Alloc(kParam, 0, s_));
-      ASSERT_TRUE(backend_->SynchronizeStream(s_).ok());
-      std::memset(params_.back(), 'a' + i, kParam);
-    }
-    ASSERT_TRUE(alloc_->MarkIteration(0).ok());  // the first step begins
-  }
-  void TearDown() override {
-    for (void* p : params_) EXPECT_TRUE(alloc_->Free(p).ok());
-    AllocatorTest::TearDown();
-  }
-  void Use(std::vector<void*> ptrs) {
-    ASSERT_TRUE(alloc_->NoteUses(0, ptrs, s_).ok());
-  }
-  // Forward layer by layer (each activation read by the next layer), then
-  // backward in reverse, freeing each activation after its last use.
-  // Returns how many activations the allocator placed on the host.
-  int Step(int layers = kLayers) {
-    int on_host = 0;
-    std::vector<void*> acts;
-    for (int i = 0; i < layers; ++i) {
-      void* a = Alloc(kAct, 0, s_);
-      on_host += *alloc_->PlacedOnHost(a);
-      Use(i == 0 ? std::vector<void*>{params_[i], a}
-                 : std::vector<void*>{params_[i], a, acts.back()});
-      acts.push_back(a);
-    }
-    for (int i = layers - 1; i >= 0; --i) {
-      Use({params_[i], acts[i]});
-      EXPECT_TRUE(alloc_->Free(acts[i]).ok());
-    }
-    EXPECT_TRUE(alloc_->MarkIteration(0).ok());
-    ExpectInvariants();
-    return on_host;
-  }
-
-  Stream s_ = 0;
-  std::vector<void*> params_;
+  void SetUp() override { MakeLayers(kLayers, kParam); }
+  int Step(int layers = kLayers) { return RunStep({.layers = layers, .act = kAct}); }
 };
 
 TEST_F(LearnStepTest, ALearnedStepFitsTheDeviceWhereTheFirstDidNot) {
@@ -83,14 +42,7 @@ TEST_F(LearnStepTest, ALearnedStepFitsTheDeviceWhereTheFirstDidNot) {
   Step();
   Step();
   EXPECT_EQ(Stats().learned_plans, plans);
-  // The data went away and came back intact.
-  ASSERT_TRUE(backend_->SynchronizeStream(s_).ok());
-  for (int i = 0; i < kLayers; ++i) {
-    const char* p = static_cast<const char*>(params_[i]);
-    EXPECT_EQ(p[0], 'a' + i);
-    EXPECT_EQ(p[kParam / 2], 'a' + i);
-    EXPECT_EQ(p[kParam - 1], 'a' + i);
-  }
+  ExpectParamsIntact();  // the data went away and came back
 }
 
 TEST_F(LearnStepTest, WhatTheHostTierTookLandsOnTheDeviceAndThePlanStands) {
@@ -110,25 +62,7 @@ TEST_F(LearnStepTest, WhatTheHostTierTookLandsOnTheDeviceAndThePlanStands) {
   }
   std::vector<void*> optimizer(params_.begin(), params_.end());
   optimizer.insert(optimizer.end(), state.begin(), state.end());
-  auto step = [&] {
-    std::vector<void*> acts;
-    int on_host = 0;
-    for (int i = 0; i < kLayers; ++i) {
-      void* a = Alloc(kAct, 0, s_);
-      on_host += *alloc_->PlacedOnHost(a);
-      Use(i == 0 ? std::vector<void*>{params_[i], a}
-                 : std::vector<void*>{params_[i], a, acts.back()});
-      acts.push_back(a);
-    }
-    for (int i = kLayers - 1; i >= 0; --i) {
-      Use({params_[i], acts[i]});
-      EXPECT_TRUE(alloc_->Free(acts[i]).ok());
-    }
-    Use(optimizer);
-    EXPECT_TRUE(alloc_->MarkIteration(0).ok());
-    ExpectInvariants();
-    return on_host;
-  };
+  auto step = [&] { return RunStep({.act = kAct, .last_use = optimizer}); };
   EXPECT_GT(step(), 0) << "the first step is larger than the device's part";
   for (int i = 0; i < 2; ++i) step();
   const DeviceStats before = Stats();

@@ -80,6 +80,19 @@ struct Run {
     CHECK(cudaEventElapsedTime(&ms, t0, t1));
     return static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
   }
+  // The range as 64 MiB pieces, for the batch calls.
+  struct Pieces {
+    std::vector<void*> ptrs;
+    std::vector<size_t> sizes;
+  };
+  Pieces Split(char* p) const {
+    Pieces out;
+    for (size_t off = 0; off < bytes; off += 64 * kMiB) {
+      out.ptrs.push_back(p + off);
+      out.sizes.push_back(std::min(64 * kMiB, bytes - off));
+    }
+    return out;
+  }
   void PrefetchChunks(char* p, size_t chunk, const cudaMemLocation& to, cudaStream_t st) {
     for (size_t off = 0; off < bytes; off += chunk) {
       CHECK(cudaMemPrefetchAsync(p + off, std::min(chunk, bytes - off), to, 0, st));
@@ -101,15 +114,10 @@ struct Run {
       CHECK(cudaMemDiscardBatchAsync(ptrs, sizes, 1, 0, s));
       CHECK(cudaStreamSynchronize(s));
       return Time([&] {
-        std::vector<void*> ps;
-        std::vector<size_t> ss;
-        for (size_t off = 0; off < bytes; off += 64 * kMiB) {
-          ps.push_back(range + off);
-          ss.push_back(std::min(64 * kMiB, bytes - off));
-        }
+        Pieces ps = Split(range);
         size_t idx = 0;
-        CHECK(cudaMemDiscardAndPrefetchBatchAsync(ps.data(), ss.data(), ps.size(), &dev, &idx, 1,
-                                                  0, s));
+        CHECK(cudaMemDiscardAndPrefetchBatchAsync(ps.ptrs.data(), ps.sizes.data(), ps.ptrs.size(),
+                                                  &dev, &idx, 1, 0, s));
         CHECK(cudaMemcpyAsync(range, pinned, bytes, cudaMemcpyHostToDevice, s));
       });
     }
@@ -118,14 +126,10 @@ struct Run {
     if (name == "prefetch_2m") return Time([&] { PrefetchChunks(range, 2 * kMiB, to_host, s); });
     if (name == "prefetch_batch") {
       return Time([&] {
-        std::vector<void*> ps;
-        std::vector<size_t> ss;
-        for (size_t off = 0; off < bytes; off += 64 * kMiB) {
-          ps.push_back(range + off);
-          ss.push_back(std::min(64 * kMiB, bytes - off));
-        }
+        Pieces ps = Split(range);
         size_t idx = 0;
-        CHECK(cudaMemPrefetchBatchAsync(ps.data(), ss.data(), ps.size(), &host, &idx, 1, 0, s));
+        CHECK(cudaMemPrefetchBatchAsync(ps.ptrs.data(), ps.sizes.data(), ps.ptrs.size(), &host,
+                                        &idx, 1, 0, s));
       });
     }
     if (name == "prefetch_pref_host") {

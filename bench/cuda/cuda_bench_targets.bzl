@@ -44,38 +44,26 @@ def cuda_bench_targets():
         ],
     )
 
-    # The link's bandwidth each way and both at once (issue 48): a GPU-only
-    # program whose JSON bench/link_limit reads. One .cu with its main.
+    # The link's bandwidth each way and both at once (issue 48), whose JSON
+    # bench/link_limit reads; how fast a live allocation's pages leave for
+    # the host and come back (issue 48: the away state's transport).
+    _cuda_main("link_duplex_bench")
+    _cuda_main("away_transport_bench")
+
+def _cuda_main(name):
+    """A GPU-only program: one .cu with its main, compiled by nvcc for Hopper
+    and Ampere (PTX for newer chips), linked with the static cudart."""
     native.genrule(
-        name = "link_duplex_bench_obj",
-        srcs = ["link_duplex_bench.cu"],
-        outs = ["link_duplex_bench.o"],
+        name = name + "_obj",
+        srcs = [name + ".cu"],
+        outs = [name + ".o"],
         cmd = ("%s/bin/nvcc -O3 -std=c++17 -Xcompiler -fPIC " % CUDA_ROOT +
                "-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 " +
-               "-gencode arch=compute_90,code=compute_90 -c $(location link_duplex_bench.cu) -o $@"),
+               "-gencode arch=compute_90,code=compute_90 -c $(location %s.cu) -o $@" % name),
         local = True,
     )
-
     native.cc_binary(
-        name = "link_duplex_bench",
-        srcs = [":link_duplex_bench_obj"],
-        deps = ["@local_cuda//:cudart_static"],
-    )
-
-    # How fast a live allocation's pages leave for the host and come back
-    # (issue 48: the away state's transport). One .cu with its main.
-    native.genrule(
-        name = "away_transport_bench_obj",
-        srcs = ["away_transport_bench.cu"],
-        outs = ["away_transport_bench.o"],
-        cmd = ("%s/bin/nvcc -O3 -std=c++17 -Xcompiler -fPIC " % CUDA_ROOT +
-               "-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 " +
-               "-gencode arch=compute_90,code=compute_90 -c $(location away_transport_bench.cu) -o $@"),
-        local = True,
-    )
-
-    native.cc_binary(
-        name = "away_transport_bench",
-        srcs = [":away_transport_bench_obj"],
+        name = name,
+        srcs = [":" + name + "_obj"],
         deps = ["@local_cuda//:cudart_static"],
     )
