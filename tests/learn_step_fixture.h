@@ -51,9 +51,13 @@ class LearnStepFixture : public AllocatorTest {
     int on_host = 0;
     std::vector<void*> acts;
     for (int i = 0; i < layers; ++i) {
-      if (shape.routed) EXPECT_TRUE(alloc_->SetHostRouting(0, true).ok());
+      if (shape.routed) {
+        EXPECT_TRUE(alloc_->SetHostRouting(0, true).ok());
+      }
       void* a = Alloc(shape.act, 0, s_);
-      if (shape.routed) EXPECT_TRUE(alloc_->SetHostRouting(0, false).ok());
+      if (shape.routed) {
+        EXPECT_TRUE(alloc_->SetHostRouting(0, false).ok());
+      }
       on_host += *alloc_->PlacedOnHost(a);
       Use(i == 0 ? std::vector<void*>{params_[i], a}
                  : std::vector<void*>{params_[i], a, acts.back()});
