@@ -1,5 +1,6 @@
 #include "allocator/learned_schedule.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace cma {
@@ -131,6 +132,12 @@ void LearnedSchedule::AllocDone(std::uintptr_t addr, Extent extent) {
   if (!recording_ || !alloc_pending_) return;
   alloc_pending_ = false;
   const std::uint64_t id = own_address_.size() - 1;
+  // Where it went must not change what it counts: the request, rounded
+  // (a host-tier block is whole pages, or a larger cached one).
+  if (extent.device_bytes > own_sizes_.back()) {
+    extent.movable_bytes -= std::min(extent.movable_bytes, extent.device_bytes - own_sizes_.back());
+    extent.device_bytes = own_sizes_.back();
+  }
   (void)step_->Alloc(id, extent.device_bytes, extent.movable_bytes);
   own_device_.back() = extent.device_bytes;
   own_address_.back() = addr;

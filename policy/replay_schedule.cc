@@ -148,7 +148,12 @@ Model BuildModel(const Step& step) {
     const auto& u = m.uses[a];
     const std::int64_t b = static_cast<std::int64_t>(al.bytes);
     if (al.persistent() && u.empty()) {
-      m.host_for_good.push_back(al.id);
+      // What a send leaves (its shared edge pages, or all of it when it
+      // cannot leave) stays on the device for the whole step.
+      const std::int64_t stays = static_cast<std::int64_t>(al.bytes - al.movable_bytes());
+      diff[0] += stays;
+      diff[m.n] -= stays;
+      if (al.movable_bytes() > 0) m.host_for_good.push_back(al.id);
       continue;
     }
     const Index from = al.carried ? 0 : al.alloc_event;

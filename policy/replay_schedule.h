@@ -11,7 +11,8 @@
 //    previous step left it: what is away at the end of the step is away at
 //    its start, and a bring-back may be issued late in the step for a use
 //    early in the next one.
-//  - An allocation occupies device bytes while it exists and is not away:
+//  - An allocation occupies device bytes while it exists and is not away
+//    (and, away, its bytes less its movable ones: Step::Live/Alloc):
 //    one made in the step from its Alloc event through its Free event (or
 //    the step's end), both included, because the core populates a block's
 //    pages when it hands it out and releases them only at the free; a
@@ -103,7 +104,9 @@ struct ReplayPlan {
   // make the room), then the bring-backs by their use, earliest first.
   std::vector<ReplayAction> actions;
   // Persistent allocations the step never uses: away for good, sent once
-  // before the first replayed step and never counted on the device.
+  // before the first replayed step; what a send leaves of them (bytes less
+  // movable, all of one that cannot move, which is not listed) counts on
+  // the device for the whole step.
   std::vector<std::uint64_t> host_for_good;
   // The most bytes counted on the device at any event (<= device_bytes).
   std::size_t peak_device_bytes = 0;

@@ -5,8 +5,10 @@
 // every step the allocator's invariants hold, no allocation failed, and
 // every live allocation still holds the bytes written into it (the plan
 // moves data, never loses it); the activations are checked before their
-// free. A failure prints its seed.
+// free. A failure prints its seed; LEARN_RANDOM_SEEDS and
+// LEARN_RANDOM_FIRST choose the seeds of a longer run.
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -133,12 +135,17 @@ class LearnStepRandomTest : public AllocatorTest {
 };
 
 TEST_F(LearnStepRandomTest, RandomStepsKeepEveryByteAndTheInvariants) {
-  for (std::uint64_t seed = 1; seed <= 40; ++seed) {
+  // LEARN_RANDOM_SEEDS=N LEARN_RANDOM_FIRST=K run seeds K..K+N-1 (a long run).
+  const char* n = std::getenv("LEARN_RANDOM_SEEDS");
+  const char* k = std::getenv("LEARN_RANDOM_FIRST");
+  const std::uint64_t first = k != nullptr ? std::strtoull(k, nullptr, 10) : 1;
+  const std::uint64_t seeds = n != nullptr ? std::strtoull(n, nullptr, 10) : 40;
+  for (std::uint64_t seed = first; seed < first + seeds; ++seed) {
     RunSeed(seed);
     if (HasFailure()) break;
   }
   // The seeds exercised the plan: it was made, and data came back.
-  EXPECT_GT(plans_, 40);
+  EXPECT_GT(plans_, static_cast<std::int64_t>(seeds));
   EXPECT_GT(brought_, 0);
 }
 

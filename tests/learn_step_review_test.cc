@@ -60,6 +60,27 @@ TEST_F(LearnReviewTest, ReviewRoutingThatChangesIsLearntAgain) {
 }
 
 
+// Second review: an allocation the host tier took counted its host block's
+// size (whole pages, or a larger cached block) and the same allocation on
+// the device its request: a step whose activations are not whole pages was
+// planned again once they landed on the device.
+TEST_F(LearnReviewTest, ActivationsOfAnySizePlanOnce) {
+  for (std::size_t act : {12 * kMiB, 12 * kMiB + 512 * 1024}) {
+    SCOPED_TRACE(::testing::Message() << "activations of " << act << " bytes");
+    for (void* p : params_) EXPECT_TRUE(alloc_->Free(p).ok());  // a fresh allocator each
+    params_.clear();
+    MakeLayers(8, 12 * kMiB);
+    std::vector<int> host, plans;
+    for (int i = 0; i < 6; ++i) {
+      host.push_back(RunStep({.act = act}));
+      plans.push_back(static_cast<int>(Stats().learned_plans));
+    }
+    EXPECT_GT(host[0], 0);
+    EXPECT_EQ(host.back(), 0);
+    EXPECT_THAT(plans, ::testing::Each(1)) << ::testing::PrintToString(host);
+  }
+}
+
 // Review: the plan counted a sent allocation's whole size as freed, but only
 // the pages strictly inside it leave (away.cc InnerPages); with budget/16
 // as the only room for that, a plan of many mid-sized allocations overran
