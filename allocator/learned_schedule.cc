@@ -43,7 +43,6 @@ void LearnedSchedule::SettleAlloc() {
   if (!alloc_pending_) return;
   alloc_pending_ = false;  // it failed: an allocation of nothing
   (void)step_->Alloc(own_address_.size() - 1, 0);
-  own_device_.back() = 0;
 }
 
 bool LearnedSchedule::Record() {
