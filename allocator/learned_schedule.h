@@ -149,6 +149,10 @@ struct LearnState {
   // stream of the allocation's next use waits for.
   absl::flat_hash_map<std::uintptr_t, Event> fetches;
   std::int64_t misses = 0;  // bring-backs the budget had no room for
+  // Microseconds the reporting thread spent issuing sends and bring-backs
+  // (the driver's calls, making room): time the step's own launches wait.
+  std::int64_t send_host_us = 0;
+  std::int64_t bring_host_us = 0;
 };
 }  // namespace cma
 

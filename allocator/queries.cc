@@ -34,6 +34,8 @@ DeviceStats DeviceAllocator::GetStats() {
     s.learned_plans = c.plans;
     s.learned_divergences = c.divergences;
     s.learned_misses = learn_->misses;
+    s.learned_send_host_us = learn_->send_host_us;
+    s.learned_bring_host_us = learn_->bring_host_us;
   }
   return s;
 }

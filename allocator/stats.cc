@@ -41,7 +41,8 @@ void AddArray(StatArray& a, const StatArray& b) {
   X(discard_calls) X(num_discard_waits) X(sleep_staged_bytes) X(sleep_restored_bytes)  \
   X(num_wake_fences) X(host_budget_bytes) X(num_host_placements)    \
   X(host_overflow_bytes) X(sent_away_bytes) X(brought_back_bytes) \
-  X(learned_steps) X(learned_plans) X(learned_divergences) X(learned_misses)
+  X(learned_steps) X(learned_plans) X(learned_divergences) X(learned_misses) \
+  X(learned_send_host_us) X(learned_bring_host_us)
 
 std::map<std::string, std::int64_t> DeviceStats::Flatten() const {
   std::map<std::string, std::int64_t> m;

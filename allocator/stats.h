@@ -108,6 +108,10 @@ struct DeviceStats {
   std::int64_t learned_plans = 0;
   std::int64_t learned_divergences = 0;
   std::int64_t learned_misses = 0;
+  // Microseconds the thread reporting the step's events spent issuing the
+  // learned sends and bring-backs.
+  std::int64_t learned_send_host_us = 0;
+  std::int64_t learned_bring_host_us = 0;
 
   // Flattened as PyTorch does: "allocated_bytes.all.current", "num_ooms", ...
   std::map<std::string, std::int64_t> Flatten() const;

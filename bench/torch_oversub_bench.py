@@ -99,7 +99,7 @@ INFER_ROUTES = ("cma_oversub", "managed_plain", "accel_auto")
 ALL_ROUTES = ("inmem",) + TRAIN_ROUTES + ("cma_oversub_direct", "cma_oversub_inbwd",
                                           "cma_oversub_inbwd_free", "cma_oversub_learn",
                                           "accel_auto", "accel_offload")
-STAT_WORDS = ("prefetch", "migrat", "evict", "host", "oversub", "resident", "fault", "away",
+STAT_WORDS = ("prefetch", "migrat", "evict", "host", "oversub", "resident", "fault", "away", "discard",
               "brought", "learned")
 STEP_PREFIX, INFO_PREFIX = "STEP ", "INFO "
 DEFAULTS = {  # (mode, quick): sizes an H100 80GB holds for inmem, fp32

@@ -21,16 +21,28 @@
 //                     the device (populating, no transfer), then
 //                     cudaMemcpyAsync from pinned
 //
+// Then "overlap": does issuing a transfer hold up the thread that launches
+// the compute? A run of memory-bound kernels on a third stream (alone: its
+// wall time), then the same run while --mib goes to the host (D2H prefetch)
+// or comes back (H2D prefetch), its 64 MiB calls issued either from the
+// launching thread between kernels ("same") or from a second thread
+// ("thread"); "issue_ms" is the time the launching thread spent inside the
+// transfer calls (for "thread", the second thread's). Ideal: max(compute,
+// transfer).
+//
 //   away_transport_bench [--mib=1024] [--reps=3]
 //
-// Memory: 2x --mib of managed memory on the device, --mib of pinned host.
+// Memory: 2x --mib of managed memory on the device, --mib of pinned host,
+// 512 MiB of device memory for the kernels.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -166,6 +178,97 @@ struct Run {
   }
 };
 
+double NowMs() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Memory-bound kernels on `c` interleaved with the 64 MiB calls that move
+// `r.range` to `to` on `r.s`; returns {wall ms, ms the launching thread spent
+// in transfer calls}. mode: 0 no transfer, 1 same thread, 2 second thread.
+struct Overlap {
+  double wall_ms, issue_ms;
+};
+Overlap RunOverlap(Run& r, cudaStream_t c, int* buf, size_t buf_ints, int kernels, int mode,
+                   const cudaMemLocation& to) {
+  const int chunks = static_cast<int>((r.bytes + 64 * kMiB - 1) / (64 * kMiB));
+  const int every = std::max(1, kernels / (2 * chunks));  // transfers in the first half
+  double issue = 0;
+  CHECK(cudaDeviceSynchronize());
+  const double t0 = NowMs();
+  std::thread mover;
+  if (mode == 2) {
+    // issue_ms: the second thread's time inside the calls.
+    mover = std::thread([&] {
+      const double a = NowMs();
+      r.PrefetchChunks(r.range, 64 * kMiB, to, r.s);
+      issue = NowMs() - a;
+    });
+  }
+  int issued = 0;
+  for (int k = 0; k < kernels; ++k) {
+    Fill<<<528, 512, 0, c>>>(buf, buf_ints, k);
+    if (mode == 1 && k % every == 0 && issued < chunks) {
+      const double a = NowMs();
+      const size_t off = static_cast<size_t>(issued) * 64 * kMiB;
+      CHECK(cudaMemPrefetchAsync(r.range + off, std::min(64 * kMiB, r.bytes - off), to, 0, r.s));
+      issue += NowMs() - a;
+      ++issued;
+    }
+  }
+  if (mode == 1) {
+    for (; issued < chunks; ++issued) {
+      const size_t off = static_cast<size_t>(issued) * 64 * kMiB;
+      CHECK(cudaMemPrefetchAsync(r.range + off, std::min(64 * kMiB, r.bytes - off), to, 0, r.s));
+    }
+  }
+  if (mover.joinable()) mover.join();
+  CHECK(cudaStreamSynchronize(c));
+  CHECK(cudaStreamSynchronize(r.s));
+  return {NowMs() - t0, issue};
+}
+
+void PrintOverlap(Run& r, int reps) {
+  cudaStream_t c;
+  CHECK(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking));
+  const size_t buf_bytes = 512 * kMiB;
+  int* buf = nullptr;
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&buf), buf_bytes));
+  const int kernels = 2000;
+  std::printf(", \"overlap\": {\"kernels\": %d", kernels);
+  for (int dir = 0; dir < 2; ++dir) {
+    const cudaMemLocation to = dir == 0 ? r.host : r.dev;
+    for (int mode = 0; mode < 3; ++mode) {
+      if (dir == 1 && mode == 0) continue;
+      std::vector<double> wall, issue;
+      for (int k = 0; k <= reps; ++k) {
+        // The range starts where the transfer moves it from.
+        if (dir == 0) {
+          r.WriteOnDevice(r.range, 5);
+        } else {
+          CHECK(cudaMemPrefetchAsync(r.range, r.bytes, r.host, 0, r.s));
+          CHECK(cudaStreamSynchronize(r.s));
+        }
+        Overlap o = RunOverlap(r, c, buf, buf_bytes / sizeof(int), kernels, mode, to);
+        if (k == 0) continue;  // warm
+        wall.push_back(o.wall_ms);
+        issue.push_back(o.issue_ms);
+      }
+      std::sort(wall.begin(), wall.end());
+      std::sort(issue.begin(), issue.end());
+      const char* names[] = {"compute_alone", "same", "thread"};
+      std::printf(", \"%s%s\": {\"wall_ms\": %.1f, \"issue_ms\": %.1f}",
+                  mode == 0 ? "" : (dir == 0 ? "d2h_" : "h2d_"), names[mode],
+                  wall[wall.size() / 2], issue[issue.size() / 2]);
+      std::fflush(stdout);
+    }
+  }
+  std::printf("}");
+  CHECK(cudaFree(buf));
+  CHECK(cudaStreamDestroy(c));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -214,7 +317,9 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     first = false;
   }
-  std::printf("}}\n");
+  std::printf("}");
+  PrintOverlap(r, reps);
+  std::printf("}\n");
   CHECK(cudaFree(r.range));
   CHECK(cudaFree(r.second));
   CHECK(cudaFreeHost(r.pinned));
