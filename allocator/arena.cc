@@ -241,6 +241,35 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
       AddPage(by_stream[it->stream], it->seg, it->page);
     }
   }
+  // Then, for a populating stream, pages whose free blocks belong to several
+  // streams: discarded on the populating stream once it has waited (on the
+  // GPU) for every stream owning a free block there, rather than the host
+  // waiting for those streams (SettleFreeBlockStreams), which would drain
+  // the queue of kernels the caller has launched ahead.
+  if (populating != nullptr && chosen.size() < pages) {
+    std::vector<Candidate*> mixed;
+    absl::flat_hash_set<Stream> owners;
+    for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
+      if (!it->mixed || chosen.size() + mixed.size() >= pages) continue;
+      const std::uintptr_t page_end = it->seg->base + (it->page + 1) * kPageSize;
+      for (const Block* b = it->first; b != nullptr && b->addr < page_end; b = b->next) {
+        if (b->is_free() && b->stream != *populating) owners.insert(b->stream);
+      }
+      mixed.push_back(&*it);
+    }
+    bool ordered = true;
+    for (Stream s : owners) {
+      if (!OrderAfter(*populating, s).ok()) ordered = false;
+    }
+    if (ordered && !mixed.empty()) {
+      for (Candidate* c : mixed) {
+        c->stream = *populating;
+        chosen.push_back(c);
+        AddPage(by_stream[c->stream], c->seg, c->page);
+      }
+      stats_.num_discard_waits += static_cast<std::int64_t>(owners.size());
+    }
+  }
   absl::flat_hash_map<Stream, bool> discarded;
   for (auto& [stream, ranges] : by_stream) {
     absl::Status d = backend_->DiscardBatch(ranges, stream);

@@ -136,15 +136,11 @@ void DeviceAllocator::MakeRoomToBringBack(std::size_t pages, Stream stream) {
   const std::size_t budget_pages = budget_ / kPageSize;
   if (populated_pages() + pages <= budget_pages) return;
   // Idle cached pages make the room, discarded ahead of the population on
-  // `stream` (DiscardIdlePages orders it after other streams' discards).
-  // A page that free blocks of several streams share goes only once every
-  // stream's work is done: waited for, as the out-of-memory path does, when
-  // the others are not enough (CheckRoomToBringBack counted every idle page).
+  // `stream` (DiscardIdlePages orders it after other streams' discards, and
+  // a page that free blocks of several streams share after those streams,
+  // all on the GPU: a host wait here would stall the thread that launches
+  // the step's kernels at every bring back).
   DiscardIdlePages(populated_pages() + pages - budget_pages, 0, 0, &stream);
-  if (populated_pages() + pages > budget_pages && SettleFreeBlockStreams()) {
-    DiscardIdlePages(populated_pages() + pages - budget_pages, 0, 0, &stream, nullptr,
-                     /*settled=*/true);
-  }
 }
 
 absl::Status DeviceAllocator::MoveAway(absl::Span<Block* const> blocks, bool away, Stream stream) {

@@ -376,7 +376,9 @@ class DeviceAllocator {
   // belong to several streams is left alone, unless `settled`: every stream
   // owning a free block has been waited for, so any of them may order it).
   // With `populating`, the stream about to populate new pages: its own idle
-  // pages go first, and it waits (GPU-side) for discards on other streams.
+  // pages go first, and it waits (GPU-side) for discards on other streams;
+  // then pages of several streams' free blocks, discarded on `populating`
+  // after it waits (GPU-side) for each of those streams.
   // With `queued_on`, receives the streams the discards were queued on.
   // Returns the pages discarded.
   std::size_t DiscardIdlePages(std::size_t pages, std::uintptr_t keep_lo = 0,

@@ -258,5 +258,70 @@ TEST_F(AwayTest, AKernelThatTouchesAnAwayAllocationStillSeesItsData) {
   ASSERT_TRUE(alloc_->Free(a).ok());
 }
 
+// The room a bring back needs may include a page that free blocks of two
+// streams share, while both streams still have kernels queued: the page is
+// discarded on the bringing stream after it waits for both streams on the
+// GPU, never by the host waiting (which would drain the queue the caller
+// has launched ahead).
+TEST_F(AwayTest, RoomOnAPageOfTwoStreamsIsMadeWithoutAHostWait) {
+  Make({.device_count = 1, .device_capacity = std::size_t{1} << 30, .manual_completion = true},
+       "managed_budget:16M");
+  s_ = *backend_->CreateStream(0);
+  side_ = *backend_->CreateStream(0);
+  const Stream other = *backend_->CreateStream(0);
+  void* x = Alloc(3 * kMiB, 0, s_);    // pages 0-1
+  void* y = Alloc(3 * kMiB, 0, other);  // pages 1-2: page 1 is shared
+  void* a = Alloc(10 * kMiB, 0, s_);   // pages 3-7, inner pages 4-6
+  ASSERT_EQ(static_cast<char*>(y), static_cast<char*>(x) + 3 * kMiB);
+  ASSERT_EQ(static_cast<char*>(a), static_cast<char*>(y) + 3 * kMiB);
+  ASSERT_TRUE(Away(a).ok());
+  ASSERT_TRUE(backend_->SynchronizeStream(side_).ok());
+  void* c = Alloc(6 * kMiB, 0, s_);  // pages 8-10: the budget is full
+  ASSERT_NE(c, nullptr);
+  // Kernels still queued on both streams when their blocks are freed.
+  ASSERT_TRUE(backend_->EnqueueWork(s_).ok());
+  ASSERT_TRUE(backend_->EnqueueWork(other).ok());
+  ASSERT_TRUE(alloc_->Free(x).ok());
+  ASSERT_TRUE(alloc_->Free(y).ok());
+  ASSERT_EQ(Stats().idle_populated_bytes, static_cast<std::int64_t>(6 * kMiB));
+  backend_->ClearRecords();
+  const std::int64_t syncs = backend_->CallCount("SynchronizeStream") +
+                             backend_->CallCount("SynchronizeEvent");
+  ASSERT_TRUE(Back(a).ok()) << "three pages are needed, the shared one among them";
+  EXPECT_EQ(backend_->CallCount("SynchronizeStream") + backend_->CallCount("SynchronizeEvent"),
+            syncs);
+  EXPECT_GT(backend_->PendingWork(s_), 0) << "the host waited for the queued kernel";
+  EXPECT_GT(backend_->PendingWork(other), 0) << "the host waited for the queued kernel";
+  // The shared page's discard comes after the bringing stream waited for
+  // both streams' queued kernels.
+  const std::uintptr_t shared = reinterpret_cast<std::uintptr_t>(x) + 2 * kMiB;
+  std::uint64_t discard_seq = 0;
+  for (const PlacementRecord& r : backend_->Records()) {
+    const auto lo = reinterpret_cast<std::uintptr_t>(r.ptr);
+    if (r.op == PlacementRecord::Op::kDiscard && lo <= shared && shared < lo + r.bytes) {
+      EXPECT_EQ(r.stream, side_);
+      discard_seq = r.seq;
+    }
+  }
+  ASSERT_NE(discard_seq, 0u) << "the shared page was not discarded";
+  for (Stream owner : {s_, other}) {
+    bool waited = false;
+    for (const StreamWaitRecord& w : backend_->Waits()) {
+      waited |= w.stream == side_ && w.on == owner && w.ticket >= 1 && w.seq < discard_seq;
+    }
+    EXPECT_TRUE(waited) << "no wait for stream " << owner;
+  }
+  ExpectInvariants();
+  ASSERT_TRUE(backend_->CompleteWork(s_).ok());
+  ASSERT_TRUE(backend_->CompleteWork(other).ok());
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(alloc_->Free(c).ok());
+  ASSERT_TRUE(backend_->SynchronizeStream(side_).ok());
+  ASSERT_TRUE(backend_->SynchronizeStream(s_).ok());
+  alloc_.reset();
+  for (Stream st : {s_, side_, other}) ASSERT_TRUE(backend_->DestroyStream(st).ok());
+  s_ = side_ = 0;
+}
+
 }  // namespace
 }  // namespace cma
