@@ -18,6 +18,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "allocator/device_allocator.h"
 #include "allocator/format.h"
 #include "backends/mutex_lock.h"
@@ -148,7 +149,9 @@ absl::Status DeviceAllocator::MoveAway(absl::Span<Block* const> blocks, bool awa
   const std::size_t pages = InnerPageCount(blocks);
   const std::size_t budget_pages = budget_ / kPageSize;
   if (!away) {
+    const absl::Time t0 = absl::Now();
     MakeRoomToBringBack(pages, stream);
+    if (learn_ != nullptr) learn_->room_host_us += absl::ToInt64Microseconds(absl::Now() - t0);
     if (populated_pages() + pages > budget_pages) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "cma: bringing back %s: the idle pages of device %d could not all be discarded",

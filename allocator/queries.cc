@@ -36,6 +36,7 @@ DeviceStats DeviceAllocator::GetStats() {
     s.learned_misses = learn_->misses;
     s.learned_send_host_us = learn_->send_host_us;
     s.learned_bring_host_us = learn_->bring_host_us;
+    s.learned_room_host_us = learn_->room_host_us;
   }
   return s;
 }

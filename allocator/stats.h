@@ -112,6 +112,7 @@ struct DeviceStats {
   // learned sends and bring-backs.
   std::int64_t learned_send_host_us = 0;
   std::int64_t learned_bring_host_us = 0;
+  std::int64_t learned_room_host_us = 0;  // of which making room for them
 
   // Flattened as PyTorch does: "allocated_bytes.all.current", "num_ooms", ...
   std::map<std::string, std::int64_t> Flatten() const;
