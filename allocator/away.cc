@@ -162,8 +162,14 @@ absl::Status DeviceAllocator::MoveAway(absl::Span<Block* const> blocks, bool awa
   ranges.reserve(blocks.size());
   for (const Block* b : blocks) ranges.push_back(InnerRange(*b));
   const Location target = away ? Location::Host() : Location::Device(device_);
-  if (absl::Status s = Execute(PlacementAction::kPrefetch, ranges, target, stream); !s.ok()) {
-    return absl::Status(s.code(), absl::StrFormat("cma: %s failed: %s", what, s.message()));
+  const absl::Time t0 = absl::Now();
+  absl::Status moved = Execute(PlacementAction::kPrefetch, ranges, target, stream);
+  if (learn_ != nullptr) {
+    (away ? learn_->send_call_host_us : learn_->bring_call_host_us) +=
+        absl::ToInt64Microseconds(absl::Now() - t0);
+  }
+  if (!moved.ok()) {
+    return absl::Status(moved.code(), absl::StrFormat("cma: %s failed: %s", what, moved.message()));
   }
   for (Block* b : blocks) {
     Segment* seg = b->segment;

@@ -153,7 +153,10 @@ struct LearnState {
   // (the driver's calls, making room): time the step's own launches wait.
   std::int64_t send_host_us = 0;
   std::int64_t bring_host_us = 0;
-  std::int64_t room_host_us = 0;  // of which making room (any bring back)
+  // Of which making room (any bring back), and the transfer calls alone.
+  std::int64_t room_host_us = 0;
+  std::int64_t send_call_host_us = 0;
+  std::int64_t bring_call_host_us = 0;
 };
 }  // namespace cma
 

@@ -37,6 +37,8 @@ DeviceStats DeviceAllocator::GetStats() {
     s.learned_send_host_us = learn_->send_host_us;
     s.learned_bring_host_us = learn_->bring_host_us;
     s.learned_room_host_us = learn_->room_host_us;
+    s.learned_send_call_host_us = learn_->send_call_host_us;
+    s.learned_bring_call_host_us = learn_->bring_call_host_us;
   }
   return s;
 }

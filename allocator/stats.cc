@@ -42,7 +42,8 @@ void AddArray(StatArray& a, const StatArray& b) {
   X(num_wake_fences) X(host_budget_bytes) X(num_host_placements)    \
   X(host_overflow_bytes) X(sent_away_bytes) X(brought_back_bytes) \
   X(learned_steps) X(learned_plans) X(learned_divergences) X(learned_misses) \
-  X(learned_send_host_us) X(learned_bring_host_us) X(learned_room_host_us)
+  X(learned_send_host_us) X(learned_bring_host_us) X(learned_room_host_us) \
+  X(learned_send_call_host_us) X(learned_bring_call_host_us)
 
 std::map<std::string, std::int64_t> DeviceStats::Flatten() const {
   std::map<std::string, std::int64_t> m;

@@ -112,7 +112,10 @@ struct DeviceStats {
   // learned sends and bring-backs.
   std::int64_t learned_send_host_us = 0;
   std::int64_t learned_bring_host_us = 0;
-  std::int64_t learned_room_host_us = 0;  // of which making room for them
+  // Of which making room for them, and the driver's transfer calls alone.
+  std::int64_t learned_room_host_us = 0;
+  std::int64_t learned_send_call_host_us = 0;
+  std::int64_t learned_bring_call_host_us = 0;
 
   // Flattened as PyTorch does: "allocated_bytes.all.current", "num_ooms", ...
   std::map<std::string, std::int64_t> Flatten() const;

@@ -30,6 +30,13 @@
 // transfer calls (for "thread", the second thread's). Ideal: max(compute,
 // transfer).
 //
+// Then "dep": the same kernels, and at a quarter of them the whole range
+// moves in one go on its stream, which first waits for an event recorded
+// on the kernels' stream (still busy: a transfer that must follow the
+// step's work so far, as a bring back does) or for nothing ("nodep");
+// issued from the launching thread ("same") or handed to a second thread
+// ("thread").
+//
 //   away_transport_bench [--mib=1024] [--reps=3]
 //
 // Memory: 2x --mib of managed memory on the device, --mib of pinned host,
@@ -229,6 +236,73 @@ Overlap RunOverlap(Run& r, cudaStream_t c, int* buf, size_t buf_ints, int kernel
   return {NowMs() - t0, issue};
 }
 
+// mode: 0 same thread, 1 second thread; dep: wait for the kernels so far.
+Overlap RunDep(Run& r, cudaStream_t c, int* buf, size_t buf_ints, int kernels, bool thread,
+               bool dep, const cudaMemLocation& to) {
+  cudaEvent_t ev;
+  CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  double issue = 0;
+  CHECK(cudaDeviceSynchronize());
+  const double t0 = NowMs();
+  std::thread mover;
+  auto move = [&] {
+    const double a = NowMs();
+    if (dep) CHECK(cudaStreamWaitEvent(r.s, ev, 0));
+    r.PrefetchChunks(r.range, 64 * kMiB, to, r.s);
+    issue = NowMs() - a;
+  };
+  for (int k = 0; k < kernels; ++k) {
+    Fill<<<528, 512, 0, c>>>(buf, buf_ints, k);
+    if (k == kernels / 4) {
+      CHECK(cudaEventRecord(ev, c));
+      if (thread) {
+        mover = std::thread(move);
+      } else {
+        move();
+      }
+    }
+  }
+  if (mover.joinable()) mover.join();
+  CHECK(cudaStreamSynchronize(c));
+  CHECK(cudaStreamSynchronize(r.s));
+  const double wall = NowMs() - t0;
+  CHECK(cudaEventDestroy(ev));
+  return {wall, issue};
+}
+
+void PrintDep(Run& r, int reps, cudaStream_t c, int* buf, size_t buf_ints, int kernels) {
+  std::printf(", \"dep\": {");
+  bool first = true;
+  for (int dir = 0; dir < 2; ++dir) {
+    for (int dep = 1; dep >= 0; --dep) {
+      for (int thread = 0; thread < 2; ++thread) {
+        std::vector<double> wall, issue;
+        for (int k = 0; k <= reps; ++k) {
+          if (dir == 0) {
+            r.WriteOnDevice(r.range, 6);
+          } else {
+            CHECK(cudaMemPrefetchAsync(r.range, r.bytes, r.host, 0, r.s));
+            CHECK(cudaStreamSynchronize(r.s));
+          }
+          Overlap o = RunDep(r, c, buf, buf_ints, kernels, thread == 1, dep == 1,
+                             dir == 0 ? r.host : r.dev);
+          if (k == 0) continue;
+          wall.push_back(o.wall_ms);
+          issue.push_back(o.issue_ms);
+        }
+        std::sort(wall.begin(), wall.end());
+        std::sort(issue.begin(), issue.end());
+        std::printf("%s\"%s_%s_%s\": {\"wall_ms\": %.1f, \"issue_ms\": %.1f}", first ? "" : ", ",
+                    dir == 0 ? "d2h" : "h2d", dep ? "dep" : "nodep", thread ? "thread" : "same",
+                    wall[wall.size() / 2], issue[issue.size() / 2]);
+        std::fflush(stdout);
+        first = false;
+      }
+    }
+  }
+  std::printf("}");
+}
+
 void PrintOverlap(Run& r, int reps) {
   cudaStream_t c;
   CHECK(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking));
@@ -265,6 +339,7 @@ void PrintOverlap(Run& r, int reps) {
     }
   }
   std::printf("}");
+  PrintDep(r, reps, c, buf, buf_bytes / sizeof(int), kernels);
   CHECK(cudaFree(buf));
   CHECK(cudaStreamDestroy(c));
 }
