@@ -139,14 +139,19 @@ void DeviceAllocator::RunDue() {
     for (Stream u : after) {
       if (absl::Status w = OrderAfter(ls.back_stream, u); !w.ok()) NotePlacementError(w);
     }
+    // One transfer call for all that fit: on the H200 each call cost the
+    // reporting thread about 5 ms with the link busy, whatever its size.
     std::vector<Block*> fits;
     for (Block* b : bring) {
-      std::vector<Block*> one = {b};
-      if (!CheckRoomToBringBack(one).ok() || !MoveAway(one, false, ls.back_stream).ok()) {
-        ++ls.misses;
-        continue;
-      }
       fits.push_back(b);
+      if (!CheckRoomToBringBack(fits).ok()) {
+        fits.pop_back();
+        ++ls.misses;
+      }
+    }
+    if (!fits.empty() && !MoveAway(fits, false, ls.back_stream).ok()) {
+      ls.misses += static_cast<std::int64_t>(fits.size());
+      fits.clear();
     }
     for (Block* b : fits) {
       absl::StatusOr<Event> ev = TakeEvent();
