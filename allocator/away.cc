@@ -74,6 +74,7 @@ absl::Status DeviceAllocator::SetAway(absl::Span<void* const> ptrs, bool away, S
   MutexLock l(&mu_);
   const char* what = away ? "send_away" : "bring_back";
   if (absl::Status s = RefuseWhileQuiet(what); !s.ok()) return s;
+  DrainLearnedTransfers();
   std::vector<Block*> blocks;
   blocks.reserve(ptrs.size());
   for (void* p : ptrs) {
@@ -163,7 +164,13 @@ absl::Status DeviceAllocator::MoveAway(absl::Span<Block* const> blocks, bool awa
   for (const Block* b : blocks) ranges.push_back(InnerRange(*b));
   const Location target = away ? Location::Host() : Location::Device(device_);
   const absl::Time t0 = absl::Now();
-  absl::Status moved = Execute(PlacementAction::kPrefetch, ranges, target, stream);
+  // The learned step's bring-backs go through its transfer thread, if any.
+  TransferThread* via = !away && learn_ != nullptr && learn_->mover != nullptr &&
+                                stream == learn_->back_stream
+                            ? learn_->mover.get()
+                            : nullptr;
+  std::uint64_t ticket = 0;
+  absl::Status moved = Execute(PlacementAction::kPrefetch, ranges, target, stream, via, &ticket);
   if (learn_ != nullptr) {
     (away ? learn_->send_call_host_us : learn_->bring_call_host_us) +=
         absl::ToInt64Microseconds(absl::Now() - t0);

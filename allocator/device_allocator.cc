@@ -44,6 +44,7 @@ DeviceAllocator::DeviceAllocator(int device, int device_count, Backend* backend,
 
 DeviceAllocator::~DeviceAllocator() {
   MutexLock l(&mu_);
+  DrainLearnedTransfers();
   ProcessPendingFrees(/*synchronize=*/true);
   // Copies out of the staging may still be queued on the last Wake's stream
   // and on the streams of Moves that restored from it.
@@ -79,7 +80,7 @@ DeviceAllocator::~DeviceAllocator() {
   }
   discard_fence_.Release(*backend_);
   if (learn_ != nullptr) {
-    for (auto& [addr, e] : learn_->fetches) spare_events_.push_back(e);
+    for (auto& [addr, e] : learn_->fetches) spare_events_.push_back(e.event);
     if (learn_->streams) {
       for (Stream t : {learn_->away_stream, learn_->back_stream}) {
         (void)backend_->SynchronizeStream(t);
@@ -423,7 +424,13 @@ absl::Status DeviceAllocator::Free(void* ptr) {
   auto it = allocated_.find(addr);
   if (ABSL_PREDICT_FALSE(it == allocated_.end())) return DiagnoseBadFree(ptr);
   Block* b = it->second;
-  if (ABSL_PREDICT_FALSE(learn_ != nullptr) && !quiet()) LearnFree(b);
+  if (ABSL_PREDICT_FALSE(learn_ != nullptr)) {
+    if (!quiet()) {
+      LearnFree(b);
+    } else {
+      DrainLearnedTransfers();  // its stream uses are recorded below
+    }
+  }
 
   // Work queued on other streams may still use the block: record an event on
   // each and keep the block out of the pools until they complete. If an event

@@ -187,6 +187,10 @@ class DeviceAllocator {
   void LearnFree(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunDue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // carries out learn_->due
   void EndLearnedStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With learn_transfer_thread: waits until every transfer call handed to
+  // the transfer thread has been made (before anything that is not the
+  // learned step reads or orders after the back stream's work).
+  void DrainLearnedTransfers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What `b` counts in the plan.
   LearnedSchedule::Extent LearnedExtent(const Block& b, bool carried)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -497,9 +501,12 @@ class DeviceAllocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- placement (placement.cc) ----
-  // Carries out `action` for `ranges`; counts it in the stats.
+  // Carries out `action` for `ranges`; counts it in the stats. With `via`,
+  // a prefetch is handed to that thread (its failure counted at the end of
+  // the learned step) and the returned ticket is its call's.
   absl::Status Execute(PlacementAction action, absl::Span<const Range> ranges, Location target,
-                       Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                       Stream stream, TransferThread* via = nullptr,
+                       std::uint64_t* ticket = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyAdvice(const AdviceList& advice, void* ptr, std::size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Config advice and, with prefetch:on_alloc, one prefetch of the whole new

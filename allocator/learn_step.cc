@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 
 #include "allocator/device_allocator.h"
@@ -53,10 +54,13 @@ absl::Status DeviceAllocator::NoteUses(absl::Span<void* const> ptrs, Stream stre
     b->used_on = stream;
     auto f = learn_->fetches.find(a);
     if (f == learn_->fetches.end()) continue;
-    if (absl::Status w = backend_->StreamWaitEvent(stream, f->second); !w.ok()) {
+    // (With a transfer thread, its event is recorded once the call is made:
+    // usually long before the use, the plan's lead.)
+    if (learn_->mover != nullptr) learn_->mover->WaitIssued(f->second.ticket);
+    if (absl::Status w = backend_->StreamWaitEvent(stream, f->second.event); !w.ok()) {
       NotePlacementError(std::move(w));
     }
-    spare_events_.push_back(f->second);
+    spare_events_.push_back(f->second.event);
     learn_->fetches.erase(f);
   }
   return absl::OkStatus();
@@ -71,8 +75,21 @@ void DeviceAllocator::LearnFree(Block* b) {
   learn_->schedule.Free(b->addr, &learn_->due);
   RunDue();
   if (auto f = learn_->fetches.find(b->addr); f != learn_->fetches.end()) {
-    spare_events_.push_back(f->second);
+    // Its transfer is one of the free's stream uses, recorded after it.
+    if (learn_->mover != nullptr) learn_->mover->WaitIssued(f->second.ticket);
+    spare_events_.push_back(f->second.event);
     learn_->fetches.erase(f);
+  }
+}
+
+void DeviceAllocator::DrainLearnedTransfers() {
+  if (learn_ == nullptr || learn_->mover == nullptr) return;
+  learn_->mover->Drain();
+  absl::Status last;
+  if (const std::int64_t n = learn_->mover->TakeErrors(&last); n > 0) {
+    NotePlacementError(absl::Status(
+        last.code(), absl::StrFormat("cma: %d learned bring-back call(s) failed, the last: %s", n,
+                                     last.message())));
   }
 }
 
@@ -90,6 +107,7 @@ void DeviceAllocator::RunDue() {
     }
     ls.away_stream = *away;
     ls.back_stream = *back;
+    if (config_->learn_transfer_thread) ls.mover = std::make_unique<TransferThread>();
     known_streams_.insert(*away);
     known_streams_.insert(*back);
     ls.streams = true;
@@ -115,6 +133,14 @@ void DeviceAllocator::RunDue() {
     for (const Block* b : send) {
       users.insert(b->stream);
       users.insert(b->used_on);
+    }
+    // And after a bring back not yet followed by a use (its transfer's
+    // call made first, with a transfer thread).
+    for (const Block* b : send) {
+      auto f = ls.fetches.find(b->addr);
+      if (f == ls.fetches.end()) continue;
+      if (ls.mover != nullptr) ls.mover->WaitIssued(f->second.ticket);
+      users.insert(ls.back_stream);
     }
     for (Stream u : users) {
       if (absl::Status w = OrderAfter(ls.away_stream, u); !w.ok()) NotePlacementError(w);
@@ -155,15 +181,24 @@ void DeviceAllocator::RunDue() {
     }
     for (Block* b : fits) {
       absl::StatusOr<Event> ev = TakeEvent();
-      if (!ev.ok()) break;
-      if (!backend_->RecordEvent(*ev, ls.back_stream).ok()) {
-        spare_events_.push_back(*ev);
+      LearnState::Fetch fetch;
+      if (ev.ok() && ls.mover != nullptr) {
+        fetch = {*ev, ls.mover->Submit([backend = backend_, e = *ev, s = ls.back_stream] {
+                   return backend->RecordEvent(e, s);
+                 })};
+      } else if (ev.ok() && backend_->RecordEvent(*ev, ls.back_stream).ok()) {
+        fetch = {*ev, 0};
+      } else {
+        if (ev.ok()) spare_events_.push_back(*ev);
+        // No event to order its use after: its transfer's call is made now.
+        DrainLearnedTransfers();
         break;
       }
-      auto [it, fresh] = ls.fetches.try_emplace(b->addr, *ev);
+      auto [it, fresh] = ls.fetches.try_emplace(b->addr, fetch);
       if (!fresh) {
-        spare_events_.push_back(it->second);
-        it->second = *ev;
+        if (ls.mover != nullptr) ls.mover->WaitIssued(it->second.ticket);
+        spare_events_.push_back(it->second.event);
+        it->second = fetch;
       }
     }
     ls.bring_host_us += host_us(t0);
@@ -193,6 +228,7 @@ LearnedSchedule::Extent DeviceAllocator::LearnedExtent(const Block& b, bool carr
 
 void DeviceAllocator::EndLearnedStep() {
   LearnState& ls = *learn_;
+  DrainLearnedTransfers();
   ReplayPlanOptions options;
   options.device_bytes = PlannedPart(budget_);
   options.max_lead_events = kMaxLeadEvents;

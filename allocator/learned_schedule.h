@@ -32,6 +32,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "allocator/transfer_thread.h"
 #include "backends/backend.h"
 #include "policy/offline_schedule.h"
 #include "policy/replay_schedule.h"
@@ -146,8 +147,17 @@ struct LearnState {
   Stream away_stream = kDefaultStream;
   Stream back_stream = kDefaultStream;
   // Brought back and not yet used: the event after the transfer, which the
-  // stream of the allocation's next use waits for.
-  absl::flat_hash_map<std::uintptr_t, Event> fetches;
+  // stream of the allocation's next use waits for, and with
+  // learn_transfer_thread the ticket of the call that records it.
+  struct Fetch {
+    Event event;
+    std::uint64_t ticket = 0;
+  };
+  absl::flat_hash_map<std::uintptr_t, Fetch> fetches;
+  // learn_transfer_thread:1: makes the bring-backs' transfer calls and
+  // records their events (allocator/transfer_thread.h). Anything that
+  // orders after one waits until its call has been made.
+  std::unique_ptr<TransferThread> mover;
   std::int64_t misses = 0;  // bring-backs the budget had no room for
   // Microseconds the reporting thread spent issuing sends and bring-backs
   // (the driver's calls, making room): time the step's own launches wait.

@@ -30,10 +30,17 @@ void SplitAtPages(const Range& r, std::vector<Range>* whole, std::vector<Range>*
 }
 
 absl::Status DeviceAllocator::Execute(PlacementAction action, absl::Span<const Range> ranges,
-                                      Location target, Stream stream) {
+                                      Location target, Stream stream, TransferThread* via,
+                                      std::uint64_t* ticket) {
   if (action == PlacementAction::kNone || ranges.empty()) return absl::OkStatus();
   absl::Status s;
-  if (action == PlacementAction::kPrefetch) {
+  if (action == PlacementAction::kPrefetch && via != nullptr) {
+    *ticket = via->Submit([backend = backend_, copy = std::vector<Range>(ranges.begin(), ranges.end()),
+                           target, stream]() -> absl::Status {
+      return copy.size() == 1 ? backend->Prefetch(copy[0].ptr, copy[0].bytes, target, stream)
+                              : backend->PrefetchBatch(copy, target, stream);
+    });
+  } else if (action == PlacementAction::kPrefetch) {
     s = ranges.size() == 1 ? backend_->Prefetch(ranges[0].ptr, ranges[0].bytes, target, stream)
                            : backend_->PrefetchBatch(ranges, target, stream);
   } else {
@@ -156,6 +163,7 @@ absl::Status DeviceAllocator::Move(absl::Span<void* const> ptrs, Location target
                                    bool contents_dead) {
   MutexLock l(&mu_);
   if (absl::Status s = RefuseWhileQuiet("move"); !s.ok()) return s;
+  DrainLearnedTransfers();
   std::vector<Block*> blocks;
   blocks.reserve(ptrs.size());
   for (void* p : ptrs) {

@@ -129,6 +129,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
   }
   MutexLock l(&mu_);
   if (absl::Status s = RefuseWhileQuiet("sleep"); !s.ok()) return s;
+  DrainLearnedTransfers();
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
   // Away allocations count on the device again and leave as the rest do
   // (their pages on the host: a migration leaves them there).
@@ -426,6 +427,7 @@ absl::Status DeviceAllocator::RestoreStaged(absl::Span<Block* const> blocks, Loc
 absl::StatusOr<std::size_t> DeviceAllocator::Wake(Stream stream) {
   MutexLock l(&mu_);
   if (absl::Status s = RefuseWhileQuiet("wake"); !s.ok()) return s;
+  DrainLearnedTransfers();
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
   // Ordered after the Sleep, whichever stream each was given.
   if (absl::Status w = OrderAfter(stream, sleep_wake_stream_); !w.ok()) {

@@ -32,6 +32,9 @@ fixed seeded tokens, deterministic kernels):
                     global hooks report and sends live allocations away and
                     back ahead of use (allocator/learned_schedule.h); no
                     code change; named only
+  cma_oversub_learn_thread  the same with learn_transfer_thread:1: the
+                    bring-backs' driver calls made by a thread of their
+                    own; named only
 For each ratio R of --ratios the blocker leaves X = P / R + C free, C the
 cost of a route's CUDA context, measured before inmem with cudaMemGetInfo
 alone: a probe (the blocker holding nothing) reads free F with only its own
@@ -98,7 +101,8 @@ TRAIN_ROUTES = ("fsdp2_offload", "managed_plain", "cma_oversub", "cma_oversub_hi
 INFER_ROUTES = ("cma_oversub", "managed_plain", "accel_auto")
 ALL_ROUTES = ("inmem",) + TRAIN_ROUTES + ("cma_oversub_direct", "cma_oversub_inbwd",
                                           "cma_oversub_inbwd_free", "cma_oversub_learn",
-                                          "accel_auto", "accel_offload")
+                                          "cma_oversub_learn_thread", "accel_auto",
+                                          "accel_offload")
 STAT_WORDS = ("prefetch", "migrat", "evict", "host", "oversub", "resident", "fault", "away", "discard",
               "brought", "learned")
 STEP_PREFIX, INFO_PREFIX = "STEP ", "INFO "
@@ -597,8 +601,10 @@ def main(argv=None):
                 if route in CMA_ROUTES:
                     conf = cma_conf(a.plain_conf if route == "managed_plain" else a.cma_conf,
                                     p["data_free"], avail)
-                    if route == "cma_oversub_learn":
+                    if route.startswith("cma_oversub_learn"):
                         conf += ",learn_step:1"
+                    if route == "cma_oversub_learn_thread":
+                        conf += ",learn_transfer_thread:1"
                 if why or not blocker.alive():
                     rec = {"route": route, "status": why or "blocker died", "steps": []}
                     print("[oversub] R=%g %s: %s" % (ratio, route, rec["status"]), file=sys.stderr)

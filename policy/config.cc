@@ -16,7 +16,8 @@ constexpr absl::string_view kKeys =
     "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, prefetch, "
     "preferred_location, accessed_by, discard_on_free, managed_budget, release_threshold, "
     "release_before_peak, multicast, segments, arena_size, idle_page_slack, sleep_staging_max, "
-    "sleep_pin_threads, wake_fence, oversubscribe, device_headroom, host_plan, learn_step";
+    "sleep_pin_threads, wake_fence, oversubscribe, device_headroom, host_plan, learn_step, "
+    "learn_transfer_thread";
 
 absl::Status Bad(absl::string_view key, absl::string_view value, absl::string_view accepted) {
   return absl::InvalidArgumentError(absl::StrCat("CMA_ALLOC_CONF: bad value '", value,
@@ -159,6 +160,10 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view v, AllocatorConfi
     auto f = ParseFlag(key, v);
     if (!f.ok()) return f.status();
     c.learn_step = *f;
+  } else if (key == "learn_transfer_thread") {
+    auto f = ParseFlag(key, v);
+    if (!f.ok()) return f.status();
+    c.learn_transfer_thread = *f;
   } else if (key == "device_headroom") {
     auto n = ParseSize(v);
     if (!n.ok()) return Bad(key, v, "a size such as 512M or 1G");
@@ -230,6 +235,11 @@ absl::StatusOr<AllocatorConfig> ParseAllocatorConfig(absl::string_view text) {
     return absl::InvalidArgumentError(
         "CMA_ALLOC_CONF: learn_step:1 needs segments:arena (live allocations are sent away by "
         "their 2 MiB pages)");
+  }
+  if (c.learn_transfer_thread && !c.learn_step) {
+    return absl::InvalidArgumentError(
+        "CMA_ALLOC_CONF: learn_transfer_thread:1 needs learn_step:1 (it makes the learned "
+        "step's transfer calls)");
   }
   if (c.oversubscribe && c.segments != SegmentMode::kArena) {
     return absl::InvalidArgumentError(
@@ -312,6 +322,7 @@ std::string AllocatorConfig::ToString() const {
   if (oversubscribe) parts.push_back("oversubscribe:1");
   if (host_plan) parts.push_back("host_plan:1");
   if (learn_step) parts.push_back("learn_step:1");
+  if (learn_transfer_thread) parts.push_back("learn_transfer_thread:1");
   if (device_headroom != d.device_headroom) {
     parts.push_back(absl::StrCat("device_headroom:", device_headroom));
   }

@@ -80,6 +80,11 @@
 //                       come back, and replays that plan in the next steps
 //                       while they repeat the recorded one, learning again
 //                       when the step changes. Needs segments:arena.
+//   learn_transfer_thread  0|1 (default 0): the learned step's bring-backs
+//                       are issued by a thread of their own, not by the
+//                       thread reporting the step (whose launches the
+//                       driver's prefetch to a full device held up).
+//                       Needs learn_step:1.
 //   device_headroom     size (default 1G): with oversubscribe:1, device
 //                       memory left to what is not this allocator's (the
 //                       CUDA context, kernels loaded later, libraries).
@@ -130,6 +135,7 @@ struct AllocatorConfig {
   bool oversubscribe = false;
   bool host_plan = false;
   bool learn_step = false;
+  bool learn_transfer_thread = false;
   std::size_t device_headroom = std::size_t{1} << 30;
 
   // The config back in `key:value` form (only keys that differ from defaults).

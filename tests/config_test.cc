@@ -66,6 +66,22 @@ TEST(ConfigTest, RoundTripsThroughToString) {
   EXPECT_TRUE(again->accessed_by_all);
 }
 
+TEST(ConfigTest, LearnTransferThreadNeedsLearnStepAndRoundTrips) {
+  auto alone = ParseAllocatorConfig("segments:arena,learn_transfer_thread:1");
+  ASSERT_FALSE(alone.ok());
+  EXPECT_EQ(alone.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(alone.status().message(), HasSubstr("learn_transfer_thread:1 needs learn_step:1"));
+  EXPECT_THAT(ParseAllocatorConfig("learn_transfer_thread:2").status().message(),
+              HasSubstr("learn_transfer_thread"));
+  auto c = ParseAllocatorConfig("segments:arena,learn_step:1,learn_transfer_thread:1");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->learn_transfer_thread);
+  auto again = ParseAllocatorConfig(c->ToString());
+  ASSERT_TRUE(again.ok()) << c->ToString();
+  EXPECT_TRUE(again->learn_transfer_thread);
+  EXPECT_FALSE(ParseAllocatorConfig("")->learn_transfer_thread);
+}
+
 TEST(ConfigTest, SleepStagingMax) {
   EXPECT_EQ(ParseAllocatorConfig("")->sleep_staging_max, std::numeric_limits<std::size_t>::max());
   auto c = ParseAllocatorConfig("sleep_staging_max:6G");

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -62,7 +63,7 @@ class LearnStepRandomTest : public AllocatorTest {
   void RunSeed(std::uint64_t seed) {
     SCOPED_TRACE(testing::Message() << "seed " << seed);
     Make({.device_count = 1, .device_capacity = 256 * kMiB},
-         "oversubscribe:1,learn_step:1,managed_budget:2G,device_headroom:96M");
+         "oversubscribe:1,learn_step:1,managed_budget:2G,device_headroom:96M" + extra_conf_);
     s_ = *backend_->CreateStream(0);
     std::mt19937_64 rng(seed);
     auto mib = [&](int lo, int hi) {  // a size in [lo, hi] MiB, not page-aligned
@@ -130,23 +131,33 @@ class LearnStepRandomTest : public AllocatorTest {
     for (Live& t : state) Release(t);
   }
 
+  // LEARN_RANDOM_SEEDS=N LEARN_RANDOM_FIRST=K run seeds K..K+N-1 (a long run).
+  void RunSeeds(std::uint64_t default_seeds) {
+    const char* n = std::getenv("LEARN_RANDOM_SEEDS");
+    const char* k = std::getenv("LEARN_RANDOM_FIRST");
+    const std::uint64_t first = k != nullptr ? std::strtoull(k, nullptr, 10) : 1;
+    const std::uint64_t seeds = n != nullptr ? std::strtoull(n, nullptr, 10) : default_seeds;
+    for (std::uint64_t seed = first; seed < first + seeds; ++seed) {
+      RunSeed(seed);
+      if (HasFailure()) break;
+    }
+    // The seeds exercised the plan: it was made, and data came back.
+    EXPECT_GT(plans_, static_cast<std::int64_t>(seeds));
+    EXPECT_GT(brought_, 0);
+  }
+
+  std::string extra_conf_;
   Stream s_ = 0;
   std::int64_t plans_ = 0, brought_ = 0;  // over every seed
 };
 
-TEST_F(LearnStepRandomTest, RandomStepsKeepEveryByteAndTheInvariants) {
-  // LEARN_RANDOM_SEEDS=N LEARN_RANDOM_FIRST=K run seeds K..K+N-1 (a long run).
-  const char* n = std::getenv("LEARN_RANDOM_SEEDS");
-  const char* k = std::getenv("LEARN_RANDOM_FIRST");
-  const std::uint64_t first = k != nullptr ? std::strtoull(k, nullptr, 10) : 1;
-  const std::uint64_t seeds = n != nullptr ? std::strtoull(n, nullptr, 10) : 40;
-  for (std::uint64_t seed = first; seed < first + seeds; ++seed) {
-    RunSeed(seed);
-    if (HasFailure()) break;
-  }
-  // The seeds exercised the plan: it was made, and data came back.
-  EXPECT_GT(plans_, static_cast<std::int64_t>(seeds));
-  EXPECT_GT(brought_, 0);
+TEST_F(LearnStepRandomTest, RandomStepsKeepEveryByteAndTheInvariants) { RunSeeds(40); }
+
+// The same with the bring-backs' calls made by the transfer thread, which
+// races the reporting thread's own calls.
+TEST_F(LearnStepRandomTest, WithATransferThreadToo) {
+  extra_conf_ = ",learn_transfer_thread:1";
+  RunSeeds(20);
 }
 
 }  // namespace
