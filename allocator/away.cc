@@ -171,6 +171,10 @@ absl::Status DeviceAllocator::MoveAway(absl::Span<Block* const> blocks, bool awa
                             : nullptr;
   std::uint64_t ticket = 0;
   absl::Status moved = Execute(PlacementAction::kPrefetch, ranges, target, stream, via, &ticket);
+  if (via != nullptr) {
+    std::vector<std::uintptr_t>& carried = learn_->bring_calls[ticket];
+    for (const Block* b : blocks) carried.push_back(b->addr);
+  }
   if (learn_ != nullptr) {
     (away ? learn_->send_call_host_us : learn_->bring_call_host_us) +=
         absl::ToInt64Microseconds(absl::Now() - t0);
@@ -183,12 +187,7 @@ absl::Status DeviceAllocator::MoveAway(absl::Span<Block* const> blocks, bool awa
     const auto [lo, hi] = InnerPages(*b);
     const auto bytes = static_cast<std::int64_t>((hi - lo) * kPageSize);
     if (away) {
-      std::int64_t small = 0;
-      for (std::size_t p = lo; p < hi; ++p) small += seg->pages.small(p);
-      for (std::size_t p = lo; p < hi; ++p) seg->pages.clear_populated(p);
-      UpdateStat(stats_.reserved_bytes, PoolKind::kSmall, -small * kPageSize);
-      UpdateStat(stats_.reserved_bytes, PoolKind::kLarge, small * kPageSize - bytes);
-      UpdateStat(stats_.away_bytes, b->size_class, bytes);
+      CountAway(b);
       stats_.sent_away_bytes += bytes;
     } else {
       const bool by_small = b->size_class == PoolKind::kSmall;
@@ -209,6 +208,19 @@ absl::Status DeviceAllocator::MoveAway(absl::Span<Block* const> blocks, bool awa
   }
   peak_live_pages_ = std::max(peak_live_pages_, populated_pages() - idle_pages_);
   return absl::OkStatus();
+}
+
+void DeviceAllocator::CountAway(Block* b) {
+  Segment* seg = b->segment;
+  const auto [lo, hi] = InnerPages(*b);
+  const auto bytes = static_cast<std::int64_t>((hi - lo) * kPageSize);
+  std::int64_t small = 0;
+  for (std::size_t p = lo; p < hi; ++p) small += seg->pages.small(p);
+  for (std::size_t p = lo; p < hi; ++p) seg->pages.clear_populated(p);
+  UpdateStat(stats_.reserved_bytes, PoolKind::kSmall, -small * kPageSize);
+  UpdateStat(stats_.reserved_bytes, PoolKind::kLarge, small * kPageSize - bytes);
+  UpdateStat(stats_.away_bytes, b->size_class, bytes);
+  b->away = true;
 }
 
 bool DeviceAllocator::CanBeAway(const Block& b) {

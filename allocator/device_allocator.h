@@ -180,6 +180,8 @@ class DeviceAllocator {
   // Counts an away block on the device again, with no transfer (a Move or
   // a Sleep places it from there); ForgetAway: at its free.
   void CountBack(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts `b`'s inner pages away (sent, or a bring back that failed).
+  void CountAway(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<Range> CountBackAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // their inner pages
   void ForgetAway(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ---- the learned step (learn_step.cc): events, each after what is due ----
@@ -189,8 +191,12 @@ class DeviceAllocator {
   void EndLearnedStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With learn_transfer_thread: waits until every transfer call handed to
   // the transfer thread has been made (before anything that is not the
-  // learned step reads or orders after the back stream's work).
+  // learned step reads or orders after the back stream's work, or a
+  // capture may begin). Changes nothing the allocator shows.
   void DrainLearnedTransfers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Bring-backs whose call failed on the transfer thread and that no use
+  // has touched since count as away again, and as misses.
+  void CollectLearnedTransferFailures() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What `b` counts in the plan.
   LearnedSchedule::Extent LearnedExtent(const Block& b, bool carried)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -83,18 +83,47 @@ void DeviceAllocator::LearnFree(Block* b) {
 }
 
 void DeviceAllocator::DrainLearnedTransfers() {
-  if (learn_ == nullptr || learn_->mover == nullptr) return;
-  learn_->mover->Drain();
+  if (learn_ != nullptr && learn_->mover != nullptr) learn_->mover->Drain();
+}
+
+void DeviceAllocator::CollectLearnedTransferFailures() {
+  LearnState& ls = *learn_;
+  if (ls.mover == nullptr || !ls.mover->HasFailures()) return;
   absl::Status last;
-  if (const std::int64_t n = learn_->mover->TakeErrors(&last); n > 0) {
-    NotePlacementError(absl::Status(
-        last.code(), absl::StrFormat("cma: %d learned bring-back call(s) failed, the last: %s", n,
-                                     last.message())));
+  const std::vector<std::uint64_t> failed = ls.mover->TakeFailures(&last);
+  std::int64_t undone = 0;
+  for (std::uint64_t ticket : failed) {
+    auto call = ls.bring_calls.find(ticket);
+    if (call == ls.bring_calls.end()) continue;  // a fetch event's record
+    for (std::uintptr_t a : call->second) {
+      auto it = allocated_.find(a);
+      auto f = ls.fetches.find(a);
+      // Freed, sent again, or used since (the use's kernel migrated its
+      // pages on demand): as counted now.
+      if (it == allocated_.end() || it->second->away || f == ls.fetches.end()) continue;
+      Block* b = it->second;
+      Block* one[] = {b};
+      const auto pages = static_cast<std::int64_t>(InnerPageCount(one));
+      CountAway(b);
+      stats_.brought_back_bytes -= pages * static_cast<std::int64_t>(kPageSize);
+      stats_.num_pages_populated -= pages;
+      ls.mover->WaitIssued(f->second.ticket);
+      spare_events_.push_back(f->second.event);
+      ls.fetches.erase(f);
+      ++ls.misses;
+      ++undone;
+    }
+    ls.bring_calls.erase(call);
   }
+  NotePlacementError(absl::Status(
+      last.code(), absl::StrFormat("cma: %d learned transfer call(s) failed (%d allocations left "
+                                   "away), the last: %s",
+                                   failed.size(), undone, last.message())));
 }
 
 void DeviceAllocator::RunDue() {
   LearnState& ls = *learn_;
+  CollectLearnedTransferFailures();
   if (ls.due.empty()) return;
   if (!ls.streams) {
     absl::StatusOr<Stream> away = backend_->CreateStream(device_);
@@ -229,6 +258,8 @@ LearnedSchedule::Extent DeviceAllocator::LearnedExtent(const Block& b, bool carr
 void DeviceAllocator::EndLearnedStep() {
   LearnState& ls = *learn_;
   DrainLearnedTransfers();
+  CollectLearnedTransferFailures();
+  ls.bring_calls.clear();
   ReplayPlanOptions options;
   options.device_bytes = PlannedPart(budget_);
   options.max_lead_events = kMaxLeadEvents;

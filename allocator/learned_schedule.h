@@ -158,6 +158,9 @@ struct LearnState {
   // records their events (allocator/transfer_thread.h). Anything that
   // orders after one waits until its call has been made.
   std::unique_ptr<TransferThread> mover;
+  // The allocations each bring-back call handed to it carries, by ticket
+  // (a failed call's are counted away again); cleared at the step's end.
+  absl::flat_hash_map<std::uint64_t, std::vector<std::uintptr_t>> bring_calls;
   std::int64_t misses = 0;  // bring-backs the budget had no room for
   // Microseconds the reporting thread spent issuing sends and bring-backs
   // (the driver's calls, making room): time the step's own launches wait.

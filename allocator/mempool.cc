@@ -83,6 +83,9 @@ void DeviceAllocator::BeginAllocateToPool(MemPoolId id, StreamFilter filter,
   // segments re-enters the pool before its next segment begins).
   if (pool.captured) options.not_a_capture = false;
   if (!options.not_a_capture) {
+    // No call of the learned step's transfer thread may come after the
+    // capture begins.
+    DrainLearnedTransfers();
     if (!pool.captured) PinPoolArenas(index);
     pool.captured = true;
     ++capture_contexts_;

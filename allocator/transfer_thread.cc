@@ -38,12 +38,15 @@ void TransferThread::Drain() {
   issued_.wait(l, [&] { return done_ >= last; });
 }
 
-std::int64_t TransferThread::TakeErrors(absl::Status* last) {
+std::vector<std::uint64_t> TransferThread::TakeFailures(absl::Status* last) {
   std::lock_guard<std::mutex> l(mu_);
-  const std::int64_t n = errors_;
-  errors_ = 0;
   if (last != nullptr) *last = last_error_;
-  return n;
+  return std::exchange(failed_, {});
+}
+
+bool TransferThread::HasFailures() {
+  std::lock_guard<std::mutex> l(mu_);
+  return !failed_.empty();
 }
 
 void TransferThread::Run() {
@@ -59,11 +62,11 @@ void TransferThread::Run() {
     absl::Status s = std::move(call)();
     {
       std::lock_guard<std::mutex> l(mu_);
+      ++done_;
       if (!s.ok()) {
-        ++errors_;
+        failed_.push_back(done_);  // calls are made in ticket order
         last_error_ = std::move(s);
       }
-      ++done_;
     }
     issued_.notify_all();
   }

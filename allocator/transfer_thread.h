@@ -6,7 +6,7 @@
 //
 // Contract: Submit returns a ticket; WaitIssued(t) returns once call t (and
 // every call before it) has returned; Drain waits for all. A call that
-// returns an error is counted and its status kept (TakeErrors), since the
+// returns an error has its ticket and status kept (TakeFailures), since the
 // submitter has moved on. Thread safety: every method may be called from
 // any thread; calls run one at a time on the transfer thread and must not
 // call back into the object that submitted them (they may call a Backend,
@@ -19,6 +19,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
@@ -37,8 +38,10 @@ class TransferThread {
   std::uint64_t Submit(Call call);
   void WaitIssued(std::uint64_t ticket);
   void Drain();
-  // The calls that failed since the last TakeErrors, and the last failure.
-  std::int64_t TakeErrors(absl::Status* last);
+  // The tickets of the calls that failed since the last TakeFailures, and
+  // the last failure's status; HasFailures: whether there are any.
+  std::vector<std::uint64_t> TakeFailures(absl::Status* last);
+  bool HasFailures();
 
  private:
   void Run();
@@ -51,7 +54,7 @@ class TransferThread {
   std::deque<Call> queue_;          // guarded by mu_, as every field below
   std::uint64_t submitted_ = 0;
   std::uint64_t done_ = 0;
-  std::int64_t errors_ = 0;
+  std::vector<std::uint64_t> failed_;
   absl::Status last_error_;
   bool stop_ = false;
   std::thread thread_;

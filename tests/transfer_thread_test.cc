@@ -41,16 +41,18 @@ TEST(TransferThreadTest, CallsRunInOrderAndWaitIssuedWaitsForThem) {
   EXPECT_THAT(order, ::testing::ElementsAre(1, 2, 3, 4, 5));
 }
 
-TEST(TransferThreadTest, FailuresAreCountedWithTheLastOne) {
+TEST(TransferThreadTest, FailuresAreKeptByTicketWithTheLastStatus) {
   TransferThread t;
-  t.Submit([] { return absl::InternalError("first"); });
+  const std::uint64_t a = t.Submit([] { return absl::InternalError("first"); });
   t.Submit([] { return absl::OkStatus(); });
-  t.Submit([] { return absl::UnavailableError("second"); });
+  const std::uint64_t c = t.Submit([] { return absl::UnavailableError("second"); });
   t.Drain();
+  EXPECT_TRUE(t.HasFailures());
   absl::Status last;
-  EXPECT_EQ(t.TakeErrors(&last), 2);
+  EXPECT_THAT(t.TakeFailures(&last), ::testing::ElementsAre(a, c));
   EXPECT_EQ(last.code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(t.TakeErrors(nullptr), 0) << "taken once";
+  EXPECT_FALSE(t.HasFailures()) << "taken once";
+  EXPECT_TRUE(t.TakeFailures(nullptr).empty());
 }
 
 TEST(TransferThreadTest, TheDestructorMakesEveryCallFirst) {
