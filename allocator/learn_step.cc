@@ -180,19 +180,9 @@ void DeviceAllocator::RunDue() {
   if (std::vector<Block*> bring = blocks_of(ls.due.bring, false); !bring.empty()) {
     const absl::Time t0 = absl::Now();
     // After their sends (a prefetch that overtook its send would leave the
-    // data on the host), and after the work queued so far on the streams
-    // that use them: a prefetch whose stream has nothing left to wait for
-    // is carried out by the driver in the calling thread (on the H200, 0.3-0.5
-    // s a step of the reporting thread's time at 1.5x, while the sends, which
-    // wait for the step's kernels, took 1 ms), and that thread launches the
-    // step's kernels.
-    absl::flat_hash_set<Stream> after = {ls.away_stream};
-    for (const Block* b : bring) {
-      after.insert(b->stream);
-      after.insert(b->used_on);
-    }
-    for (Stream u : after) {
-      if (absl::Status w = OrderAfter(ls.back_stream, u); !w.ok()) NotePlacementError(w);
+    // data on the host); their users' kernels came before the sends.
+    if (absl::Status w = OrderAfter(ls.back_stream, ls.away_stream); !w.ok()) {
+      NotePlacementError(w);
     }
     // One transfer call for all that fit: on the H200 each call cost the
     // reporting thread about 5 ms with the link busy, whatever its size.

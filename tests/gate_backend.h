@@ -1,15 +1,13 @@
-// GateBackend (review helper): forwards every call to a HostBackend. Calls
-// made by any thread other than the one that built it (the allocator's
-// transfer thread) may be held at a gate, as the driver's blocking prefetch
-// holds it, or made to fail; calls made while the test says a capture is
-// under way are counted.
+// GateBackend: forwards every call to a HostBackend. Calls made by any
+// thread other than the one that built it (the allocator's transfer thread)
+// may be made to take `delay_ms`, as the driver's prefetch to a full device
+// held its caller, or to fail; calls begun while the test says a capture is
+// under way are counted. Test-only; safe to call from any thread.
 #ifndef CMA_TESTS_GATE_BACKEND_H_
 #define CMA_TESTS_GATE_BACKEND_H_
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,22 +21,8 @@ class GateBackend final : public Backend {
   explicit GateBackend(HostBackend& inner) : in_(inner), main_(std::this_thread::get_id()) {}
 
   // ---- test controls ----
-  void Close() {
-    std::lock_guard<std::mutex> l(m_);
-    closed_ = true;
-  }
-  void Open() {
-    {
-      std::lock_guard<std::mutex> l(m_);
-      closed_ = false;
-    }
-    cv_.notify_all();
-  }
-  int Waiting() {
-    std::lock_guard<std::mutex> l(m_);
-    return waiting_;
-  }
-  bool timed_out() const { return timed_out_; }
+  std::atomic<int> delay_ms{0};
+  std::atomic<int> busy{0};  // the other thread's calls inside their delay
   std::atomic<bool> capture_under_way{false};
   std::atomic<int> calls_during_capture{0};  // by the other thread
   std::atomic<int> other_thread_calls{0};
@@ -166,18 +150,13 @@ class GateBackend final : public Backend {
   // Returns true when the call must fail (an injected prefetch failure).
   bool Gate(bool prefetch = false) {
     if (std::this_thread::get_id() == main_) return false;
-    {
-      std::unique_lock<std::mutex> l(m_);
-      if (closed_) {
-        ++waiting_;
-        if (!cv_.wait_for(l, std::chrono::seconds(5), [&] { return !closed_; })) {
-          timed_out_ = true;
-        }
-        --waiting_;
-      }
-    }
-    ++other_thread_calls;
     if (capture_under_way) ++calls_during_capture;
+    ++other_thread_calls;
+    if (const int ms = delay_ms.load(); ms > 0) {
+      ++busy;
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      --busy;
+    }
     if (prefetch && fail_other_thread_prefetch) {
       ++failed;
       return true;
@@ -187,11 +166,6 @@ class GateBackend final : public Backend {
 
   HostBackend& in_;
   const std::thread::id main_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool closed_ = false;
-  int waiting_ = 0;
-  std::atomic<bool> timed_out_{false};
 };
 
 }  // namespace cma

@@ -38,7 +38,6 @@ class TransferReviewTest : public ::testing::Test {
     ASSERT_TRUE(alloc_->MarkIteration(0).ok());
   }
   void TearDown() override {
-    gate_.Open();
     if (alloc_) {
       for (void* p : params_) EXPECT_TRUE(alloc_->Free(p).ok());
       EXPECT_TRUE(alloc_->CheckInvariants().ok()) << alloc_->CheckInvariants();
@@ -86,32 +85,30 @@ TEST_F(TransferReviewTest, TransferCallsAreNotMadeDuringACapture) {
   ASSERT_GT(alloc_->GetStats(0)->brought_back_bytes, 0) << "the plan brings data back";
   const Stream other = *host_.CreateStream(0);
   bool captured = false;
-  gate_.Close();
+  gate_.delay_ms = 20;  // each of the thread's calls takes 20 ms
   Step([&] {
-    if (captured || gate_.Waiting() == 0) return;
-    // The transfer thread is inside a bring-back's call (held, as the
-    // driver held it 0.3-0.5 s on the H200); a capture begins.
+    if (captured) return;
+    // Wait a little for the thread to be inside a bring-back's call.
+    for (int i = 0; i < 20 && gate_.busy.load() == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (gate_.busy.load() == 0) return;
+    // A capture begins while the thread is in a call with more queued
+    // (the fetch events' records follow every bring-back's prefetch).
     captured = true;
-    // The driver returns from that call 100 ms from now.
-    std::thread driver([this] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      gate_.Open();
-    });
     host_.SetCapturing(other, true);
     ASSERT_TRUE(alloc_->BeginAllocateToPool(0, {1, 0}, [other](Stream t) { return t == other; })
                     .ok());
     gate_.capture_under_way = true;
     // The capture goes on a while (kernels captured on `other`).
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    driver.join();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
     gate_.capture_under_way = false;
     host_.SetCapturing(other, false);
     ASSERT_TRUE(alloc_->EndAllocateToPool(0, {1, 0}).ok());
     ASSERT_TRUE(alloc_->ReleasePool(0, {1, 0}).ok());
   });
-  gate_.Open();
+  gate_.delay_ms = 0;
   ASSERT_TRUE(captured) << "no bring-back was handed to the transfer thread";
-  EXPECT_FALSE(gate_.timed_out());
   EXPECT_EQ(gate_.calls_during_capture.load(), 0)
       << "the transfer thread made backend calls while a pool context (a capture) was open";
   ASSERT_TRUE(host_.SynchronizeStream(other).ok());
