@@ -30,6 +30,15 @@ std::size_t PlannedPart(std::size_t budget) { return budget - budget / 16; }
 // How far ahead of its use a bring back may start, in events.
 constexpr std::int64_t kMaxLeadEvents = 512;
 
+// Forgets a bring back's fetch event, kept for reuse once its record has
+// been made (with a transfer thread, it may still be queued there).
+void DropFetch(LearnState& ls, absl::flat_hash_map<std::uintptr_t, LearnState::Fetch>::iterator f,
+               std::vector<Event>& spare) {
+  if (ls.mover != nullptr) ls.mover->WaitIssued(f->second.ticket);
+  spare.push_back(f->second.event);
+  ls.fetches.erase(f);
+}
+
 }  // namespace
 
 absl::Status DeviceAllocator::NoteUses(absl::Span<void* const> ptrs, Stream stream) {
@@ -60,8 +69,7 @@ absl::Status DeviceAllocator::NoteUses(absl::Span<void* const> ptrs, Stream stre
     if (absl::Status w = backend_->StreamWaitEvent(stream, f->second.event); !w.ok()) {
       NotePlacementError(std::move(w));
     }
-    spare_events_.push_back(f->second.event);
-    learn_->fetches.erase(f);
+    DropFetch(*learn_, f, spare_events_);
   }
   return absl::OkStatus();
 }
@@ -76,9 +84,7 @@ void DeviceAllocator::LearnFree(Block* b) {
   RunDue();
   if (auto f = learn_->fetches.find(b->addr); f != learn_->fetches.end()) {
     // Its transfer is one of the free's stream uses, recorded after it.
-    if (learn_->mover != nullptr) learn_->mover->WaitIssued(f->second.ticket);
-    spare_events_.push_back(f->second.event);
-    learn_->fetches.erase(f);
+    DropFetch(*learn_, f, spare_events_);
   }
 }
 
@@ -107,9 +113,7 @@ void DeviceAllocator::CollectLearnedTransferFailures() {
       CountAway(b);
       stats_.brought_back_bytes -= pages * static_cast<std::int64_t>(kPageSize);
       stats_.num_pages_populated -= pages;
-      ls.mover->WaitIssued(f->second.ticket);
-      spare_events_.push_back(f->second.event);
-      ls.fetches.erase(f);
+      DropFetch(ls, f, spare_events_);
       ++ls.misses;
       ++undone;
     }
@@ -184,8 +188,8 @@ void DeviceAllocator::RunDue() {
     if (absl::Status w = OrderAfter(ls.back_stream, ls.away_stream); !w.ok()) {
       NotePlacementError(w);
     }
-    // One transfer call for all that fit: on the H200 each call cost the
-    // reporting thread about 5 ms with the link busy, whatever its size.
+    // One transfer call for all that fit (fewer driver calls; on the H200
+    // their host time stayed what the bytes cost, hence the transfer thread).
     std::vector<Block*> fits;
     for (Block* b : bring) {
       fits.push_back(b);
