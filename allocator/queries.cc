@@ -28,6 +28,7 @@ absl::StatusOr<std::pair<std::size_t, Stream>> DeviceAllocator::Lookup(void* ptr
 DeviceStats DeviceAllocator::GetStats() {
   MutexLock l(&mu_);
   DeviceStats s = stats_;
+  s.peak_live_device_bytes = static_cast<std::int64_t>(peak_live_pages_ * kPageSize);
   if (learn_ != nullptr) {
     const LearnedSchedule::Counts& c = learn_->schedule.counts();
     s.learned_steps = c.steps;

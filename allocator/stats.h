@@ -78,6 +78,11 @@ struct DeviceStats {
   // populated bytes (wholly free pages still populated), and page discards.
   std::int64_t virtual_bytes = 0;
   std::int64_t idle_populated_bytes = 0;
+  // The most device pages in use at once (live blocks and the edge pages
+  // they share, not the idle cache) since the last ResetPeakStats, in bytes:
+  // what the work so far needed of the device's part (arena mode; 0 in
+  // classic mode).
+  std::int64_t peak_live_device_bytes = 0;
   std::int64_t num_pages_populated = 0;
   std::int64_t num_pages_discarded = 0;
   std::int64_t discard_calls = 0;

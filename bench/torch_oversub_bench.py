@@ -35,6 +35,13 @@ fixed seeded tokens, deterministic kernels):
   cma_oversub_learn_thread  the same with learn_transfer_thread:1: the
                     bring-backs' driver calls made by a thread of their
                     own; named only
+  cma_oversub_learn_core  cma_oversub_learn_thread with
+                    CMA_ACTIVATION_OFFLOAD=0: the learned core alone moves
+                    what does not fit (no activation offload); named only
+  cma_oversub_state_host  cma_oversub with CMA_OPTIMIZER_STATE=host: all of
+                    the optimizer's state on the host whether it fits or
+                    not (the default before the state was kept on the
+                    device as far as it fits); named only
 For each ratio R of --ratios the blocker leaves X = P / R + C free, C the
 cost of a route's CUDA context, measured before inmem with cudaMemGetInfo
 alone: a probe (the blocker holding nothing) reads free F with only its own
@@ -101,7 +108,8 @@ TRAIN_ROUTES = ("fsdp2_offload", "managed_plain", "cma_oversub", "cma_oversub_hi
 INFER_ROUTES = ("cma_oversub", "managed_plain", "accel_auto")
 ALL_ROUTES = ("inmem",) + TRAIN_ROUTES + ("cma_oversub_direct", "cma_oversub_inbwd",
                                           "cma_oversub_inbwd_free", "cma_oversub_learn",
-                                          "cma_oversub_learn_thread", "accel_auto",
+                                          "cma_oversub_learn_thread", "cma_oversub_learn_core",
+                                          "cma_oversub_state_host", "accel_auto",
                                           "accel_offload")
 STAT_WORDS = ("prefetch", "migrat", "evict", "host", "oversub", "resident", "fault", "away", "discard",
               "brought", "learned")
@@ -500,8 +508,13 @@ def route_env(route, conf=None):
     env.pop("CMA_ALLOC_CONF", None)
     env.pop("CMA_STAGED_STEP", None)
     env.pop("CMA_ACTIVATION_OFFLOAD", None)
+    env.pop("CMA_OPTIMIZER_STATE", None)
     if route == "cma_oversub_direct":
         env["CMA_STAGED_STEP"] = env["CMA_ACTIVATION_OFFLOAD"] = "0"
+    if route == "cma_oversub_learn_core":
+        env["CMA_ACTIVATION_OFFLOAD"] = "0"
+    if route == "cma_oversub_state_host":
+        env["CMA_OPTIMIZER_STATE"] = "host"
     if conf:
         env["CMA_ALLOC_CONF"] = conf
     return env
@@ -603,7 +616,7 @@ def main(argv=None):
                                     p["data_free"], avail)
                     if route.startswith("cma_oversub_learn"):
                         conf += ",learn_step:1"
-                    if route == "cma_oversub_learn_thread":
+                    if route in ("cma_oversub_learn_thread", "cma_oversub_learn_core"):
                         conf += ",learn_transfer_thread:1"
                 if why or not blocker.alive():
                     rec = {"route": route, "status": why or "blocker died", "steps": []}

@@ -113,6 +113,27 @@ TEST_F(ArenaTest, NewPagesReplaceIdleOnesSoThePeakStaysAtTheLivePeak) {
   for (void* x : {keep, b}) ASSERT_TRUE(alloc_->Free(x).ok());
 }
 
+TEST_F(ArenaTest, PeakLiveDeviceBytesCountsLivePagesNotTheIdleCache) {
+  // What the work needed of the device: live pages and their shared edges at
+  // their most, whatever stays cached idle (oversubscription's planners read
+  // it to tell how much more would fit).
+  void* a = Alloc(3 * kMiB, 0, s1_);  // pages 0-1
+  void* b = Alloc(3 * kMiB, 0, s1_);  // shares page 1, populates 2
+  EXPECT_EQ(Stats().peak_live_device_bytes, static_cast<std::int64_t>(6 * kMiB));
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(alloc_->Free(b).ok());
+  DeviceStats s = Stats();
+  EXPECT_EQ(s.idle_populated_bytes, static_cast<std::int64_t>(6 * kMiB));
+  EXPECT_EQ(s.peak_live_device_bytes, static_cast<std::int64_t>(6 * kMiB));
+  EXPECT_EQ(s.Flatten().at("peak_live_device_bytes"), static_cast<std::int64_t>(6 * kMiB));
+  // Reset, the peak is what is live now: nothing; reusing idle pages counts.
+  ASSERT_TRUE(alloc_->ResetPeakStats(0).ok());
+  EXPECT_EQ(Stats().peak_live_device_bytes, 0);
+  void* c = Alloc(kMiB, 0, s1_);
+  EXPECT_EQ(Stats().peak_live_device_bytes, static_cast<std::int64_t>(2 * kMiB));
+  ASSERT_TRUE(alloc_->Free(c).ok());
+}
+
 TEST_F(ArenaTest, DiscardIsOrderedOnTheStreamStillUsingThePage) {
   Remake("idle_page_slack:0");
   void* a = Alloc(4 * kMiB, 0, s1_);

@@ -7,8 +7,9 @@ exits 1 on any failure.
     CMA_LIBRARY=.../libcma.so PYTHONPATH=integrations/python \\
         python3 offload_patterns_route.py
 
-`oversubscribe:1` lets the optimizer's state live on the host (the staged
-step's precondition) without oversubscribing anything; the offload is
+`oversubscribe:1` with CMA_OPTIMIZER_STATE=host lets the optimizer's state
+live on the host (the staged step's precondition) without oversubscribing
+anything; the offload is
 forced by CMA_ACTIVATION_OFFLOAD=MiB (set here before cma.torch loads:
 everything saved of 1 MiB or more moves; cma.torch.activation_offload(True,
 mib=) is the same at run time) and switched per run with
@@ -24,6 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 EVERYTHING_MIB = 1 << 20  # offload target: every saved tensor of 1 MiB or more
 os.environ["CMA_ACTIVATION_OFFLOAD"] = str(EVERYTHING_MIB)
+os.environ["CMA_OPTIMIZER_STATE"] = "host"
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 

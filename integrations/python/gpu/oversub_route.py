@@ -1,9 +1,15 @@
 """Oversubscription's training path in one process, for torch_gpu_test.py.
-Nothing is oversubscribed: `oversubscribe:1` only lets the optimizer's state
-live on the host (routed there by cma.torch's optimizer hooks), which is all
-the staged step (cma/torch/training/staged_step.py) needs.
+Nothing is oversubscribed: with CMA_OPTIMIZER_STATE=host, `oversubscribe:1`
+lets the optimizer's state live on the host (routed there by cma.torch's
+optimizer hooks), which is all the staged step
+(cma/torch/training/staged_step.py) needs.
 
-    python3 oversub_route.py native|staged|direct|offload fused|foreach|single  ->  JSON
+    python3 oversub_route.py native|staged|direct|offload|fit|partial fused|foreach|single  ->  JSON
+fit: the default placement, the state kept on the device as far as it fits
+(all of it here);
+partial: the same with the device's part set, just before the first step,
+to the step's peak plus half the state (and the margin it keeps), so that
+part of the state stays on the device and the rest on the host;
 staged: 4 MiB chunks, so the two buffers alternate many times a step;
 direct: CMA_STAGED_STEP=0 (the state read in place over the link);
 offload: CMA_ACTIVATION_OFFLOAD=64 (64 MiB of saved activations a step
@@ -26,6 +32,8 @@ elif route == "staged":
     os.environ["CMA_STAGED_STEP"] = "4"
 elif route == "offload":
     os.environ["CMA_ACTIVATION_OFFLOAD"] = "64"
+if route in ("staged", "direct", "offload", "inbwd"):
+    os.environ["CMA_OPTIMIZER_STATE"] = "host"
 
 import torch  # noqa: E402
 import cma.torch as cmat  # noqa: E402
@@ -67,6 +75,14 @@ for step in range(8):
     loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    if route == "partial" and step == 0:
+        from cma.torch.training import plan
+        peak = cma_lib.stats(0)["peak_live_device_bytes"]
+        half = sum(p.numel() * p.element_size() for p in model.parameters())  # AdamW: 2x params
+        budget = (peak + plan._STATE_MARGIN_BYTES + half) * plan._MARGIN_SHARE // (
+            plan._MARGIN_SHARE - 1)
+        torch.cuda.set_per_process_memory_fraction(
+            budget / torch.cuda.get_device_properties(0).total_memory)
     opt.step()
     losses.append(loss.item())
 torch.cuda.synchronize()
@@ -125,6 +141,10 @@ if route not in ("native", "inbwd_native"):
     out["num_host_placements"] = st.get("num_host_placements", 0)
     out["state_on_host"] = sum(cma_lib.placed_on_host(t.data_ptr()) for t in state
                                if t.numel() * t.element_size() >= (1 << 20))
+    out["state_large"] = sum(t.numel() * t.element_size() >= (1 << 20) for t in state)
+    out["state_bytes_on_host"] = sum(t.numel() * t.element_size() for t in state
+                                     if cma_lib.placed_on_host(t.data_ptr()))
+    out["state_bytes"] = sum(t.numel() * t.element_size() for t in state)
     # A hint naming a tensor cma does not own: ValueError, nothing changed.
     cpu_opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(4))])
     try:

@@ -350,6 +350,23 @@ def test_oversubscription_staged_step_is_bit_identical(impl):
     assert 7 * (64 << 20) <= moved <= 7 * (128 << 20), runs["offload"]
 
 
+@pytest.mark.parametrize("impl", ["fused", "foreach"])
+def test_oversubscription_keeps_the_state_that_fits_on_the_device(impl):
+    runs = {r: run_script("oversub_route.py", r, impl, timeout=300)
+            for r in ("native", "fit", "partial")}
+    RESULTS.setdefault("oversub_state_fit", {})[impl] = runs
+    for r in ("fit", "partial"):
+        for key in ("losses", "params", "state"):
+            assert runs[r][key] == runs["native"][key], (r, key, runs)
+    # Nothing oversubscribed: the whole state stays on the device.
+    assert runs["fit"]["state_bytes_on_host"] == 0, runs["fit"]
+    # A device part the size of the step's peak and half the state: about
+    # half of it on the device, the rest on the host.
+    part = runs["partial"]
+    assert 0 < part["state_on_host"] < part["state_large"], part
+    assert 0.25 <= part["state_bytes_on_host"] / part["state_bytes"] <= 0.75, part
+
+
 @pytest.mark.parametrize("impl", ["fused", "foreach", "single"])
 def test_step_in_backward_is_bit_identical(impl):
     runs = {r: run_script("oversub_route.py", r, impl, timeout=300)

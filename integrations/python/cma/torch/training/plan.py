@@ -6,18 +6,94 @@ oversubscribed. The hints of hints.py adjust it per optimizer; what each
 optimizer carries: _cma_stager (the staging), _cma_host_resident
 (host_resident()), _cma_in_backward (step_in_backward.py). staged_step and
 offload are imported at their first use, as they read their environment
-variables when imported."""
+variables when imported.
+
+The state goes to the host only as far as the device cannot keep it
+(keep_state_that_fits): the first step's state is made on the host, and
+when that step ends as much of it as fits beside what the step needed of
+the device (its peak of live device pages, read before the state existed)
+is copied back to the device, so a model that fits pays nothing for the
+mode and one slightly larger reads only the rest over the link.
+CMA_OPTIMIZER_STATE=host keeps all of it on the host (the placement of
+earlier versions; host_resident() does the same per optimizer)."""
+import os
 import weakref
+
+import torch
 
 from cma import _lib
 from cma.torch import _placement
 
 _routing = False  # the global hooks are registered
+# Device memory the kept state leaves free beyond the first step's peak:
+# later steps' layouts differ by a few edge pages, and what overflows then
+# is an activation read over the link many times.
+_STATE_MARGIN_BYTES = 256 << 20
+_MARGIN_SHARE = 64  # and 1/64 of the device's part
+_PAGE = 2 << 20
+
+
+def _state_placement():
+    v = os.environ.get("CMA_OPTIMIZER_STATE", "fit").strip().lower()
+    if v not in ("fit", "host"):
+        raise ValueError(f"cma.torch: CMA_OPTIMIZER_STATE={v!r}: use 'fit' (the default: on "
+                         "the device as far as it fits) or 'host' (all of it on the host)")
+    return v
+
+
+def state_room(device, peak):
+    """Bytes of optimizer state that device `device` can keep beside a step
+    whose live device pages peaked at `peak` bytes (its budget's device part
+    less the peak and a margin); 0 when none."""
+    budget = _lib.stats(device).get("managed_budget_bytes", 0)
+    return max(0, budget - peak - _STATE_MARGIN_BYTES - budget // _MARGIN_SHARE)
+
+
+def keep_state_that_fits(opt, peaks):
+    """Copies `opt`'s host-resident state back to the device, parameter by
+    parameter in the optimizer's order, while it fits within
+    state_room(device, peaks[device]); the entries are rebound to the copies
+    (exact, queued on the current stream) and the host blocks freed in that
+    stream's order. Returns {device: bytes kept}."""
+    room = {d: state_room(d, peak) for d, peak in peaks.items()}
+    kept = {d: 0 for d in peaks}
+    seen = set()
+    with torch.no_grad():
+        for group in opt.param_groups:
+            for p in group["params"]:
+                state = opt.state.get(p)
+                if not state:
+                    continue
+                for key, t in list(state.items()):
+                    if not torch.is_tensor(t) or not t.is_cuda or t.device.index not in room:
+                        continue
+                    try:
+                        whole = (t.storage_offset() == 0 and t.is_contiguous() and
+                                 t.untyped_storage().nbytes() == t.numel() * t.element_size())
+                    except Exception:  # a tensor with no storage of its own (a subclass)
+                        whole = False
+                    if not whole or t.data_ptr() in seen or not _placement.on_host(t):
+                        continue
+                    seen.add(t.data_ptr())
+                    n = t.numel() * t.element_size()
+                    cost = n + (_PAGE // 2 if n >= (1 << 20) else 0)  # its share of edge pages
+                    d = t.device.index
+                    if cost > room[d]:
+                        continue
+                    copy = torch.empty_like(t)
+                    if _placement.on_host(copy):  # the device was fuller than the peak said
+                        continue
+                    copy.copy_(t)
+                    state[key] = copy
+                    room[d] -= cost
+                    kept[d] += n
+    return kept
 
 
 def route_new_optimizer_state():
     """Oversubscription's default placement for training: every optimizer's
-    state lives on the host (updated by staged_step.py), and saved
+    state lives on the host as far as the device cannot keep it (updated
+    by staged_step.py; keep_state_that_fits), and saved
     activations make room when a step overflows (offload.py). The state is touched once per step (the
     optimizer reads and writes it over the link), while parameters and
     activations are touched many times: they keep the device. Global
@@ -28,6 +104,7 @@ def route_new_optimizer_state():
     oversubscription they do nothing after one check per optimizer.
     Registered once per process (use_as_default() may be called again)."""
     global _routing
+    _state_placement()  # a bad CMA_OPTIMIZER_STATE fails here, not at a step
     if _routing:
         return
     from torch.optim.optimizer import (register_optimizer_step_post_hook,
@@ -35,6 +112,7 @@ def route_new_optimizer_state():
     _routing = True
     known = weakref.WeakKeyDictionary()  # optimizer -> devices with a host part, or ()
     entered = []
+    peaks = weakref.WeakKeyDictionary()  # optimizer creating state -> {device: peak before}
 
     def before(opt, args, kwargs):
         params = [p for g in opt.param_groups for p in g["params"]]
@@ -52,6 +130,9 @@ def route_new_optimizer_state():
             staged_step.order_last(opt)
         if devices and getattr(opt, "_cma_host_resident", False) is False and \
                 _placement.state_incomplete(opt, params):
+            if _state_placement() == "fit":
+                peaks[opt] = {d: _lib.stats(d).get("peak_live_device_bytes", 0)
+                              for d in devices}
             for d in devices:
                 t = _placement.HostTier(d)
                 t.__enter__()
@@ -60,6 +141,9 @@ def route_new_optimizer_state():
     def after(opt, args, kwargs):
         while entered:
             entered.pop().__exit__(None, None, None)
+        made = peaks.pop(opt, None)
+        if made:
+            keep_state_that_fits(opt, made)
         # A step ends an iteration: the next follows the plan learnt from it.
         devices = known.get(opt, ())
         if devices:
