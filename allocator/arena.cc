@@ -151,7 +151,7 @@ void DeviceAllocator::AcquirePages(Block* b, bool all_populated) {
     stats_.num_pages_populated += static_cast<std::int64_t>(fresh);
     UpdateStat(stats_.reserved_bytes, b->size_class, static_cast<std::int64_t>(fresh * kPageSize));
   }
-  peak_live_pages_ = std::max(peak_live_pages_, populated_pages() - idle_pages_);
+  NoteLivePages();
 }
 
 void DeviceAllocator::ReleasePages(Block* b) {

@@ -206,7 +206,7 @@ absl::Status DeviceAllocator::MoveAway(absl::Span<Block* const> blocks, bool awa
       b->stream_uses.push_back(stream);
     }
   }
-  peak_live_pages_ = std::max(peak_live_pages_, populated_pages() - idle_pages_);
+  NoteLivePages();
   return absl::OkStatus();
 }
 
@@ -237,7 +237,7 @@ void DeviceAllocator::CountBack(Block* b) {
   UpdateStat(stats_.reserved_bytes, b->size_class, bytes);
   UpdateStat(stats_.away_bytes, b->size_class, -bytes);
   b->away = false;
-  peak_live_pages_ = std::max(peak_live_pages_, populated_pages() - idle_pages_);
+  NoteLivePages();
 }
 
 std::vector<Range> DeviceAllocator::CountBackAll() {

@@ -536,6 +536,12 @@ absl::Status CachingManagedAllocator::ResetPeakStats(int device) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::size_t> CachingManagedAllocator::TakeLivePeak(int device) {
+  absl::StatusOr<DeviceAllocator*> d = Device(device);
+  if (!d.ok()) return d.status();
+  return (*d)->TakeLivePeak();
+}
+
 absl::Status CachingManagedAllocator::ResetAccumulatedStats(int device) {
   absl::StatusOr<DeviceAllocator*> d = Device(device);
   if (!d.ok()) return d.status();

@@ -306,6 +306,11 @@ class CachingManagedAllocator {
   // kInvalidArgument for a pointer this allocator did not hand out.
   absl::StatusOr<bool> PlacedOnHost(void* ptr);
   absl::Status ResetPeakStats(int device);
+  // The most device bytes in live pages (arena mode) at once since the last
+  // call for `device`, and a new window from now (DeviceAllocator::
+  // TakeLivePeak; independent of ResetPeakStats). kInvalidArgument for a
+  // bad device.
+  absl::StatusOr<std::size_t> TakeLivePeak(int device);
   // Zeroes each statistic's allocated and freed totals and the counters
   // (num_alloc_retries, num_ooms, num_sync_all_streams, num_device_alloc,
   // num_device_free and cma's own event counters), as PyTorch's

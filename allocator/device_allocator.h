@@ -158,6 +158,11 @@ class DeviceAllocator {
   // refused, a Sleep's copies that fell back to migrating, ...); OK if none.
   absl::Status LastPlacementError() ABSL_LOCKS_EXCLUDED(mu_);
   void ResetPeakStats() ABSL_LOCKS_EXCLUDED(mu_);
+  // The most device bytes in live pages at once since the last call (or
+  // since the allocator began), and a new window from what is live now.
+  // Apart from ResetPeakStats, so that a planner's windows and the user's
+  // peaks never reset each other.
+  std::size_t TakeLivePeak() ABSL_LOCKS_EXCLUDED(mu_);
   void ResetAccumulatedStats() ABSL_LOCKS_EXCLUDED(mu_);
   void AppendSnapshot(std::vector<SegmentSnapshot>* out) ABSL_LOCKS_EXCLUDED(mu_);
   // Verifies that blocks tile segments, free lists hold exactly the free
@@ -611,6 +616,13 @@ class DeviceAllocator {
   std::size_t idle_pages_ ABSL_GUARDED_BY(mu_) = 0;   // arena pages populated with no users
   std::size_t pinned_idle_pages_ ABSL_GUARDED_BY(mu_) = 0;  // of those, in Segment::pinned ones
   std::size_t peak_live_pages_ ABSL_GUARDED_BY(mu_) = 0;  // most arena pages ever in use
+  std::size_t window_live_pages_ ABSL_GUARDED_BY(mu_) = 0;  // the same since TakeLivePeak
+  // Both peaks of live pages follow a change that may have raised them.
+  void NoteLivePages() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const std::size_t live = populated_pages() - idle_pages_;
+    peak_live_pages_ = std::max(peak_live_pages_, live);
+    window_live_pages_ = std::max(window_live_pages_, live);
+  }
   // Frees so far (Block::free_seq), and per stream the count at the last
   // moment its queued work was seen complete: its free blocks numbered up to
   // that are idle.

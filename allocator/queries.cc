@@ -66,6 +66,13 @@ void DeviceAllocator::ResetPeakStats() {
   peak_live_pages_ = populated_pages() - idle_pages_;
 }
 
+std::size_t DeviceAllocator::TakeLivePeak() {
+  MutexLock l(&mu_);
+  const std::size_t peak = window_live_pages_;
+  window_live_pages_ = populated_pages() - idle_pages_;
+  return peak * kPageSize;
+}
+
 void DeviceAllocator::ResetAccumulatedStats() {
   MutexLock l(&mu_);
   for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,

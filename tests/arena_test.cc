@@ -134,6 +134,27 @@ TEST_F(ArenaTest, PeakLiveDeviceBytesCountsLivePagesNotTheIdleCache) {
   ASSERT_TRUE(alloc_->Free(c).ok());
 }
 
+TEST_F(ArenaTest, TakeLivePeakHasAWindowOfItsOwn) {
+  void* a = Alloc(6 * kMiB, 0, s1_);
+  void* b = Alloc(4 * kMiB, 0, s1_);
+  ASSERT_TRUE(alloc_->Free(b).ok());
+  EXPECT_EQ(*alloc_->TakeLivePeak(0), 10 * kMiB);  // since the allocator began
+  EXPECT_EQ(*alloc_->TakeLivePeak(0), 6 * kMiB);   // a new window starts at what is live
+  // The user's reset of the peaks leaves the window alone, and the other way round.
+  void* c = Alloc(8 * kMiB, 0, s1_);
+  ASSERT_TRUE(alloc_->Free(c).ok());
+  ASSERT_TRUE(alloc_->ResetPeakStats(0).ok());
+  EXPECT_EQ(Stats().peak_live_device_bytes, static_cast<std::int64_t>(6 * kMiB));
+  EXPECT_EQ(*alloc_->TakeLivePeak(0), 14 * kMiB);
+  void* d = Alloc(2 * kMiB, 0, s1_);
+  ASSERT_TRUE(alloc_->Free(d).ok());
+  EXPECT_EQ(*alloc_->TakeLivePeak(0), 8 * kMiB);
+  EXPECT_EQ(Stats().peak_live_device_bytes, static_cast<std::int64_t>(8 * kMiB));
+  EXPECT_FALSE(alloc_->TakeLivePeak(7).ok());
+  EXPECT_FALSE(alloc_->TakeLivePeak(-1).ok());
+  ASSERT_TRUE(alloc_->Free(a).ok());
+}
+
 TEST_F(ArenaTest, DiscardIsOrderedOnTheStreamStillUsingThePage) {
   Remake("idle_page_slack:0");
   void* a = Alloc(4 * kMiB, 0, s1_);

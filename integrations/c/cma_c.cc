@@ -385,6 +385,14 @@ int cma_reset_peak_stats(int device) {
   return s.ok() ? 0 : Fail(s);
 }
 
+long long cma_take_live_peak(int device) {
+  CachingManagedAllocator* a = Get();
+  if (a == nullptr) return -1;
+  absl::StatusOr<std::size_t> peak = a->TakeLivePeak(device);
+  if (!peak.ok()) return Fail(peak.status());
+  return static_cast<long long>(*peak);
+}
+
 int cma_reset_accumulated_stats(int device) {
   CachingManagedAllocator* a = Get();
   if (a == nullptr) return -1;

@@ -208,6 +208,10 @@ int cma_pool_checkpoint_restore(const cma_pool_checkpoint* cp, cma_pool_ptr_fn o
 /* Peaks back to current values, for one device or all (-1: the host pool's
  * too). */
 int cma_reset_peak_stats(int device);
+/* The most device bytes in live pages at once on `device` since the last
+ * call (or since the allocator began), and a new window from now; apart
+ * from cma_reset_peak_stats. -1 for a bad device (cma_last_error). */
+long long cma_take_live_peak(int device);
 /* Resets the accumulated counters (each stat's allocated/freed and
  * num_alloc_retries, num_ooms, num_sync_all_streams, num_device_alloc,
  * num_device_free, and cma's own event counters) as

@@ -38,6 +38,16 @@ TEST_F(CApiTest, MallocFreeAndStats) {
   EXPECT_THAT(cma_last_error(), HasSubstr("not an allocation"));
 }
 
+TEST_F(CApiTest, TakeLivePeakWindows) {
+  void* p = cma_malloc(5 << 20, 0, nullptr);  // three 2 MiB pages
+  ASSERT_NE(p, nullptr) << cma_last_error();
+  ASSERT_EQ(cma_free(p), 0);
+  EXPECT_EQ(cma_take_live_peak(0), 6 << 20);
+  EXPECT_EQ(cma_take_live_peak(0), 0);  // nothing live since
+  EXPECT_EQ(cma_take_live_peak(2), -1);
+  EXPECT_THAT(cma_last_error(), HasSubstr("device 2"));
+}
+
 TEST_F(CApiTest, HostRoutingNeedsOversubscription) {
   void* p = cma_malloc(1000, 0, nullptr);
   EXPECT_EQ(cma_placed_on_host(p), 0);

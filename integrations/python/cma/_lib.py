@@ -72,6 +72,7 @@ def lib():
                 "cma_empty_cache": (i, []),
                 "cma_forget_stream": (i, [vp]),
                 "cma_reset_peak_stats": (i, [i]),
+                "cma_take_live_peak": (ctypes.c_longlong, [i]),
                 "cma_device_of": (i, [vp]),
                 "cma_allocation_size": (sz, [vp]),
                 "cma_set_memory_fraction": (i, [ctypes.c_double, i]),
@@ -232,6 +233,15 @@ def forget_stream(stream):
 def reset_peak_stats(device=-1):
     """Peaks back to current values, for one device or all (-1)."""
     _check(lib().cma_reset_peak_stats(device))
+
+
+def take_live_peak(device=0):
+    """The most bytes of live device pages at once on `device` since the
+    last call, and a new window from now (apart from reset_peak_stats)."""
+    r = lib().cma_take_live_peak(device)
+    if r < 0:
+        raise _error()
+    return r
 
 
 def set_memory_fraction(fraction, device=0):

@@ -7,9 +7,10 @@ optimizer hooks), which is all the staged step
     python3 oversub_route.py native|staged|direct|offload|fit|partial fused|foreach|single  ->  JSON
 fit: the default placement, the state kept on the device as far as it fits
 (all of it here);
-partial: the same with the device's part set, just before the first step,
-to the step's peak plus half the state (and the margin it keeps), so that
-part of the state stays on the device and the rest on the host;
+partial: the same with the device's part set, before the second step's
+update (the one whose peak decides), to the peak so far plus half the state
+(and the margin kept), so that part of the state stays on the device and
+the rest on the host;
 staged: 4 MiB chunks, so the two buffers alternate many times a step;
 direct: CMA_STAGED_STEP=0 (the state read in place over the link);
 offload: CMA_ACTIVATION_OFFLOAD=64 (64 MiB of saved activations a step
@@ -75,7 +76,7 @@ for step in range(8):
     loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    if route == "partial" and step == 0:
+    if route == "partial" and step == 1:
         from cma.torch.training import plan
         peak = cma_lib.stats(0)["peak_live_device_bytes"]
         half = sum(p.numel() * p.element_size() for p in model.parameters())  # AdamW: 2x params

@@ -9,11 +9,15 @@ offload are imported at their first use, as they read their environment
 variables when imported.
 
 The state goes to the host only as far as the device cannot keep it
-(keep_state_that_fits): the first step's state is made on the host, and
-when that step ends as much of it as fits beside what the step needed of
-the device (its peak of live device pages, read before the state existed)
-is copied back to the device, so a model that fits pays nothing for the
-mode and one slightly larger reads only the rest over the link.
+(keep_state_that_fits): the first step makes it on the host; the next
+step measures what a whole step needs of the device (its peak of live
+device pages, a window of the allocator's own that the user's
+reset_peak_memory_stats leaves alone: the first step's forward ran
+without gradients, which a loop that zeroes them after the forward keeps
+through the next forward); when it ends, as much of the state as fits
+beside that peak is copied back to the device. So a model that fits pays
+for the mode one copy of its state, once, and one slightly larger reads
+only the rest over the link.
 CMA_OPTIMIZER_STATE=host keeps all of it on the host (the placement of
 earlier versions; host_resident() does the same per optimizer)."""
 import os
@@ -25,7 +29,7 @@ from cma import _lib
 from cma.torch import _placement
 
 _routing = False  # the global hooks are registered
-# Device memory the kept state leaves free beyond the first step's peak:
+# Device memory the kept state leaves free beyond the measured step's peak:
 # later steps' layouts differ by a few edge pages, and what overflows then
 # is an activation read over the link many times.
 _STATE_MARGIN_BYTES = 256 << 20
@@ -112,7 +116,10 @@ def route_new_optimizer_state():
     _routing = True
     known = weakref.WeakKeyDictionary()  # optimizer -> devices with a host part, or ()
     entered = []
-    peaks = weakref.WeakKeyDictionary()  # optimizer creating state -> {device: peak before}
+    # Optimizer -> devices: a step that creates state, then the step that
+    # measures how much of it the devices keep.
+    creating = weakref.WeakKeyDictionary()
+    measuring = weakref.WeakKeyDictionary()
 
     def before(opt, args, kwargs):
         params = [p for g in opt.param_groups for p in g["params"]]
@@ -131,8 +138,7 @@ def route_new_optimizer_state():
         if devices and getattr(opt, "_cma_host_resident", False) is False and \
                 _placement.state_incomplete(opt, params):
             if _state_placement() == "fit":
-                peaks[opt] = {d: _lib.stats(d).get("peak_live_device_bytes", 0)
-                              for d in devices}
+                creating[opt] = devices
             for d in devices:
                 t = _placement.HostTier(d)
                 t.__enter__()
@@ -141,9 +147,14 @@ def route_new_optimizer_state():
     def after(opt, args, kwargs):
         while entered:
             entered.pop().__exit__(None, None, None)
-        made = peaks.pop(opt, None)
+        measured = measuring.pop(opt, None)
+        if measured:
+            keep_state_that_fits(opt, {d: _lib.take_live_peak(d) for d in measured})
+        made = creating.pop(opt, None)
         if made:
-            keep_state_that_fits(opt, made)
+            for d in made:
+                _lib.take_live_peak(d)  # the window starts with the next step
+            measuring[opt] = made
         # A step ends an iteration: the next follows the plan learnt from it.
         devices = known.get(opt, ())
         if devices:
