@@ -7,7 +7,8 @@ import statistics
 MiB, GiB = 1 << 20, 1 << 30
 CMA_ROUTES = ("managed_plain", "cma_oversub", "cma_oversub_hint", "cma_oversub_direct",
               "cma_oversub_inbwd", "cma_oversub_inbwd_free", "cma_oversub_learn",
-              "cma_oversub_learn_thread", "cma_oversub_learn_core", "cma_oversub_state_host")
+              "cma_oversub_learn_thread", "cma_oversub_learn_core",
+              "cma_oversub_learn_core_nothread", "cma_oversub_state_host")
 
 
 def param_count(layers, width, vocab, n_pos):

@@ -38,6 +38,8 @@ fixed seeded tokens, deterministic kernels):
   cma_oversub_learn_core  cma_oversub_learn_thread with
                     CMA_ACTIVATION_OFFLOAD=0: the learned core alone moves
                     what does not fit (no activation offload); named only
+  cma_oversub_learn_core_nothread  the same without the transfer thread;
+                    named only
   cma_oversub_state_host  cma_oversub with CMA_OPTIMIZER_STATE=host: all of
                     the optimizer's state on the host whether it fits or
                     not (the default before the state was kept on the
@@ -109,6 +111,7 @@ INFER_ROUTES = ("cma_oversub", "managed_plain", "accel_auto")
 ALL_ROUTES = ("inmem",) + TRAIN_ROUTES + ("cma_oversub_direct", "cma_oversub_inbwd",
                                           "cma_oversub_inbwd_free", "cma_oversub_learn",
                                           "cma_oversub_learn_thread", "cma_oversub_learn_core",
+                                          "cma_oversub_learn_core_nothread",
                                           "cma_oversub_state_host", "accel_auto",
                                           "accel_offload")
 STAT_WORDS = ("prefetch", "migrat", "evict", "host", "oversub", "resident", "fault", "away", "discard",
@@ -511,7 +514,7 @@ def route_env(route, conf=None):
     env.pop("CMA_OPTIMIZER_STATE", None)
     if route == "cma_oversub_direct":
         env["CMA_STAGED_STEP"] = env["CMA_ACTIVATION_OFFLOAD"] = "0"
-    if route == "cma_oversub_learn_core":
+    if route.startswith("cma_oversub_learn_core"):
         env["CMA_ACTIVATION_OFFLOAD"] = "0"
     if route == "cma_oversub_state_host":
         env["CMA_OPTIMIZER_STATE"] = "host"
