@@ -147,9 +147,10 @@ if route not in ("native", "inbwd_native"):
     out["state_on_host"] = sum(cma_lib.placed_on_host(t.data_ptr()) for t in state
                                if t.numel() * t.element_size() >= (1 << 20))
     out["state_large"] = sum(t.numel() * t.element_size() >= (1 << 20) for t in state)
-    out["state_bytes_on_host"] = sum(t.numel() * t.element_size() for t in state
+    on_gpu = [t for t in state if t.is_cuda]  # (a foreach step's counters stay on the CPU)
+    out["state_bytes_on_host"] = sum(t.numel() * t.element_size() for t in on_gpu
                                      if cma_lib.placed_on_host(t.data_ptr()))
-    out["state_bytes"] = sum(t.numel() * t.element_size() for t in state)
+    out["state_bytes"] = sum(t.numel() * t.element_size() for t in on_gpu)
     # A hint naming a tensor cma does not own: ValueError, nothing changed.
     cpu_opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(4))])
     try:
