@@ -272,7 +272,7 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
   }
   absl::flat_hash_map<Stream, bool> discarded;
   for (auto& [stream, ranges] : by_stream) {
-    absl::Status d = backend_->DiscardBatch(ranges, stream);
+    absl::Status d = DiscardDead(ranges, stream);
     const bool ok = d.ok();
     discarded[stream] = ok;
     if (!ok) {
@@ -376,7 +376,7 @@ void DeviceAllocator::DiscardPagesInside(Block* b, bool already_discarded, bool 
     }
     return;
   }
-  if (absl::Status d = backend_->DiscardBatch(ranges, b->stream); !d.ok()) {
+  if (absl::Status d = DiscardDead(ranges, b->stream); !d.ok()) {
     NotePlacementError(std::move(d));
     return;
   }

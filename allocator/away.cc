@@ -261,7 +261,7 @@ void DeviceAllocator::ForgetAway(Block* b) {
   // its stream (other streams' uses have completed by now). A failed
   // discard costs a migration later, never a wrong result.
   const Range r = InnerRange(*b);
-  if (absl::Status d = backend_->DiscardBatch({&r, 1}, b->stream); d.ok()) {
+  if (absl::Status d = DiscardDead({&r, 1}, b->stream); d.ok()) {
     ++stats_.discard_calls;
     stats_.discarded_bytes += bytes;
   } else {

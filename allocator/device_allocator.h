@@ -413,6 +413,13 @@ class DeviceAllocator {
   // only the pages wholly at or after it.
   void DiscardPagesInside(Block* b, bool already_discarded = false, bool pool_too = false,
                           std::uintptr_t from = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Discards the dead contents of `ranges` on `stream` (DiscardBatch), but
+  // with learn_step:1, where they are kept and the driver evicts them by
+  // need: on the H200 the learned step's transfers beside discards changed
+  // a training's results (bench/results/README.md, "A discard beside the
+  // learned step's transfers"), and without discards they did not.
+  absl::Status DiscardDead(absl::Span<const Range> ranges, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Orders the work queued later on `waiter` after the work queued on `on`
   // so far: an event wait on the GPU, or a host sync if events fail.
   absl::Status OrderAfter(Stream waiter, Stream on) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

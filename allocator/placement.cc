@@ -29,10 +29,19 @@ void SplitAtPages(const Range& r, std::vector<Range>* whole, std::vector<Range>*
   if (last < hi) partial->push_back({reinterpret_cast<void*>(last), hi - last});
 }
 
+absl::Status DeviceAllocator::DiscardDead(absl::Span<const Range> ranges, Stream stream) {
+  if (learn_ != nullptr) return absl::OkStatus();
+  return backend_->DiscardBatch(ranges, stream);
+}
+
 absl::Status DeviceAllocator::Execute(PlacementAction action, absl::Span<const Range> ranges,
                                       Location target, Stream stream, TransferThread* via,
                                       std::uint64_t* ticket) {
   if (action == PlacementAction::kNone || ranges.empty()) return absl::OkStatus();
+  // (Dead contents are kept with learn_step:1: see DiscardDead.)
+  if (action == PlacementAction::kDiscardAndPrefetch && learn_ != nullptr) {
+    action = PlacementAction::kPrefetch;
+  }
   absl::Status s;
   if (action == PlacementAction::kPrefetch && via != nullptr) {
     *ticket = via->Submit([backend = backend_, copy = std::vector<Range>(ranges.begin(), ranges.end()),
@@ -138,7 +147,7 @@ void DeviceAllocator::OnFreed(Block* b) {
   // Ordered on the block's stream after its last use; other streams' uses
   // have completed (their events) by the time we get here.
   const Range r{b->ptr(), b->size};
-  if (absl::Status d = backend_->DiscardBatch({&r, 1}, b->stream); d.ok()) {
+  if (absl::Status d = DiscardDead({&r, 1}, b->stream); d.ok()) {
     stats_.discarded_bytes += static_cast<std::int64_t>(b->size);
     b->placed = false;  // nothing resident to speak of: the next use populates
     // A Wake must not populate these pages again on its own stream ahead of

@@ -10,6 +10,13 @@
 //
 //   learn_replay --step=step.csv.gz [--fractions=0.6667,0.3333] [--steps=6]
 //                [--conf=oversubscribe:1,learn_step:1] [--state_after=0.85] [--json=out.json]
+//                [--check_data]
+//
+// --check_data stamps every allocation (its first and last 8 bytes and the
+// first 8 of each 2 MiB page inside it) when it is made and at each use,
+// and checks the stamps at each use and before each free: the host
+// backend zeroes what a discard drops, so a discard that reaches live data
+// shows (issue order only: the host backend runs every call at once).
 //
 // The step's allocations are made as the file says; carried allocations the
 // step frees come back, in the next step, as the ones the step made and
@@ -41,6 +48,8 @@ ABSL_FLAG(int, steps, 6, "steps replayed per device part (the first records, the
 ABSL_FLAG(std::string, conf, "oversubscribe:1,learn_step:1",
           "the allocator's config; managed_budget and device_headroom are added");
 ABSL_FLAG(std::string, json, "", "write the per-step figures here as JSON");
+ABSL_FLAG(bool, check_data, false,
+          "stamp allocations and check the stamps at every use and free (see above)");
 ABSL_FLAG(double, state_after, 0.85,
           "carried allocations that live through the step and are first used after this "
           "fraction of its events (the optimizer's state: the step ends with the optimizer) are "
@@ -70,11 +79,38 @@ struct StepFigures {
   std::int64_t away = 0;                    // away at the end
   std::int64_t plans = 0, divergences = 0, misses = 0;
   std::int64_t failed_allocations = 0;
+  std::int64_t data_errors = 0;  // --check_data: stamps found changed
 };
+
+// --check_data's stamps: where they go in an allocation of `bytes` at `p`.
+template <typename Fn>
+void ForEachStamp(void* p, std::size_t bytes, Fn&& fn) {
+  constexpr std::uintptr_t kPage = std::uintptr_t{2} << 20;
+  if (bytes < sizeof(std::uint64_t)) return;
+  const auto lo = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t hi = lo + bytes - sizeof(std::uint64_t);
+  fn(reinterpret_cast<std::uint64_t*>(lo));
+  for (std::uintptr_t a = (lo / kPage + 1) * kPage; a < hi; a += kPage) {
+    fn(reinterpret_cast<std::uint64_t*>(a));
+  }
+  if (hi != lo) fn(reinterpret_cast<std::uint64_t*>(hi));
+}
+
+void Stamp(void* p, std::size_t bytes, std::uint64_t tag) {
+  ForEachStamp(p, bytes, [tag](std::uint64_t* w) { *w = tag; });
+}
+
+// The number of stamps that are not `tag`.
+std::int64_t CheckStamp(void* p, std::size_t bytes, std::uint64_t tag) {
+  std::int64_t bad = 0;
+  ForEachStamp(p, bytes, [&](std::uint64_t* w) { bad += *w != tag; });
+  return bad;
+}
 
 // Replays the step `steps` times under a device part of `part` bytes.
 absl::StatusOr<std::vector<StepFigures>> Replay(const Step& step, std::size_t part, int steps,
-                                                const std::string& conf, double state_after) {
+                                                const std::string& conf, double state_after,
+                                                bool check_data) {
   HostBackendOptions o;
   o.device_count = 1;
   o.device_capacity = part + kHeadroom;
@@ -93,6 +129,27 @@ absl::StatusOr<std::vector<StepFigures>> Replay(const Step& step, std::size_t pa
 
   const auto& allocs = step.allocations();
   std::vector<void*> ptr(allocs.size(), nullptr);
+  std::vector<std::uint64_t> tag(allocs.size(), 0);  // --check_data: each one's stamp
+  std::uint64_t next_tag = 1;
+  std::int64_t reported = 0;
+  auto stamp = [&](std::size_t i) {
+    if (!check_data || ptr[i] == nullptr) return;
+    tag[i] = next_tag++;
+    Stamp(ptr[i], allocs[i].bytes, tag[i]);
+  };
+  // Returns the stamps found changed (and names the first few).
+  auto check = [&](std::size_t i, int k, const char* when) -> std::int64_t {
+    if (!check_data || ptr[i] == nullptr) return 0;
+    const std::int64_t bad = CheckStamp(ptr[i], allocs[i].bytes, tag[i]);
+    if (bad != 0 && reported++ < 10) {
+      std::fprintf(stderr,
+                   "learn_replay: step %d: allocation %zu (%zu bytes at %p) lost %lld stamp(s), "
+                   "found %s\n",
+                   k + 1, i, static_cast<std::size_t>(allocs[i].bytes), ptr[i],
+                   static_cast<long long>(bad), when);
+    }
+    return bad;
+  };
   // Carried allocations the step frees, by size: the next step's carried
   // ones are what this step made and left live.
   std::vector<std::int32_t> carried_freed;
@@ -106,6 +163,7 @@ absl::StatusOr<std::vector<StepFigures>> Replay(const Step& step, std::size_t pa
     if (state) (void)alloc.SetHostRouting(0, false);
     if (!p.ok()) return p.status();
     ptr[i] = *p;
+    stamp(i);
     if (allocs[i].free_event >= 0) carried_freed.push_back(static_cast<std::int32_t>(i));
   }
   if (absl::Status s = alloc.MarkIteration(0); !s.ok()) return s;
@@ -124,11 +182,13 @@ absl::StatusOr<std::vector<StepFigures>> Replay(const Step& step, std::size_t pa
             ptr[e.allocation] = nullptr;
           } else {
             ptr[e.allocation] = *p;
+            stamp(e.allocation);
           }
           break;
         }
         case Step::Kind::kFree:
           if (ptr[e.allocation] != nullptr) {
+            f.data_errors += check(e.allocation, k, "before its free");
             if (absl::Status s = alloc.Free(ptr[e.allocation]); !s.ok()) return s;
           }
           ptr[e.allocation] = nullptr;
@@ -140,6 +200,12 @@ absl::StatusOr<std::vector<StepFigures>> Replay(const Step& step, std::size_t pa
             if (p != nullptr) uses.push_back(p);
           }
           if (absl::Status s = alloc.NoteUses(0, uses, *stream); !s.ok()) return s;
+          // What the use's kernel reads, then writes.
+          for (std::int64_t a = e.access_begin; a < e.access_end; ++a) {
+            const std::size_t i = step.accesses()[a].allocation;
+            f.data_errors += check(i, k, "at a use");
+            stamp(i);
+          }
           break;
         }
       }
@@ -165,11 +231,13 @@ absl::StatusOr<std::vector<StepFigures>> Replay(const Step& step, std::size_t pa
       }
       if (j < left.size() && allocs[left[j]].bytes == allocs[w].bytes) {
         ptr[w] = ptr[left[j]];
+        tag[w] = tag[left[j]];
         ptr[left[j++]] = nullptr;
       } else {  // none of its size left live: made anew
         absl::StatusOr<void*> p = alloc.Allocate(allocs[w].bytes, 0, *stream);
         if (!p.ok()) return p.status();
         ptr[w] = *p;
+        stamp(w);
       }
     }
     for (; j < left.size(); ++j) {
@@ -244,18 +312,20 @@ int Run() {
       std::printf("  policy's plan: %s\n", std::string(plan.status().message()).c_str());
     }
     absl::StatusOr<std::vector<StepFigures>> figs =
-        Replay(step, part, steps, absl::GetFlag(FLAGS_conf), absl::GetFlag(FLAGS_state_after));
+        Replay(step, part, steps, absl::GetFlag(FLAGS_conf), absl::GetFlag(FLAGS_state_after),
+               absl::GetFlag(FLAGS_check_data));
     if (!figs.ok()) return Fail(std::string(figs.status().message()));
-    std::printf("  %4s %9s %9s %9s %9s %9s %9s %9s %5s %5s %6s %6s\n", "step", "sent GB",
+    std::printf("  %4s %9s %9s %9s %9s %9s %9s %9s %5s %5s %6s %6s %6s\n", "step", "sent GB",
                 "back GB", "H2D GB", "D2H GB", "host+ GB", "host GB", "away GB", "plans", "div",
-                "misses", "failed");
+                "misses", "failed", "data!");
     for (std::size_t k = 0; k < figs->size(); ++k) {
       const StepFigures& f = (*figs)[k];
-      std::printf("  %4zu %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %5lld %5lld %6lld %6lld\n",
+      std::printf("  %4zu %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %5lld %5lld %6lld %6lld %6lld\n",
                   k + 1, GB(f.sent), GB(f.brought), GB(f.to_device), GB(f.to_host),
                   GB(f.host_overflow), GB(f.host_resident), GB(f.away),
                   static_cast<long long>(f.plans), static_cast<long long>(f.divergences),
-                  static_cast<long long>(f.misses), static_cast<long long>(f.failed_allocations));
+                  static_cast<long long>(f.misses), static_cast<long long>(f.failed_allocations),
+                  static_cast<long long>(f.data_errors));
       pj["steps"].push_back({{"sent", f.sent},
                              {"brought", f.brought},
                              {"h2d", f.to_device},
@@ -266,7 +336,8 @@ int Run() {
                              {"plans", f.plans},
                              {"divergences", f.divergences},
                              {"misses", f.misses},
-                             {"failed_allocations", f.failed_allocations}});
+                             {"failed_allocations", f.failed_allocations},
+                             {"data_errors", f.data_errors}});
     }
     json["parts"].push_back(pj);
   }
