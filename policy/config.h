@@ -79,7 +79,9 @@
 //                       live allocations go away to the host and when they
 //                       come back, and replays that plan in the next steps
 //                       while they repeat the recorded one, learning again
-//                       when the step changes. Needs segments:arena.
+//                       when the step changes. Nothing is discarded in
+//                       this mode (DeviceAllocator::DiscardDead). Needs
+//                       segments:arena.
 //   learn_transfer_thread  0|1 (default 0): the learned step's bring-backs
 //                       are issued by a thread of their own, not by the
 //                       thread reporting the step (whose launches the
