@@ -21,6 +21,7 @@ only the rest over the link.
 CMA_OPTIMIZER_STATE=host keeps all of it on the host (the placement of
 earlier versions; host_resident() does the same per optimizer)."""
 import os
+import warnings
 import weakref
 
 import torch
@@ -53,45 +54,125 @@ def state_room(device, peak):
     return max(0, budget - peak - _STATE_MARGIN_BYTES - budget // _MARGIN_SHARE)
 
 
+def _foreach_temporaries(opt):
+    """{device: bytes}: a foreach update (not fused) makes temporaries of
+    about one state tensor per parameter at once (its sqrt of exp_avg_sq,
+    say) when it runs on the device; the step that measured may have run
+    staged, in chunks, and never shown them."""
+    out = {}
+    for group in opt.param_groups:
+        if group.get("fused") or group.get("foreach") is False or "foreach" not in group:
+            continue
+        for p in group["params"]:
+            if p.is_cuda:
+                out[p.device.index] = out.get(p.device.index, 0) + p.numel() * p.element_size()
+    return out
+
+
+def _state_entries(opt, devices):
+    """[(state dict, key, tensor)] of `opt`'s CUDA state on `devices`, and
+    the storages that may move: every entry on them is the same whole,
+    contiguous tensor (an entry that views another's storage differently
+    keeps it where it is, so that the two stay one)."""
+    entries, views = [], {}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            for key, t in list((opt.state.get(p) or {}).items()):
+                if not torch.is_tensor(t) or not t.is_cuda or t.device.index not in devices:
+                    continue
+                try:
+                    storage = t.untyped_storage()
+                    whole = (t.storage_offset() == 0 and t.is_contiguous() and
+                             storage.nbytes() == t.numel() * t.element_size())
+                    where = storage.data_ptr()
+                except Exception:  # a tensor with no storage of its own (a subclass)
+                    continue
+                entries.append((opt.state[p], key, t))
+                views.setdefault(where, set()).add(
+                    (t.dtype, tuple(t.shape)) if whole else None)
+    movable = {where for where, v in views.items() if None not in v and len(v) == 1}
+    return entries, movable
+
+
 def keep_state_that_fits(opt, peaks):
     """Copies `opt`'s host-resident state back to the device, parameter by
     parameter in the optimizer's order, while it fits within
-    state_room(device, peaks[device]); the entries are rebound to the copies
-    (exact, queued on the current stream) and the host blocks freed in that
-    stream's order. Returns {device: bytes kept}."""
-    room = {d: state_room(d, peak) for d, peak in peaks.items()}
+    state_room(device, peaks[device]) less a foreach update's temporaries;
+    the entries are rebound to the copies (exact, queued on the current
+    stream; entries holding one tensor keep sharing its copy) and the host
+    blocks freed after that stream's copy. Returns {device: bytes kept}."""
+    temporaries = _foreach_temporaries(opt)
+    room = {d: state_room(d, peak) - temporaries.get(d, 0) for d, peak in peaks.items()}
     kept = {d: 0 for d in peaks}
-    seen = set()
+    entries, movable = _state_entries(opt, room)
+    copies = {}  # storage address -> its copy on the device, or None (it stays)
+    stream = torch.cuda.current_stream()
     with torch.no_grad():
-        for group in opt.param_groups:
-            for p in group["params"]:
-                state = opt.state.get(p)
-                if not state:
-                    continue
-                for key, t in list(state.items()):
-                    if not torch.is_tensor(t) or not t.is_cuda or t.device.index not in room:
-                        continue
-                    try:
-                        whole = (t.storage_offset() == 0 and t.is_contiguous() and
-                                 t.untyped_storage().nbytes() == t.numel() * t.element_size())
-                    except Exception:  # a tensor with no storage of its own (a subclass)
-                        whole = False
-                    if not whole or t.data_ptr() in seen or not _placement.on_host(t):
-                        continue
-                    seen.add(t.data_ptr())
-                    n = t.numel() * t.element_size()
-                    cost = n + (_PAGE // 2 if n >= (1 << 20) else 0)  # its share of edge pages
-                    d = t.device.index
-                    if cost > room[d]:
-                        continue
-                    copy = torch.empty_like(t)
-                    if _placement.on_host(copy):  # the device was fuller than the peak said
-                        continue
-                    copy.copy_(t)
-                    state[key] = copy
-                    room[d] -= cost
-                    kept[d] += n
+        for state, key, t in entries:
+            where = t.untyped_storage().data_ptr()
+            if where in copies:  # another entry holds the same tensor
+                if copies[where] is not None:
+                    state[key] = copies[where]
+                continue
+            copies[where] = None
+            if where not in movable or not _placement.on_host(t):
+                continue
+            n = t.numel() * t.element_size()
+            cost = n + (_PAGE // 2 if n >= (1 << 20) else 0)  # its share of edge pages
+            d = t.device.index
+            if cost > room[d]:
+                continue
+            copy = torch.empty_like(t)
+            if _placement.on_host(copy):  # the device was fuller than the peak said
+                continue
+            copy.copy_(t)
+            t.record_stream(stream)  # freed after the copy, whatever stream made it
+            state[key] = copies[where] = copy
+            room[d] -= cost
+            kept[d] += n
     return kept
+
+
+# Device -> {optimizer: the most device bytes live at once since its window
+# opened}. The allocator has one window per device (take_live_peak), which
+# every take restarts; each optimizer's is folded from it, so that two
+# optimizers stepping in turn (a GAN, Muon beside AdamW) each see a whole
+# iteration.
+_windows = {}
+
+
+def _fold(device):
+    peak = _lib.take_live_peak(device)
+    for opt, seen in list(_windows.get(device, {}).items()):
+        _windows[device][opt] = max(seen, peak)
+
+
+def _open_window(opt, devices):
+    for d in devices:
+        _fold(d)
+        _windows.setdefault(d, weakref.WeakKeyDictionary())[opt] = 0
+
+
+def _close_window(opt, devices):
+    peaks = {}
+    for d in devices:
+        _fold(d)
+        peaks[d] = _windows[d].pop(opt, 0)
+    return peaks
+
+
+def _keep_and_count(opt, peaks):
+    """keep_state_that_fits; what it kept counts in the windows still open
+    (they would have seen it live had it been there). A failure is warned
+    about: the update has run, and the step must end as any other."""
+    try:
+        kept = keep_state_that_fits(opt, peaks)
+    except Exception as e:  # noqa: BLE001 (an allocation refused, say)
+        warnings.warn(f"cma.torch: the optimizer's state stays on the host: {e}", stacklevel=3)
+        return
+    for d, n in kept.items():
+        for other in list(_windows.get(d, {})):
+            _windows[d][other] += n
 
 
 def route_new_optimizer_state():
@@ -147,13 +228,17 @@ def route_new_optimizer_state():
     def after(opt, args, kwargs):
         while entered:
             entered.pop().__exit__(None, None, None)
-        measured = measuring.pop(opt, None)
-        if measured:
-            keep_state_that_fits(opt, {d: _lib.take_live_peak(d) for d in measured})
+        measured = measuring.get(opt)
+        # (Nothing moves while a CUDA graph captures the step: later.)
+        if measured and not torch.cuda.is_current_stream_capturing():
+            del measuring[opt]
+            peaks = _close_window(opt, measured)
+            # (A host_resident() hint given since keeps its state on the host.)
+            if getattr(opt, "_cma_host_resident", False) is False:
+                _keep_and_count(opt, peaks)
         made = creating.pop(opt, None)
         if made:
-            for d in made:
-                _lib.take_live_peak(d)  # the window starts with the next step
+            _open_window(opt, made)  # from the end of this step to the end of its next
             measuring[opt] = made
         # A step ends an iteration: the next follows the plan learnt from it.
         devices = known.get(opt, ())
