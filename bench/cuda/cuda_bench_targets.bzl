@@ -50,6 +50,10 @@ def cuda_bench_targets():
     _cuda_main("link_duplex_bench")
     _cuda_main("away_transport_bench")
 
+    # Whether a discard's late driver work reaches pages written right after
+    # it (issue 48: the learned step's losses changed with discards on).
+    _cuda_main("late_discard_probe")
+
 def _cuda_main(name):
     """A GPU-only program: one .cu with its main, compiled by nvcc for Hopper
     and Ampere (PTX for newer chips), linked with the static cudart."""
