@@ -9,7 +9,7 @@ fit: the default placement, the state kept on the device as far as it fits
 (all of it here);
 partial: the same with the device's part set, before the second step's
 update (the one whose peak decides), to the peak so far plus half the state
-(and the margin kept), so that part of the state stays on the device and
+(and the margin and a foreach update's temporaries kept), so that part of the state stays on the device and
 the rest on the host;
 staged: 4 MiB chunks, so the two buffers alternate many times a step;
 direct: CMA_STAGED_STEP=0 (the state read in place over the link);
@@ -84,7 +84,9 @@ for step in range(8):
         from cma.torch.training import plan
         peak = cma_lib.stats(0)["peak_live_device_bytes"]
         half = sum(p.numel() * p.element_size() for p in model.parameters())  # AdamW: 2x params
-        budget = (peak + plan._STATE_MARGIN_BYTES + half) * plan._MARGIN_SHARE // (
+        # (A foreach update's temporaries, about the parameters' size, get room too.)
+        extra = sum(plan._foreach_temporaries(opt).values())
+        budget = (peak + plan._STATE_MARGIN_BYTES + half + extra) * plan._MARGIN_SHARE // (
             plan._MARGIN_SHARE - 1)
         torch.cuda.set_per_process_memory_fraction(
             budget / torch.cuda.get_device_properties(0).total_memory)
