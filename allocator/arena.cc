@@ -384,6 +384,34 @@ void DeviceAllocator::DiscardPagesInside(Block* b, bool already_discarded, bool 
   ++stats_.discard_calls;
 }
 
+void DeviceAllocator::DiscardKeptPages(absl::flat_hash_set<Stream>* queued_on) {
+  // Nothing may still touch them: every stream is waited for first (a
+  // release the user asked for, as rare as PyTorch's empty_cache, which
+  // waits for the device too).
+  for (Stream s : known_streams_) (void)backend_->SynchronizeStream(s);
+  (void)backend_->SynchronizeStream(kDefaultStream);
+  std::vector<Range> ranges;
+  for (auto& [base, seg] : segments_) {
+    if (!seg->arena) continue;
+    for (Block* b = seg->first; b != nullptr; b = b->next) {
+      // (A captured pool keeps its free blocks' pages; an away block's
+      // inner pages are unpopulated but live: only free blocks' go.)
+      if (!b->is_free() || PoolPagesPinned(b->mempool)) continue;
+      const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + b->size - 1);
+      for (std::size_t p = first; p <= last; ++p) {
+        if (!seg->pages.populated(p) && seg->pages.edge_users(p) == 0) AddPage(ranges, seg, p);
+      }
+    }
+  }
+  if (ranges.empty()) return;
+  if (absl::Status d = backend_->DiscardBatch(ranges, kDefaultStream); !d.ok()) {
+    NotePlacementError(std::move(d));
+    return;
+  }
+  ++stats_.discard_calls;
+  queued_on->insert(kDefaultStream);
+}
+
 absl::Status DeviceAllocator::OrderAfter(Stream waiter, Stream on) {
   if (waiter == on) return absl::OkStatus();
   absl::StatusOr<Event> ev = TakeEvent();

@@ -418,8 +418,20 @@ class DeviceAllocator {
   // need: on the H200 the learned step's transfers beside discards changed
   // a training's results (bench/results/README.md, "A discard beside the
   // learned step's transfers"), and without discards they did not.
+  // except for a release the user asked for (ReleaseAsAsked).
   absl::Status DiscardDead(absl::Span<const Range> ranges, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ReleaseCachedSegments for empty_cache, a Sleep or a smaller budget: the
+  // memory goes back to the driver also with learn_step:1, whose streams
+  // then wait on the host until the driver's work behind the discards is
+  // done (a host function after them), so that nothing the step populates
+  // next meets it.
+  std::size_t ReleaseAsAsked(std::size_t goal, absl::flat_hash_set<Stream>* queued_on = nullptr,
+                             bool settled = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With learn_step:1, the pages DiscardDead kept (counted free, still
+  // populated) go too: every unpopulated page inside a free block is
+  // discarded once every stream has been waited for.
+  void DiscardKeptPages(absl::flat_hash_set<Stream>* queued_on) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Orders the work queued later on `waiter` after the work queued on `on`
   // so far: an event wait on the GPU, or a host sync if events fail.
   absl::Status OrderAfter(Stream waiter, Stream on) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -624,6 +636,7 @@ class DeviceAllocator {
   std::size_t pinned_idle_pages_ ABSL_GUARDED_BY(mu_) = 0;  // of those, in Segment::pinned ones
   std::size_t peak_live_pages_ ABSL_GUARDED_BY(mu_) = 0;  // most arena pages ever in use
   std::size_t window_live_pages_ ABSL_GUARDED_BY(mu_) = 0;  // the same since TakeLivePeak
+  bool release_asked_ ABSL_GUARDED_BY(mu_) = false;  // inside ReleaseAsAsked
   // Both peaks of live pages follow a change that may have raised them.
   void NoteLivePages() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const std::size_t live = populated_pages() - idle_pages_;

@@ -30,7 +30,7 @@ void SplitAtPages(const Range& r, std::vector<Range>* whole, std::vector<Range>*
 }
 
 absl::Status DeviceAllocator::DiscardDead(absl::Span<const Range> ranges, Stream stream) {
-  if (learn_ != nullptr) return absl::OkStatus();
+  if (learn_ != nullptr && !release_asked_) return absl::OkStatus();
   return backend_->DiscardBatch(ranges, stream);
 }
 

@@ -29,6 +29,26 @@ std::size_t DeviceAllocator::ReleaseCachedSegments(std::size_t goal,
   return ReleaseIdleSegments(goal);
 }
 
+std::size_t DeviceAllocator::ReleaseAsAsked(std::size_t goal,
+                                           absl::flat_hash_set<Stream>* queued_on,
+                                           bool settled) {
+  absl::flat_hash_set<Stream> mine;
+  if (queued_on == nullptr) queued_on = &mine;
+  release_asked_ = true;
+  const std::size_t released = ReleaseCachedSegments(goal, queued_on, settled);
+  if (learn_ != nullptr && goal == 0) DiscardKeptPages(queued_on);
+  release_asked_ = false;
+  if (learn_ != nullptr) {
+    for (Stream s : *queued_on) {
+      // (A backend without host functions: the stream's own wait, best effort.)
+      absl::Status w = backend_->LaunchHostFunction(s, [] {});
+      if (w.ok() || absl::IsUnimplemented(w)) w = backend_->SynchronizeStream(s);
+      if (!w.ok()) NotePlacementError(std::move(w));
+    }
+  }
+  return released;
+}
+
 std::size_t DeviceAllocator::ReleaseIdleSegments(std::size_t goal, std::uint32_t mempool,
                                                  bool classic_only) {
   std::vector<Segment*> idle;
@@ -120,7 +140,7 @@ absl::Status DeviceAllocator::EmptyCache() {
   // each of them has been waited for (as PyTorch's empty_cache waits for the
   // device): else what earlier work left on such pages stays reserved.
   const bool settled = arena_mode() && idle_pages_ != 0 && SettleFreeBlockStreams();
-  ReleaseCachedSegments(0, &queued_on, settled);
+  ReleaseAsAsked(0, &queued_on, settled);
   // The discards run behind the work queued on their streams; the memory is
   // the driver's only once they have (PyTorch's empty_cache returns with its
   // cudaFree done: another process, or nvidia-smi, may look right after).
@@ -199,7 +219,7 @@ void DeviceAllocator::SetBudget(std::size_t bytes) {
   const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
   if (reserved > bytes && !quiet()) {  // else the next allocations keep to it
     CoalesceUnmerged();
-    ReleaseCachedSegments(reserved - bytes);
+    ReleaseAsAsked(reserved - bytes);
   }
 }
 

@@ -288,7 +288,7 @@ absl::StatusOr<std::size_t> DeviceAllocator::Sleep(Stream stream, SleepLevel lev
   // stream-ordered), so the device holds nothing of this allocator's.
   ProcessPendingFrees(/*synchronize=*/false);
   CoalesceUnmerged();
-  ReleaseCachedSegments(0);
+  ReleaseAsAsked(0);
   return bytes;
 }
 

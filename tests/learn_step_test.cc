@@ -59,6 +59,26 @@ TEST_F(LearnStepTest, NothingIsDiscardedWhileTheStepIsLearnt) {
   ExpectParamsIntact();
 }
 
+TEST_F(LearnStepTest, EmptyCacheStillGivesTheMemoryBack) {
+  // What the user asks to be given back is discarded also while the step is
+  // learnt (else the driver would hold pages the statistics call free), and
+  // the streams wait for a host function behind the discards.
+  for (int i = 0; i < 4; ++i) Step();
+  ASSERT_GT(Stats().idle_populated_bytes, 0);
+  const std::int64_t host_functions = backend_->CallCount("LaunchHostFunction");
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_GT(backend_->CallCount("DiscardBatch"), 0);
+  EXPECT_GT(backend_->CallCount("LaunchHostFunction"), host_functions);
+  EXPECT_EQ(Stats().idle_populated_bytes, 0);
+  MemInfo m = *backend_->GetMemInfo(0);
+  EXPECT_EQ(static_cast<std::int64_t>(m.total_bytes - m.free_bytes),
+            Stats().reserved_bytes[kAllPools].current)
+      << "the backend holds what the statistics count, no more";
+  Step();  // the step goes on, learnt as before
+  EXPECT_EQ(Stats().num_placement_errors, 0);
+  ExpectParamsIntact();
+}
+
 TEST_F(LearnStepTest, WhatTheHostTierTookLandsOnTheDeviceAndThePlanStands) {
   // Oversubscription's optimizer state, routed to the host for good and
   // used by the step's last kernel: it counts nothing on the device, so the
