@@ -80,8 +80,9 @@
 //                       come back, and replays that plan in the next steps
 //                       while they repeat the recorded one, learning again
 //                       when the step changes. Nothing is discarded in
-//                       this mode (DeviceAllocator::DiscardDead). Needs
-//                       segments:arena.
+//                       this mode but what empty_cache, a Sleep or a
+//                       smaller budget give back (DeviceAllocator::
+//                       DiscardDead). Needs segments:arena.
 //   learn_transfer_thread  0|1 (default 0): the learned step's bring-backs
 //                       are issued by a thread of their own, not by the
 //                       thread reporting the step (whose launches the
