@@ -385,11 +385,17 @@ void DeviceAllocator::DiscardPagesInside(Block* b, bool already_discarded, bool 
 }
 
 void DeviceAllocator::DiscardKeptPages(absl::flat_hash_set<Stream>* queued_on) {
-  // Nothing may still touch them: every stream is waited for first (a
-  // release the user asked for, as rare as PyTorch's empty_cache, which
-  // waits for the device too).
-  for (Stream s : known_streams_) (void)backend_->SynchronizeStream(s);
-  (void)backend_->SynchronizeStream(kDefaultStream);
+  // Nothing may still touch them: the streams of the free blocks and the
+  // learned step's are waited for first (a release the user asked for, as
+  // rare as PyTorch's empty_cache, which waits for the device too).
+  absl::flat_hash_set<Stream> users = {kDefaultStream};
+  if (learn_ != nullptr && learn_->streams) users.insert({learn_->away_stream, learn_->back_stream});
+  for (auto& [base, seg] : segments_) {
+    for (Block* b = seg->arena ? seg->first : nullptr; b != nullptr; b = b->next) {
+      if (b->is_free()) users.insert(b->stream);
+    }
+  }
+  for (Stream s : users) (void)backend_->SynchronizeStream(s);
   std::vector<Range> ranges;
   for (auto& [base, seg] : segments_) {
     if (!seg->arena) continue;
