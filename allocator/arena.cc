@@ -384,7 +384,7 @@ void DeviceAllocator::DiscardPagesInside(Block* b, bool already_discarded, bool 
   ++stats_.discard_calls;
 }
 
-void DeviceAllocator::DiscardKeptPages(absl::flat_hash_set<Stream>* queued_on) {
+std::size_t DeviceAllocator::DiscardKeptPages(absl::flat_hash_set<Stream>* queued_on) {
   // Nothing may still touch them: the streams of the free blocks and the
   // learned step's are waited for first (a release the user asked for, as
   // rare as PyTorch's empty_cache, which waits for the device too).
@@ -395,27 +395,40 @@ void DeviceAllocator::DiscardKeptPages(absl::flat_hash_set<Stream>* queued_on) {
       if (b->is_free()) users.insert(b->stream);
     }
   }
-  for (Stream s : users) (void)backend_->SynchronizeStream(s);
+  for (Stream s : users) {
+    // A stream that cannot be waited for may still read its free blocks'
+    // pages (a kernel queued before their free): nothing goes.
+    if (absl::Status w = backend_->SynchronizeStream(s); !w.ok()) {
+      NotePlacementError(std::move(w));
+      return 0;
+    }
+  }
   std::vector<Range> ranges;
   for (auto& [base, seg] : segments_) {
     if (!seg->arena) continue;
+    std::size_t added = seg->pages.size();  // the last page added (two free blocks share one)
     for (Block* b = seg->first; b != nullptr; b = b->next) {
       // (A captured pool keeps its free blocks' pages; an away block's
       // inner pages are unpopulated but live: only free blocks' go.)
       if (!b->is_free() || PoolPagesPinned(b->mempool)) continue;
       const std::size_t first = seg->PageOf(b->addr), last = seg->PageOf(b->addr + b->size - 1);
       for (std::size_t p = first; p <= last; ++p) {
-        if (!seg->pages.populated(p) && seg->pages.edge_users(p) == 0) AddPage(ranges, seg, p);
+        if (p == added || seg->pages.populated(p) || seg->pages.edge_users(p) != 0) continue;
+        AddPage(ranges, seg, p);
+        added = p;
       }
     }
   }
-  if (ranges.empty()) return;
+  if (ranges.empty()) return 0;
   if (absl::Status d = backend_->DiscardBatch(ranges, kDefaultStream); !d.ok()) {
     NotePlacementError(std::move(d));
-    return;
+    return 0;
   }
   ++stats_.discard_calls;
   queued_on->insert(kDefaultStream);
+  std::size_t bytes = 0;
+  for (const Range& r : ranges) bytes += r.bytes;
+  return bytes;
 }
 
 absl::Status DeviceAllocator::OrderAfter(Stream waiter, Stream on) {

@@ -426,12 +426,18 @@ class DeviceAllocator {
   // then wait on the host until the driver's work behind the discards is
   // done (a host function after them), so that nothing the step populates
   // next meets it.
+  // Under learn_step no discard may run beside a learned transfer: every
+  // call the transfer thread holds is made and both streams are waited for
+  // on the host. false if a wait failed (then nothing may be discarded).
+  bool SettleLearnedTransfers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::size_t ReleaseAsAsked(std::size_t goal, absl::flat_hash_set<Stream>* queued_on = nullptr,
                              bool settled = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With learn_step:1, the pages DiscardDead kept (counted free, still
   // populated) go too: every unpopulated page inside a free block is
-  // discarded once every stream has been waited for.
-  void DiscardKeptPages(absl::flat_hash_set<Stream>* queued_on) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // discarded once the streams of the free blocks have been waited for
+  // (none if a wait fails). Returns the bytes of the discarded ranges.
+  std::size_t DiscardKeptPages(absl::flat_hash_set<Stream>* queued_on)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Orders the work queued later on `waiter` after the work queued on `on`
   // so far: an event wait on the GPU, or a host sync if events fail.
   absl::Status OrderAfter(Stream waiter, Stream on) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -113,7 +113,10 @@ absl::Status DeviceAllocator::EmptyPoolCache(MemPoolId id) {
   if (mempools_[index].use_count > 0) return absl::OkStatus();
   ProcessPendingFrees(/*synchronize=*/true);
   CoalesceUnmerged();
-  if (arena_mode()) {
+  // (Under learn_step, after the learned transfers, and discarded: the user
+  // asked for it; see DiscardDead.)
+  if (arena_mode() && SettleLearnedTransfers()) {
+    release_asked_ = true;
     std::vector<Block*> blocks;
     for (BlockPool* pool : {&small_pool_, &large_pool_}) {
       Block key;
@@ -129,6 +132,7 @@ absl::Status DeviceAllocator::EmptyPoolCache(MemPoolId id) {
       // DiscardIdlePages).
       b->free_seq = ++free_seq_;
     }
+    release_asked_ = false;
   }
   ReleaseIdleSegments(0, index);
   return absl::OkStatus();

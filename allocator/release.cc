@@ -29,21 +29,36 @@ std::size_t DeviceAllocator::ReleaseCachedSegments(std::size_t goal,
   return ReleaseIdleSegments(goal);
 }
 
+bool DeviceAllocator::SettleLearnedTransfers() {
+  if (learn_ == nullptr || !learn_->streams) return true;
+  DrainLearnedTransfers();
+  bool settled = true;
+  for (Stream s : {learn_->away_stream, learn_->back_stream}) {
+    if (absl::Status w = backend_->SynchronizeStream(s); !w.ok()) {
+      NotePlacementError(std::move(w));
+      settled = false;
+    }
+  }
+  return settled;
+}
+
 std::size_t DeviceAllocator::ReleaseAsAsked(std::size_t goal,
                                            absl::flat_hash_set<Stream>* queued_on,
                                            bool settled) {
   absl::flat_hash_set<Stream> mine;
   if (queued_on == nullptr) queued_on = &mine;
+  if (!SettleLearnedTransfers()) return 0;  // the memory stays: nothing lost, nothing given back
   release_asked_ = true;
   const std::size_t released = ReleaseCachedSegments(goal, queued_on, settled);
-  if (learn_ != nullptr && goal == 0) DiscardKeptPages(queued_on);
+  if (learn_ != nullptr) (void)DiscardKeptPages(queued_on);
   release_asked_ = false;
   if (learn_ != nullptr) {
     for (Stream s : *queued_on) {
-      // (A backend without host functions: the stream's own wait, best effort.)
-      absl::Status w = backend_->LaunchHostFunction(s, [] {});
-      if (w.ok() || absl::IsUnimplemented(w)) w = backend_->SynchronizeStream(s);
-      if (!w.ok()) NotePlacementError(std::move(w));
+      // The host function runs once the driver's work behind the discards
+      // is done; without one (a backend that has none, or a failed call),
+      // the stream's own wait.
+      (void)backend_->LaunchHostFunction(s, [] {});
+      if (absl::Status w = backend_->SynchronizeStream(s); !w.ok()) NotePlacementError(std::move(w));
     }
   }
   return released;
