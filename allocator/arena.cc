@@ -384,25 +384,12 @@ void DeviceAllocator::DiscardPagesInside(Block* b, bool already_discarded, bool 
   ++stats_.discard_calls;
 }
 
-std::size_t DeviceAllocator::DiscardKeptPages(absl::flat_hash_set<Stream>* queued_on) {
-  // Nothing may still touch them: the streams of the free blocks and the
-  // learned step's are waited for first (a release the user asked for, as
-  // rare as PyTorch's empty_cache, which waits for the device too).
-  absl::flat_hash_set<Stream> users = {kDefaultStream};
-  if (learn_ != nullptr && learn_->streams) users.insert({learn_->away_stream, learn_->back_stream});
-  for (auto& [base, seg] : segments_) {
-    for (Block* b = seg->arena ? seg->first : nullptr; b != nullptr; b = b->next) {
-      if (b->is_free()) users.insert(b->stream);
-    }
-  }
-  for (Stream s : users) {
-    // A stream that cannot be waited for may still read its free blocks'
-    // pages (a kernel queued before their free): nothing goes.
-    if (absl::Status w = backend_->SynchronizeStream(s); !w.ok()) {
-      NotePlacementError(std::move(w));
-      return 0;
-    }
-  }
+void DeviceAllocator::DiscardKeptPages(absl::flat_hash_set<Stream>* queued_on) {
+  // Nothing may still touch them: the free blocks' streams are waited for
+  // first (a release the user asked for, as rare as PyTorch's empty_cache,
+  // which waits for the device too); one that cannot be may still read its
+  // free blocks' pages, and nothing goes.
+  if (!SettleFreeBlockStreams()) return;
   std::vector<Range> ranges;
   for (auto& [base, seg] : segments_) {
     if (!seg->arena) continue;
@@ -419,16 +406,13 @@ std::size_t DeviceAllocator::DiscardKeptPages(absl::flat_hash_set<Stream>* queue
       }
     }
   }
-  if (ranges.empty()) return 0;
+  if (ranges.empty()) return;
   if (absl::Status d = backend_->DiscardBatch(ranges, kDefaultStream); !d.ok()) {
     NotePlacementError(std::move(d));
-    return 0;
+    return;
   }
   ++stats_.discard_calls;
   queued_on->insert(kDefaultStream);
-  std::size_t bytes = 0;
-  for (const Range& r : ranges) bytes += r.bytes;
-  return bytes;
 }
 
 absl::Status DeviceAllocator::OrderAfter(Stream waiter, Stream on) {

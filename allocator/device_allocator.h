@@ -414,30 +414,28 @@ class DeviceAllocator {
   void DiscardPagesInside(Block* b, bool already_discarded = false, bool pool_too = false,
                           std::uintptr_t from = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Discards the dead contents of `ranges` on `stream` (DiscardBatch), but
-  // with learn_step:1, where they are kept and the driver evicts them by
-  // need: on the H200 the learned step's transfers beside discards changed
-  // a training's results (bench/results/README.md, "A discard beside the
-  // learned step's transfers"), and without discards they did not.
-  // except for a release the user asked for (ReleaseAsAsked).
+  // with learn_step:1 they are kept (the driver evicts them by need) unless
+  // the user asked for the release (ReleaseAsAsked): on the H200 the learned
+  // step's transfers beside discards changed a training's results, and
+  // without discards they did not (bench/results/README.md, session 5).
   absl::Status DiscardDead(absl::Span<const Range> ranges, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ReleaseCachedSegments for empty_cache, a Sleep or a smaller budget: the
-  // memory goes back to the driver also with learn_step:1, whose streams
-  // then wait on the host until the driver's work behind the discards is
-  // done (a host function after them), so that nothing the step populates
-  // next meets it.
   // Under learn_step no discard may run beside a learned transfer: every
   // call the transfer thread holds is made and both streams are waited for
   // on the host. false if a wait failed (then nothing may be discarded).
   bool SettleLearnedTransfers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ReleaseCachedSegments for empty_cache, a Sleep or a smaller budget: the
+  // memory goes back to the driver also with learn_step:1 (after
+  // SettleLearnedTransfers, the kept pages included), whose streams then
+  // wait on the host until the driver's work behind the discards is done (a
+  // host function after them), so that nothing the step populates next
+  // meets it.
   std::size_t ReleaseAsAsked(std::size_t goal, absl::flat_hash_set<Stream>* queued_on = nullptr,
                              bool settled = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With learn_step:1, the pages DiscardDead kept (counted free, still
-  // populated) go too: every unpopulated page inside a free block is
-  // discarded once the streams of the free blocks have been waited for
-  // (none if a wait fails). Returns the bytes of the discarded ranges.
-  std::size_t DiscardKeptPages(absl::flat_hash_set<Stream>* queued_on)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // populated) go too: every unpopulated page inside a free block, once the
+  // free blocks' streams have been waited for (none if a wait fails).
+  void DiscardKeptPages(absl::flat_hash_set<Stream>* queued_on) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Orders the work queued later on `waiter` after the work queued on `on`
   // so far: an event wait on the GPU, or a host sync if events fail.
   absl::Status OrderAfter(Stream waiter, Stream on) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -50,7 +50,7 @@ std::size_t DeviceAllocator::ReleaseAsAsked(std::size_t goal,
   if (!SettleLearnedTransfers()) return 0;  // the memory stays: nothing lost, nothing given back
   release_asked_ = true;
   const std::size_t released = ReleaseCachedSegments(goal, queued_on, settled);
-  if (learn_ != nullptr) (void)DiscardKeptPages(queued_on);
+  if (learn_ != nullptr) DiscardKeptPages(queued_on);
   release_asked_ = false;
   if (learn_ != nullptr) {
     for (Stream s : *queued_on) {
