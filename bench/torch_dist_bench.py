@@ -8,7 +8,8 @@ initialises, as in torch_routes.py):
   native        PyTorch's caching allocator
   expandable    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   cma           cma.torch.use_as_default() (CMA_ALLOC_CONF as set, else
-                torch_routes' default)
+                torch_routes' default managed_budget:16G: set a larger one
+                for larger models)
   cma_oversub   (item 3, fsdp2 only) cma with --oversub-conf, beside a
                 blocker per GPU (oversub_blocker.py) that leaves free only
                 peak / --ratio + --ctx-mib, peak: native FSDP2's per-rank
@@ -201,6 +202,8 @@ def _on_signal(signum, frame):
 
 
 def parent(a, argv):
+    # every child inherits these, prepare_routes' and the blockers' too: no multicast objects
+    os.environ.update(NCCL_NVLS_ENABLE="0", CMA_DISABLE_MULTICAST="1")
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)
     doc = {"bench": "torch_dist_bench", "argv": sys.argv[:1] + list(argv or sys.argv[1:]),

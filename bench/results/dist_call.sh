@@ -9,6 +9,8 @@ set -u
 cd "$(dirname "$0")/../.."
 R=$PWD
 export NCCL_NVLS_ENABLE=0 CMA_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+# the cma route's conf (torch_routes' default 16G is near DDP's ~14 GB per rank here)
+export CMA_ALLOC_CONF=${CMA_ALLOC_CONF:-managed_budget:64G}
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch;print('torch',torch.__version__,'nccl',torch.cuda.nccl.version())"
   nvidia-smi topo -m; } > $OUT/env.txt 2>&1
