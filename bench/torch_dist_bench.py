@@ -82,7 +82,8 @@ def parse_args(argv=None):
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--ffn", type=int, default=0, help="MLP width (0: 4w for gpt2, ~8w/3 for llama)")
+    ap.add_argument("--ffn", type=int, default=0,
+                    help="MLP width (0: 4w for gpt2, ~8w/3 for llama)")
     ap.add_argument("--vocab", type=int, default=50304)
     ap.add_argument("--batch", type=int, default=4, help="per rank")
     ap.add_argument("--seq", type=int, default=512)
@@ -114,7 +115,8 @@ def parse_args(argv=None):
     a.route_list, a.mode_list = a.routes.split(","), a.mode.split(",")
     a.model_list = a.model.split(",")
     bad = ([r for r in a.route_list if r not in BASE_ROUTES + ITEM3_ROUTES] +
-           [m for m in a.mode_list if m not in MODES] + [m for m in a.model_list if m not in MODELS])
+           [m for m in a.mode_list if m not in MODES] +
+           [m for m in a.model_list if m not in MODELS])
     if bad or a.width % a.heads:
         ap.error("unknown %s or --width not a multiple of --heads" % bad)
     return a
@@ -146,9 +148,10 @@ def job_argv(a, route, mode, model, collectives=False):
 
 
 def parse_results(stdout):
-    """Every rank's BENCH_RESULT line, in order."""
+    """Every rank's BENCH_RESULT line, in order; a line prefix torchrun may
+    add (its log_line_prefix_template, "[rank1]:") is skipped."""
     p = torch_routes.RESULT_PREFIX
-    return [json.loads(ln[len(p):]) for ln in stdout.splitlines() if ln.startswith(p)]
+    return [json.loads(ln[ln.index(p) + len(p):]) for ln in stdout.splitlines() if p in ln]
 
 
 def run_job(argv, env, timeout, log_path="", log=None):

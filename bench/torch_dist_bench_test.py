@@ -136,7 +136,8 @@ class CommandTest(unittest.TestCase):
         env = tdb.job_env("cma_oversub", conf="oversubscribe:1", base={"CMA_ALLOC_CONF": "y"})
         self.assertEqual(env["CMA_ALLOC_CONF"], "oversubscribe:1")
         # the user's own NCCL_NVLS_ENABLE=1 does not survive
-        self.assertEqual(tdb.job_env("cma", base={"NCCL_NVLS_ENABLE": "1"})["NCCL_NVLS_ENABLE"], "0")
+        env = tdb.job_env("cma", base={"NCCL_NVLS_ENABLE": "1"})
+        self.assertEqual(env["NCCL_NVLS_ENABLE"], "0")
 
     def test_argv_runs_this_file_under_torchrun_as_a_worker(self):
         a = tdb.parse_args(["--layers", "3", "--width", "64", "--heads", "4", "--adamw", "foreach"])
@@ -181,6 +182,10 @@ class RunTest(unittest.TestCase):
 
     def fake_argv(self, a, route, mode, model, collectives=False):
         return [sys.executable, self.fake, "--routes", route, "--mode", mode, "--model", model]
+
+    def test_result_lines_with_torchrun_prefixes(self):
+        out = 'x\n[rank1]:BENCH_RESULT {"rank": 1}\nBENCH_RESULT {"rank": 0}\n'
+        self.assertEqual(tdb.parse_results(out), [{"rank": 1}, {"rank": 0}])
 
     def test_run_job_results_and_timeout(self):
         log = open(os.devnull, "w")
