@@ -107,6 +107,8 @@ def parse_args(argv=None):
                     "of MemAvailable / ranks")
     ap.add_argument("--tol-mib", type=int, default=64, help="the blockers leave free +- this")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per job")
+    ap.add_argument("--record-trace", default="",
+                    help="a folder: each rank's allocation trace (bench/traces/ format) there")
     ap.add_argument("--json", default="")
     ap.add_argument("--md", default="", help="the tables (default: the JSON path with .md)")
     ap.add_argument("--log-dir", default="", help="every job's stdout and stderr here")
@@ -144,6 +146,8 @@ def job_argv(a, route, mode, model, collectives=False):
             "--routes", route, "--mode", mode, "--model", model]
     for k in SIZES:
         argv += ["--" + k.replace("_", "-"), str(getattr(a, k))]
+    if a.record_trace:
+        argv += ["--record-trace", a.record_trace]
     return argv + (["--collectives"] if collectives else [])
 
 
@@ -449,6 +453,9 @@ def train_worker(a):
     data = [torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=g) for _ in range(n)]
     amp = a.model == "llama"
     times, losses, local_losses = [], [], []
+    if a.record_trace:
+        torch.cuda.memory._record_memory_history(max_entries=4_000_000, stacks="python",
+                                                 context=None)
     for k in range(n):
         _barrier(torch, dist, one)
         t0 = time.perf_counter()
@@ -466,12 +473,33 @@ def train_worker(a):
         local_losses.append(float(loss.item()).hex())
     torch.cuda.synchronize()
     peak = sampler.stop()
+    if a.record_trace:
+        _write_trace(torch, os.path.join(a.record_trace, "%s_%s_%s_rank%d.csv.gz" % (
+            a.mode, a.model, route, rank)), local)
     out.update(step_s=times, loss_hex=losses, local_loss_hex=local_losses, sampler=peak,
                median_step_s=statistics.median(times[a.warmup:] or times),
                peak_sampled_MiB=peak["peak"] / MiB if "peak" in peak else None)
     _memory(torch, out)
     _emit_in_turn(torch, dist, one, out)
     dist.destroy_process_group()
+
+
+def _write_trace(torch, path, device):
+    """This rank's allocations and completed frees since recording began, in
+    bench/traces/'s replay format (cma_bench replays it on any backend)."""
+    import gzip
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    actions = {"alloc": "alloc", "free_completed": "free"}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        f.write("seq,action,addr,size,stream\n")
+        n = 0
+        for e in snapshot["device_traces"][device]:
+            if e["action"] in actions:
+                f.write("%d,%s,%d,%d,%d\n" % (n, actions[e["action"]], e["addr"], e["size"],
+                                             e["stream"]))
+                n += 1
 
 
 def coll_worker(a):

@@ -370,6 +370,21 @@ def test_oversubscription_keeps_the_state_that_fits_on_the_device(impl):
     assert 0.25 <= part["state_bytes_on_host"] / part["state_bytes"] <= 0.75, part
 
 
+@pytest.mark.parametrize("impl", ["fused", "foreach"])
+def test_fsdp2_trains_identically_with_its_state_on_the_host(impl):
+    """FSDP2's DTensor parameters and state under oversubscription (its
+    first run on two GPUs failed in the activation offload's watch, which
+    read a DTensor's storage)."""
+    runs = {r: run_script("fsdp_route.py", r, impl, timeout=300)
+            for r in ("native", "cma", "oversub")}
+    RESULTS.setdefault("fsdp2", {})[impl] = runs
+    assert runs["native"]["params_are_dtensors"], runs["native"]
+    for r in ("cma", "oversub"):
+        assert runs[r]["losses"] == runs["native"]["losses"], (r, runs)
+    assert runs["oversub"]["state_on_host"] == runs["oversub"]["state_tensors"] > 0, runs
+    assert runs["cma"]["state_on_host"] == 0, runs
+
+
 @pytest.mark.parametrize("impl", ["fused", "foreach", "single"])
 def test_step_in_backward_is_bit_identical(impl):
     runs = {r: run_script("oversub_route.py", r, impl, timeout=300)

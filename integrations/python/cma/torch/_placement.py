@@ -17,6 +17,26 @@ def index(device=None):
     return torch.cuda.current_device() if d.index is None else d.index
 
 
+def local(t):
+    """The tensor that holds `t`'s elements on this process: a DTensor's
+    local shard (FSDP2's parameters and their optimizer state are DTensors,
+    whose own storage cannot be read), else `t` itself."""
+    if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
+        return t
+    if type(t).__name__ == "DTensor" and hasattr(t, "to_local"):
+        return t.to_local()
+    return t
+
+
+def storage_address(t):
+    """The address of the storage holding `t`'s elements (a DTensor's local
+    shard's), or None for a tensor with no storage of its own."""
+    try:
+        return local(t).untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
 def on_host(t, cache=None):
     """Whether the cma allocation that `t`'s data starts lives on the host;
     False for memory cma did not allocate (or a pointer inside an

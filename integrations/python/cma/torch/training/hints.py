@@ -22,7 +22,8 @@ def host_resident(optimizer):
     params = [p for g in optimizer.param_groups for p in g["params"]]
     devices = set()
     for p in params:
-        if not p.is_cuda or _lib.device_of(p.untyped_storage().data_ptr()) is None:
+        where = _placement.storage_address(p) if p.is_cuda else None
+        if where is None or _lib.device_of(where) is None:
             raise ValueError("cma.torch.host_resident: a parameter of the optimizer is not a "
                              f"CUDA tensor cma owns ({tuple(p.shape)} on {p.device})")
         devices.add(p.device.index)

@@ -22,13 +22,13 @@ _handles = []
 
 def _storages(tensors, torch):
     """{device: [storage addresses]} of the CUDA tensors among `tensors`."""
+    from cma.torch import _placement
     out = {}
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.is_cuda:
-            try:
-                out.setdefault(t.device.index, []).append(t.untyped_storage().data_ptr())
-            except (RuntimeError, NotImplementedError):  # a tensor with no storage
-                pass
+            where = _placement.storage_address(t)  # a DTensor's: its local shard's
+            if where is not None:
+                out.setdefault(t.device.index, []).append(where)
     return out
 
 

@@ -60,6 +60,7 @@ import weakref
 import torch
 
 from cma import _lib
+from cma.torch import _placement
 
 _MIN_BYTES = 1 << 20
 _PREFETCH_BYTES = 512 << 20
@@ -378,7 +379,8 @@ def watch(devices, params):
     """Offload for `devices` (oversubscribed), never `params`' storages."""
     for d in devices:
         o = _offloaders.setdefault(d, _Offloader(d))
-        o.params.update(p.untyped_storage().data_ptr() for p in params if p.is_cuda)
+        o.params.update(a for a in (_placement.storage_address(p) for p in params if p.is_cuda)
+                        if a is not None)
     _install_when_needed()
 
 
