@@ -17,15 +17,9 @@ cp bench/traces/*.csv.gz "$dest/bench/traces/"
 cp bench/torch_move_bench.py bench/torch_replay.py bench/torch_train_bench.py bench/torch_sleep_bench.py \
    bench/torch_record_trace.py bench/torch_routes.py \
    bench/torch_alloc_pair_bench.py bench/torch_compile_decoder_bench.py bench/gpu/torch_alloc_suite.sh \
-<<<<<<< HEAD
-   bench/torch_sleep_levels_bench.py bench/torch_offload_bench.py bench/torch_wake_settle_probe.py \
+   bench/torch_sleep_levels_bench.py bench/torch_offload_bench.py bench/torch_dist_bench.py bench/torch_dist_report.py \
    bench/torch_oversub_bench.py bench/torch_record_step.py bench/torch_nvshmem_bench.py bench/torch_nccl_window_bench.py bench/oversub_blocker.py bench/oversub_report.py bench/gpu/oversub_suite.sh \
-   bench/cuda/*_experiment.cu bench/gpu/run_all.sh \
-=======
-   bench/torch_sleep_levels_bench.py bench/torch_offload_bench.py \
-   bench/torch_oversub_bench.py bench/torch_nvshmem_bench.py bench/torch_nccl_window_bench.py bench/oversub_blocker.py bench/oversub_report.py bench/gpu/oversub_suite.sh \
    bench/gpu/run_all.sh \
->>>>>>> 4ec77421f75c4f76f985e31a8eb2bcad98837679
    bench/gpu/wheel_gpu_check.sh bazel-bin/cma_wheel/*.whl "$dest/"
 mkdir -p "$dest/traces" && cp bench/traces/*.csv.gz "$dest/traces/"
 # The package as it is laid out (cma/torch/, cma/torch/_ext/, cma/torch/training/):
