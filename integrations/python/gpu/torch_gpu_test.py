@@ -253,6 +253,22 @@ def test_allocator_interface_end_to_end():
     assert not failed, failed
 
 
+@pytest.mark.parametrize("route", ["native", "default"])
+def test_sharing_cuda_tensors_between_processes(route):
+    # Issue 49: under cma every way torch.multiprocessing shares a CUDA tensor
+    # (Queue, JoinableQueue, SimpleQueue, Pipe, reduce_tensor) refuses in the
+    # caller within seconds, naming the ways out; the consumer does not hang;
+    # .cpu() shares. Native shares the same queue (a check of the script).
+    r = run_script("ipc_route.py", route, timeout=300)
+    RESULTS.setdefault("ipc", {})[route] = r
+    checks = {k: v for k, v in r.items() if v is True or (isinstance(v, str) and
+              v.startswith(("failed: ", "raised ")))}
+    assert len(checks) >= (4 if route == "native" else 12), r
+    failed = {k: v for k, v in checks.items() if v is not True}
+    assert not failed, r
+    assert r["consumer_exit"] == 0, r
+
+
 def test_mempool_with_another_allocator():
     # PyTorch's TestMemPool expectations for MemPool(allocator) (cma_pool_create_with_source).
     r = run_script("foreign_pool_route.py", timeout=400)

@@ -17,6 +17,8 @@ Nothing is defined here; each name comes from the module that owns it:
                        set_uvm_move_on_copy, enabled_uvm_move_on_copy, uvm_to
   _placement.py        host_tier
   training/hints.py    host_resident, step_in_backward, activation_offload, staged_step
+  _ipc.py              (no names) CUDA tensors put on a multiprocessing.Queue: cma's
+                       refusal raises from put(), installed by use_as_default
   distributed.py       cma.torch.symmetric: symmetric tensors over torch.distributed
                        (imported on first use: it needs torch.distributed)
 The modules import one way (a test checks it): this file imports them,

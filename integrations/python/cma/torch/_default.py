@@ -15,8 +15,9 @@ CUDAPluggableAllocator or NCCL's mem_allocator) takes its memory from that
 allocator: it is one of cma's pools whose segments that allocator makes
 (cma_pool_create_with_source), cached as every pool is. MemPool(no_split=True) and MemPool(use_on_oom=True)
 work on cma's own pools too (allocator/mempool.h PoolOptions).
-Not supported, with an error naming cma: CUDA IPC of tensors
-(torch.multiprocessing sharing: managed memory has no cudaIpc handle).
+Not supported, with an error naming cma and the ways out: CUDA IPC of
+tensors (torch.multiprocessing sharing: managed memory has no cudaIpc
+handle); _ipc.py makes multiprocessing.Queue.put raise it in the caller.
 """
 import os
 import warnings
@@ -24,7 +25,7 @@ import warnings
 import torch
 
 from cma import _lib, _torch_view
-from cma.torch import _patches
+from cma.torch import _ipc, _patches
 from cma.torch._ext import build
 from cma.torch.training import learned, plan
 
@@ -53,6 +54,7 @@ def use_as_default(config=None):
     _lib.lib()  # loads libcma.so (and fails clearly if it cannot)
     build.install(_lib.library_path())
     _installed = True
+    _ipc.install()
     _follow_pytorch_settings()
     plan.route_new_optimizer_state()
     if learned.enabled():

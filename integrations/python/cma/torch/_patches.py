@@ -14,6 +14,8 @@ The patches (registered by the modules that own them):
   torch.cuda.memory._set_allocator_settings    (the deprecated setter) likewise
   torch.cuda.memory._snapshot                  _default.py: host-side marks (_torch_view)
   torch.Tensor.to / .cpu / .cuda               cpu_switch.py: moves under managed_cpu()
+  multiprocessing.queues.Queue.put,            _ipc.py: a CUDA tensor put() cannot share
+  multiprocessing.queues.JoinableQueue.put     raises there, not in the feeder thread
   torch.utils.data.DataLoader.__init__         dataloader.py: forkserver workers
   clip_grad_norm_ / clip_grad_value_,          training/step_in_backward.py: refused
   torch.nn.Module.zero_grad(False) (free_grads),

@@ -347,7 +347,7 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   // ---- IPC: managed memory has no cudaIpc handles ----
   cca::ShareableHandle shareIpcHandle(void*) override { Unsupported("shareIpcHandle", kNoIpc); }
   std::shared_ptr<void> getIpcDevPtr(std::string) override {
-    Unsupported("getIpcDevPtr", kNoIpc);
+    Unsupported("getIpcDevPtr", kNoIpcOpen);
   }
 
   // ---- peers and copies ----
@@ -435,10 +435,19 @@ class CmaCudaAllocator final : public cca::CUDAAllocator {
   cca::SnapshotInfo snapshot(Pool pool, bool include_traces) override;
 
  private:
+  // Both name the ways out (issue 49). Every CUDA tensor of a process under
+  // cma is cma's memory (a MemPool with another allocator included: PyTorch
+  // asks this allocator for the handle), so "another allocator" is no way out.
   static constexpr const char* kNoIpc =
       "managed memory has no CUDA IPC handle (cudaIpcGetMemHandle refuses cudaMallocManaged "
-      "memory); share tensors between processes through cma's symmetric memory "
-      "(cma.torch.symmetric) or copy them into another allocator's memory";
+      "memory), so torch.multiprocessing cannot share a CUDA tensor made under cma. Ways out: "
+      "send t.cpu() (CPU shared memory; .cuda() it in the receiver), share through cma's "
+      "symmetric memory (cma.torch.symmetric, over torch.distributed), or make the tensors "
+      "to share in a process that does not run cma as PyTorch's allocator";
+  static constexpr const char* kNoIpcOpen =
+      "a process under cma cannot open another process's CUDA IPC handle (a CUDA tensor "
+      "shared through torch.multiprocessing); have the sender send t.cpu(), or receive in a "
+      "process that does not run cma as PyTorch's allocator";
 
   struct Checkpoint final : cca::AllocatorState {
     explicit Checkpoint(cma_pool_checkpoint* c) : cp(c) {}
