@@ -180,6 +180,22 @@ def test_an_object_the_look_cannot_see_into_is_pickled_once_in_the_caller(instal
     assert REDUCED == [(threading.current_thread().name, 5)]
 
 
+def _echo(q, back):
+    obj = q.get(timeout=30)
+    back.put((type(obj).__name__, obj == Holder([cpu(6)])))
+
+
+def test_another_process_gets_the_object_itself(installed):
+    ctx = multiprocessing.get_context("fork")
+    q, back = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=_echo, args=(q, back))
+    child.start()
+    q.put(Holder([cpu(6)]))  # pickled here; the child unpickles it with pickle.loads
+    assert back.get(timeout=30) == ("Holder", True)
+    child.join(30)
+    assert child.exitcode == 0
+
+
 def test_past_the_bounds_is_pickled_in_the_caller(installed):
     q = multiprocessing.Queue()
     many = list(range(_ipc._MAX_ITEMS + 1)) + [cpu(9)]
