@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 49's GPU check, as sent to the device (one command; run from the repository root with the
+# Issue 49's GPU check, not yet run: the device copies the session's own checkout, which the
+# helper that wrote this could not change. One command, from the repository root, with the
 # main checkout's opt libcma.so and its Abseil/libsodium libraries in .gpu/lib and PyTorch's
 # test/test_multiprocessing.py in bench/torch_conformance/upstream/, both carried, neither in git).
 # ipc_route.py under cma (default) and PyTorch's allocator (native), then the CUDA tests of
