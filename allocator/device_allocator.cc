@@ -88,6 +88,9 @@ DeviceAllocator::~DeviceAllocator() {
       }
     }
   }
+  for (auto& [s, marks] : idle_marks_) {
+    for (const IdleMark& m : marks) spare_events_.push_back(m.event);
+  }
   for (Event e : spare_events_) (void)backend_->DestroyEvent(e);
   for (auto& p : pending_) (void)backend_->DestroyEvent(p.event);
   for (Block* b : spare_blocks_) delete b;

@@ -323,6 +323,12 @@ class DeviceAllocator {
   // last seen idle is not asked again. Returns whether any was adopted.
   // Without `may_query` (quiet), only streams already known idle. Among
   // `mempool`'s own blocks, if given (a pool that grows by arenas).
+  // idle_through_[s] advanced past every mark of `s` that has completed
+  // (returned); the completed marks' events become spare.
+  std::uint64_t PollIdleMarks(Stream s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a mark on `s` unless one covers every free so far or kIdleMarks
+  // are pending; a failed call records nothing (only reuse is at stake).
+  void MarkIdleLater(Stream s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AdoptIdleStreams(std::size_t rounded, PoolKind pool, Stream stream, bool synchronize,
                         bool may_query = true, std::uint32_t mempool = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -652,6 +658,17 @@ class DeviceAllocator {
   // that are idle.
   std::uint64_t free_seq_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<Stream, std::uint64_t> idle_through_ ABSL_GUARDED_BY(mu_);
+  // Per stream, events recorded on it when a request found its free blocks
+  // not yet idle and the stream busy (AdoptIdleStreams), each with free_seq_
+  // when recorded: once one has completed, the blocks numbered up to it are
+  // idle although the stream never was when asked (FSDP2's communication
+  // streams rarely are). At most kIdleMarks pending per stream.
+  struct IdleMark {
+    Event event;
+    std::uint64_t seq;
+  };
+  static constexpr std::size_t kIdleMarks = 2;
+  absl::flat_hash_map<Stream, std::vector<IdleMark>> idle_marks_ ABSL_GUARDED_BY(mu_);
   Stream last_stream_ ABSL_GUARDED_BY(mu_) = kDefaultStream;  // last validated
   // The stream of the last Sleep or Wake: each Sleep and Wake is ordered
   // after the one before, and so are the free or Move of a block whose

@@ -117,6 +117,37 @@ Block* DeviceAllocator::FindCrossStream(std::size_t rounded, PoolKind pool, Stre
   return nullptr;
 }
 
+std::uint64_t DeviceAllocator::PollIdleMarks(Stream s) {
+  std::uint64_t& through = idle_through_[s];
+  auto it = idle_marks_.find(s);
+  if (it == idle_marks_.end()) return through;
+  std::vector<IdleMark>& marks = it->second;
+  std::size_t done = 0;  // marks complete in order: a stream runs its work in order
+  while (done < marks.size()) {
+    absl::StatusOr<bool> q = backend_->QueryEvent(marks[done].event);
+    if (!q.ok() || !*q) break;
+    through = std::max(through, marks[done].seq);
+    spare_events_.push_back(marks[done].event);
+    ++done;
+  }
+  marks.erase(marks.begin(), marks.begin() + static_cast<std::ptrdiff_t>(done));
+  if (marks.empty()) idle_marks_.erase(it);
+  return through;
+}
+
+void DeviceAllocator::MarkIdleLater(Stream s) {
+  std::vector<IdleMark>& marks = idle_marks_[s];
+  if (marks.size() >= kIdleMarks || (!marks.empty() && marks.back().seq == free_seq_)) return;
+  absl::StatusOr<Event> e = TakeEvent();
+  if (!e.ok()) return;
+  if (!backend_->RecordEvent(*e, s).ok()) {
+    spare_events_.push_back(*e);
+    return;
+  }
+  marks.push_back({*e, free_seq_});
+}
+
+
 bool DeviceAllocator::AdoptIdleStreams(std::size_t rounded, PoolKind pool, Stream stream,
                                        bool synchronize, bool may_query, std::uint32_t mempool) {
   BlockPool& p = PoolOf(pool);
@@ -139,28 +170,38 @@ bool DeviceAllocator::AdoptIdleStreams(std::size_t rounded, PoolKind pool, Strea
       it = end;
       continue;
     }
+    // A block freed before the stream was last known idle is idle whatever
+    // the stream did since; the stream is asked (once) only for the others.
+    // Found busy, it gets a mark that tells a later request when the work
+    // queued before these frees has completed: a stream that was idle at
+    // some queries and not at others (FSDP2's, on the GPU) gave its blocks
+    // away when idle and could not take them back while busy, so each
+    // populated new pages in turn (issue 49: a third more than the trace
+    // needs; bench/results/README.md, "FSDP2's footprint").
     auto known = idle_through_.find(s);
-    const std::uint64_t idle_through = known == idle_through_.end() ? 0 : known->second;
-    const bool all_known = std::all_of(it, end, [&](const Block* b) {
-      return b->free_seq <= idle_through;
-    });
-    // Known idle since its blocks' last use: no need to ask again.
-    bool idle = all_known;
-    if (!idle && may_query && StreamIsIdle(s, synchronize)) {
-      idle_through_[s] = free_seq_;
-      idle = true;
-    }
-    if (!idle) {
-      it = end;
-      continue;
-    }
+    std::uint64_t idle_through = known == idle_through_.end() ? 0 : known->second;
+    bool asked = false;
+    const auto idle = [&](const Block* b) {
+      if (b->free_seq <= idle_through) return true;
+      if (asked || !may_query) return false;
+      asked = true;
+      idle_through = PollIdleMarks(s);
+      if (b->free_seq <= idle_through) return true;
+      if (!StreamIsIdle(s, synchronize)) {
+        MarkIdleLater(s);
+        return false;
+      }
+      idle_through = idle_through_[s] = free_seq_;
+      return true;
+    };
     // Only blocks that can serve the request, alone or merged with a free
     // neighbour: re-keying the others would cost btree work for nothing.
     for (; it != end; ++it) {
       const Block* b = *it;
-      if (b->size >= rounded || joins(b->prev) || joins(b->next)) adopted.push_back(*it);
+      if ((b->size >= rounded || joins(b->prev) || joins(b->next)) && idle(b)) {
+        adopted.push_back(*it);
+      }
     }
-    it = end;
   }
   for (Block* b : adopted) {
     EraseFree(b);

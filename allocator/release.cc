@@ -221,6 +221,10 @@ absl::Status DeviceAllocator::ForgetStream(Stream stream) {
   known_streams_.erase(stream);
   staging_readers_.erase(stream);  // its reads of the staging have run
   idle_through_.erase(stream);
+  if (auto m = idle_marks_.find(stream); m != idle_marks_.end()) {
+    for (const IdleMark& mark : m->second) spare_events_.push_back(mark.event);
+    idle_marks_.erase(m);
+  }
   if (last_stream_ == stream) last_stream_ = kDefaultStream;
   if (sleep_wake_stream_ == stream) sleep_wake_stream_ = kDefaultStream;  // its discards ran
   CoalesceUnmerged();

@@ -48,6 +48,9 @@ ABSL_FLAG(int, device, 0, "device to measure");
 ABSL_FLAG(int, host_memory_gib, 16,
           "memory of each emulated device of the host backend, in GiB (replays of traces "
           "whose peak exceeds it run out of memory)");
+ABSL_FLAG(int, host_busy_queries, 0,
+          "host backend: the percent of queries of an idle stream answered busy, as a GPU's "
+          "streams are often mid-kernel when asked (HostBackendOptions::busy_query_percent)");
 ABSL_FLAG(int, reps, 15, "repetitions per latency point (the median is reported)");
 
 namespace cma {
@@ -224,6 +227,12 @@ int Main() {
   if (backend.ok() && std::string((*backend)->name()) == "host") {
     HostBackendOptions options;
     options.device_capacity = static_cast<std::size_t>(host_gib) << 30;
+    options.busy_query_percent = absl::GetFlag(FLAGS_host_busy_queries);
+    if (options.busy_query_percent < 0 || options.busy_query_percent > 100) {
+      std::cerr << "cma_bench: --host_busy_queries must be 0-100, not "
+                << options.busy_query_percent << "\n";
+      return 2;
+    }
     backend = std::unique_ptr<Backend>(new HostBackend(options));
   }
   if (!backend.ok()) {

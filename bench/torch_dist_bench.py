@@ -428,6 +428,9 @@ def train_worker(a):
     one = torch.zeros(1, device="cuda")  # the barriers' all-reduce: stays 0
     sampler = torch_routes.PeakSampler(torch_routes.cuda_bus_id(torch, local), index=local)
     sampler.start()
+    if a.record_trace:  # from the model's move to the device on: what the allocator saw
+        torch.cuda.memory._record_memory_history(max_entries=4_000_000, stacks="python",
+                                                 context=None)
     model = build_model(torch, a, a.model)
     out = {"route": route, "mode": a.mode, "model": a.model, "rank": rank, "world": world,
            "device": local, "warmup": a.warmup, "torch": torch.__version__,
@@ -453,9 +456,6 @@ def train_worker(a):
     data = [torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=g) for _ in range(n)]
     amp = a.model == "llama"
     times, losses, local_losses = [], [], []
-    if a.record_trace:
-        torch.cuda.memory._record_memory_history(max_entries=4_000_000, stacks="python",
-                                                 context=None)
     for k in range(n):
         _barrier(torch, dist, one)
         t0 = time.perf_counter()

@@ -90,6 +90,12 @@ struct HostBackendOptions {
   std::size_t shmem_heap_bytes = std::size_t{256} << 20;  // a multiple of 64 KiB
   bool shmem_unreachable = false;
   double shmem_timeout_seconds = 10;
+  // QueryStream and QueryEvent answer "not yet" for work that has all
+  // completed this often (percent, 0-100; a fixed pseudo-random sequence),
+  // as a GPU's compute and communication streams, asked at a random moment,
+  // are often mid-kernel (FSDP2's, issue 49). Waits and synchronisation are
+  // unchanged: only what a query sees.
+  int busy_query_percent = 0;
 };
 
 // One recorded placement call.
@@ -440,6 +446,8 @@ class HostBackend final : public Backend {
   std::uint64_t record_seq_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, std::int64_t> calls_ ABSL_GUARDED_BY(mu_);
   std::uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::uint64_t busy_draws_ ABSL_GUARDED_BY(mu_) = 0;  // busy_query_percent's sequence
+  bool AnswerBusy() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // busy_query_percent's next draw
   // Every node AddCaptureNode made, with the nodes it depends on.
   absl::flat_hash_map<CaptureNode, std::vector<CaptureNode>> capture_nodes_ ABSL_GUARDED_BY(mu_);
 };

@@ -60,7 +60,18 @@ absl::StatusOr<bool> HostBackend::QueryStream(Stream stream) {
   auto st = FindStream(stream);
   if (!st.ok()) return st.status();
   Settle(**st);
-  return (*st)->completed >= (*st)->submitted;
+  if ((*st)->completed < (*st)->submitted) return false;
+  return !AnswerBusy();
+}
+
+bool HostBackend::AnswerBusy() {
+  if (options_.busy_query_percent <= 0) return false;
+  // A fixed sequence (splitmix64 of a counter), so a replay is repeatable.
+  std::uint64_t z = ++busy_draws_ * 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return static_cast<int>(z % 100) < options_.busy_query_percent;
 }
 
 absl::Status HostBackend::LaunchHostFunction(Stream stream, absl::AnyInvocable<void() &&> fn) {
@@ -210,7 +221,8 @@ absl::StatusOr<bool> HostBackend::QueryEvent(Event event) {
   if (!it->second.recorded) return true;  // as CUDA: an unrecorded event is complete
   StreamState* st = Settled(it->second.stream);
   // A destroyed stream's work is considered finished.
-  return st == nullptr || st->completed >= it->second.ticket;
+  if (st != nullptr && st->completed < it->second.ticket) return false;
+  return !AnswerBusy();
 }
 
 absl::Status HostBackend::SynchronizeEvent(Event event) {
