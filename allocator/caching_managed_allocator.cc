@@ -82,17 +82,17 @@ absl::StatusOr<std::unique_ptr<CachingManagedAllocator>> CachingManagedAllocator
         return false;
       },
       a->host_ledger_.get());
+  // No call here may need a device's context (device facts are read without
+  // one): each device plans its budget at its first use (PlanBudget). What
+  // the configuration asks is checked now against the whole device.
   for (int d = 0; d < *count; ++d) {
-    absl::StatusOr<MemInfo> mem = backend.GetMemInfo(d);
-    if (!mem.ok()) return mem.status();
-    // Default budget: never more managed memory than the device has free now,
-    // because oversubscribing managed memory can hang a shared GPU; beyond
-    // it only as the oversubscription mode places it (on the host).
+    absl::StatusOr<DeviceFacts> facts = backend.GetDeviceFacts(d);
+    if (!facts.ok()) return facts.status();
     absl::StatusOr<TierBudgets> budgets =
-        PlanTierBudgets(a->config_, d, mem->free_bytes, host_share);
+        PlanTierBudgets(a->config_, d, facts->total_bytes, host_share);
     if (!budgets.ok()) return budgets.status();
     a->devices_.push_back(std::make_unique<DeviceAllocator>(
-        d, *count, &backend, &a->config_, mem->total_bytes, budgets->device, budgets->host,
+        d, *count, &backend, &a->config_, facts->total_bytes, host_share,
         a->host_ledger_.get()));
   }
   return a;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/format.h"
+#include "policy/oversubscription.h"
 #include "policy/release_policy.h"
 #include "policy/size_policy.h"
 
@@ -14,21 +15,17 @@ namespace cma {
 
 DeviceAllocator::DeviceAllocator(int device, int device_count, Backend* backend,
                                  const AllocatorConfig* config, std::size_t device_total,
-                                 std::size_t budget, std::size_t host_budget,
-                                 HostLedger* host_ledger)
+                                 std::size_t host_share, HostLedger* host_ledger)
     : device_(device),
       device_count_(device_count),
       backend_(backend),
       config_copy_(*config),
       config_(&config_copy_),
       device_total_(device_total),
-      budget_(budget),
-      host_budget_(host_budget),
+      host_share_(host_share),
       host_ledger_(host_ledger),
       discard_fence_(config->wake_fence) {
-  stats_.managed_budget_bytes = static_cast<std::int64_t>(budget);
   if (config->learn_step) learn_ = std::make_unique<LearnState>();
-  stats_.host_budget_bytes = static_cast<std::int64_t>(host_budget);
   // A pool that empties frees its btree root node and the next insert
   // allocates it again; a sentinel no lookup can match keeps that malloc off
   // the fast path.
@@ -152,23 +149,49 @@ void DeviceAllocator::EraseFree(Block* b) {
 
 // ---------------------------------------------------------------- allocate
 
+absl::Status DeviceAllocator::TooLarge(std::size_t bytes) const {
+  const std::size_t host = host_budget_.load();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "cma: request of %d bytes (%s) exceeds the total memory of device %d (%s)%s", bytes,
+      FormatBytes(bytes), device_, FormatBytes(device_total_),
+      host == 0 ? "" : absl::StrCat(" and the host part of its budget (", FormatBytes(host), ")")));
+}
+
+absl::Status DeviceAllocator::PlanBudget() {
+  if (budget_planned_) return absl::OkStatus();
+  absl::StatusOr<MemInfo> mem = backend_->GetMemInfo(device_);
+  if (!mem.ok()) return mem.status();
+  // Default budget: never more managed memory than the device has free now,
+  // because oversubscribing managed memory can hang a shared GPU; beyond it
+  // only as the oversubscription mode places it (on the host).
+  absl::StatusOr<TierBudgets> planned =
+      PlanTierBudgets(*config_, device_, mem->free_bytes, host_share_);
+  if (!planned.ok()) return planned.status();
+  if (!budget_set_) budget_ = planned->device;
+  host_budget_.store(planned->host);
+  stats_.managed_budget_bytes = static_cast<std::int64_t>(budget_);
+  stats_.host_budget_bytes = static_cast<std::int64_t>(planned->host);
+  budget_planned_ = true;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream,
                                                  const AllocationHints* hints) {
   if (bytes == 0) {
     return absl::InvalidArgumentError("cma: cannot allocate 0 bytes");
   }
-  if (bytes > device_total_ + host_budget_) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "cma: request of %d bytes (%s) exceeds the total memory of device %d (%s)%s", bytes,
-        FormatBytes(bytes), device_, FormatBytes(device_total_),
-        host_budget_ == 0 ? ""
-                          : absl::StrCat(" and the host part of its budget (",
-                                         FormatBytes(host_budget_), ")")));
+  // (Before the budget is planned, the host's share bounds its host part.)
+  if (bytes > device_total_ + std::max(host_budget_.load(), host_share_)) {
+    return TooLarge(bytes);
   }
   MutexLock l(&mu_);
   if (absl::Status s = CheckStream(stream); !s.ok()) return s;
   const bool quiet = ABSL_PREDICT_FALSE(this->quiet());
   if (quiet && hints != nullptr) return RefuseWhileQuiet("advice for an allocation");
+  if (ABSL_PREDICT_FALSE(!budget_planned_)) {
+    if (absl::Status s = PlanBudget(); !s.ok()) return s;
+    if (bytes > device_total_ + host_budget_) return TooLarge(bytes);
+  }
   const std::uint32_t mempool = ABSL_PREDICT_FALSE(!contexts_.empty()) ? RouteToPool(stream) : 0;
   if (ABSL_PREDICT_FALSE(!capture_frees_.empty()) && mempool != 0) ReclaimJoinedFrees(stream, mempool);
   if (!pending_.empty() && !quiet) ProcessPendingFrees(/*synchronize=*/false);

@@ -50,12 +50,15 @@ class DeviceAllocator {
  public:
   using PrivatePool = PrivatePoolState;
   using PoolContext = PoolContextState;
-  // `backend` and `config` must outlive this object. `budget` caps the bytes
-  // of managed memory this device may reserve.
-  // `host_budget` (oversubscription, policy/oversubscription.h) caps the
-  // bytes it may place on the host when the device's part is full; 0: none.
+  // `backend` and `config` must outlive this object. The device's budget
+  // (the bytes of managed memory it may reserve) and, oversubscribed, its
+  // host part (policy/oversubscription.h; `host_share`: the host memory
+  // this device may plan with) are planned from the device's free memory at
+  // its first allocation or SetBudget, not here: reading free memory makes
+  // a CUDA context, and a process that uses one GPU of several (a torchrun
+  // rank) must not hold one on every other GPU.
   DeviceAllocator(int device, int device_count, Backend* backend, const AllocatorConfig* config,
-                  std::size_t device_total, std::size_t budget, std::size_t host_budget = 0,
+                  std::size_t device_total, std::size_t host_share = 0,
                   HostLedger* host_ledger = nullptr);
   // Releases every segment, also those still handed out.
   ~DeviceAllocator();
@@ -323,6 +326,12 @@ class DeviceAllocator {
   // last seen idle is not asked again. Returns whether any was adopted.
   // Without `may_query` (quiet), only streams already known idle. Among
   // `mempool`'s own blocks, if given (a pool that grows by arenas).
+  // Plans budget_ and host_budget_ from the device's free memory now (the
+  // first call that succeeds; later calls do nothing). Its error names the
+  // configuration that cannot fit, and leaves everything unplanned.
+  absl::Status PlanBudget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The error for a request larger than the device and its host part.
+  absl::Status TooLarge(std::size_t bytes) const;
   // idle_through_[s] advanced past every mark of `s` that has completed
   // (returned); the completed marks' events become spare.
   std::uint64_t PollIdleMarks(Stream s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -613,8 +622,14 @@ class DeviceAllocator {
   AllocatorConfig config_copy_;
   const AllocatorConfig* const config_;
   const std::size_t device_total_;
-  std::size_t budget_ ABSL_GUARDED_BY(mu_);
-  const std::size_t host_budget_;
+  const std::size_t host_share_;
+  // Planned by PlanBudget (once it succeeds); SetBudget's bytes win over
+  // the planned budget.
+  bool budget_planned_ ABSL_GUARDED_BY(mu_) = false;
+  bool budget_set_ ABSL_GUARDED_BY(mu_) = false;
+  std::size_t budget_ ABSL_GUARDED_BY(mu_) = 0;
+  // Written once, by PlanBudget under mu_; read anywhere.
+  std::atomic<std::size_t> host_budget_{0};
   // Shared with the host pool and the other devices' tiers (may be null).
   HostLedger* const host_ledger_;
   int host_routing_ ABSL_GUARDED_BY(mu_) = 0;  // SetHostRouting's nesting

@@ -123,6 +123,7 @@ void DeviceAllocator::ReleaseIdleHostTier() {
 
 absl::Status DeviceAllocator::SetHostRouting(bool on) {
   MutexLock l(&mu_);
+  if (absl::Status s = PlanBudget(); !s.ok()) return s;
   if (host_budget_ == 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "cma: device %d has no host part of its budget: routing allocations to the host needs "

@@ -148,6 +148,9 @@ absl::Status DeviceAllocator::FreeSegmentMemory(const Segment& seg) {
 absl::Status DeviceAllocator::EmptyCache() {
   MutexLock l(&mu_);
   if (absl::Status s = RefuseWhileQuiet("empty_cache"); !s.ok()) return s;
+  // A device this process never allocated on holds nothing, and a call
+  // there would make a CUDA context (torch.cuda.empty_cache in a rank).
+  if (!budget_planned_) return absl::OkStatus();
   ProcessPendingFrees(/*synchronize=*/true);
   CoalesceUnmerged();
   absl::flat_hash_set<Stream> queued_on;
@@ -233,6 +236,10 @@ absl::Status DeviceAllocator::ForgetStream(Stream stream) {
 
 void DeviceAllocator::SetBudget(std::size_t bytes) {
   MutexLock l(&mu_);
+  // The host part is planned now (an error is the next allocation's, which
+  // plans again); the budget is the caller's from here on.
+  (void)PlanBudget();
+  budget_set_ = true;
   budget_ = bytes;
   stats_.managed_budget_bytes = static_cast<std::int64_t>(bytes);
   const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);

@@ -15,7 +15,8 @@
 //   accessed_by         none | all | D[+D...]           (default none)
 //   discard_on_free     0 | 1                            (default 0)
 //   managed_budget      fraction in (0,1] of the device's free memory at
-//                       start, or an absolute size such as 8G (default 1.0)
+//                       its first use, or an absolute size such as 8G
+//                       (default 1.0)
 //   release_threshold   size (e.g. 512M) of idle cache kept after frees;
 //                       above it fully-free segments go back (default: all kept)
 //   release_before_peak 0 | 1: give idle cached segments back rather than

@@ -371,17 +371,20 @@ TEST_F(AllocatorTest, OomErrorCarriesStats) {
 
 TEST_F(AllocatorTest, ManagedBudgetCapsReservation) {
   Make({.device_count = 1, .device_capacity = 1 << 30}, "managed_budget:64M");
+  void* a = Alloc(40 << 20);  // the budget is planned at the device's first use
   EXPECT_EQ(Stats().managed_budget_bytes, 64 << 20);
-  void* a = Alloc(40 << 20);
   auto b = alloc_->Allocate(30 << 20, 0);
   ASSERT_FALSE(b.ok());
   EXPECT_THAT(b.status().message(), HasSubstr("managed budget"));
   alloc_->Free(a).IgnoreError();
 }
 
-TEST_F(AllocatorTest, BudgetDefaultsToFreeMemoryAtStart) {
+TEST_F(AllocatorTest, BudgetDefaultsToFreeMemoryAtFirstUse) {
   Make({.device_count = 1, .device_capacity = 256 << 20}, "managed_budget:0.5");
+  EXPECT_EQ(Stats().managed_budget_bytes, 0);  // nothing planned yet
+  void* a = Alloc(1 << 20);
   EXPECT_EQ(Stats().managed_budget_bytes, 128 << 20);
+  alloc_->Free(a).IgnoreError();
 }
 
 TEST_F(AllocatorTest, OomWaitsForPendingFreesBeforeFailing) {

@@ -136,9 +136,9 @@ class OversubscriptionTest : public AllocatorTest {
 };
 
 TEST_F(OversubscriptionTest, WhatDoesNotFitTheDeviceLivesOnTheHost) {
+  void* a = Alloc(40 * kMiB, 0, s1_);  // the device's first use plans its two parts
   EXPECT_EQ(Stats().managed_budget_bytes, static_cast<std::int64_t>(56 * kMiB));
   EXPECT_EQ(Stats().host_budget_bytes, static_cast<std::int64_t>(144 * kMiB));
-  void* a = Alloc(40 * kMiB, 0, s1_);
   EXPECT_FALSE(OnHost(a));
   backend_->ClearRecords();
   void* b = Alloc(24 * kMiB, 0, s1_);  // past the device's part

@@ -386,14 +386,26 @@ TEST_F(PlacementTest, GarbageCollectionThresholdKeepsReservedUnderTheMark) {
   alloc_->Free(b).IgnoreError();
 }
 
-TEST_F(PlacementTest, DefaultBudgetIsTheFreeMemoryAtStart) {
-  HostBackend b({.device_count = 1, .device_capacity = 1 << 30});
-  void* other = *b.AllocateManaged(0, 256 << 20);  // someone else's memory
+TEST_F(PlacementTest, DefaultBudgetIsTheFreeMemoryAtTheDevicesFirstUse) {
+  HostBackend b({.device_count = 2, .device_capacity = 1 << 30});
   auto a = CachingManagedAllocator::Create(b, "");
   ASSERT_TRUE(a.ok());
-  EXPECT_EQ((*a)->GetStats(0)->managed_budget_bytes, 768 << 20);
+  // Nothing read from a device before its first use: reading free memory
+  // makes a CUDA context, which a rank using one GPU of several must not
+  // hold on the others.
+  EXPECT_EQ(b.CallCount("GetMemInfo"), 0);
+  EXPECT_EQ((*a)->GetStats(1)->managed_budget_bytes, 0);
+  // An empty_cache then touches no device (torch.cuda.empty_cache in a rank).
+  const std::int64_t calls = b.TotalCalls();
+  EXPECT_TRUE((*a)->EmptyCache().ok());
+  EXPECT_EQ(b.TotalCalls(), calls);
+  void* other = *b.AllocateManaged(0, 256 << 20);  // someone else's memory
   auto big = (*a)->Allocate(800 << 20, 0);
   EXPECT_THAT(big.status().message(), HasSubstr("managed budget"));
+  EXPECT_EQ((*a)->GetStats(0)->managed_budget_bytes, 768 << 20);
+  EXPECT_GT(b.CallCount("GetMemInfo"), 0);
+  EXPECT_TRUE((*a)->EmptyCache().ok());
+  EXPECT_EQ((*a)->GetStats(1)->managed_budget_bytes, 0);  // device 1 still untouched
   a->reset();
   b.FreeManaged(other).IgnoreError();
 }

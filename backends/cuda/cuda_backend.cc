@@ -74,6 +74,9 @@ absl::StatusOr<MemInfo> CudaBackend::GetMemInfo(int device) {
   DeviceGuard g(device);
   CMA_RETURN_IF_ERROR(g.status());
   MemInfo m;
+  // A device's budget is planned at its first allocation, which may be made
+  // while a stream captures (a graph's first use of the device).
+  RelaxedCaptureMode relaxed;
   CMA_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));
   return m;
 }

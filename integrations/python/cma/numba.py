@@ -19,7 +19,7 @@ Contract of CmaNumbaManager (interface_version 1):
   for may still use it.
 - get_memory_info(): MemoryInfo(free, total) of what cma can give this
   device: total is cma's managed budget for it (by default the device's free
-  memory at start); free is the budget less the bytes allocated, and never
+  memory at its first use; the device's total before that); free is the budget less the bytes allocated, and never
   more than the device reports free plus cma's idle cache.
 - get_ipc_handle(): refused with a clear error. CUDA IPC (cuIpcGetMemHandle)
   cannot export managed memory; share between processes with cma's symmetric
