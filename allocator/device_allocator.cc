@@ -150,7 +150,10 @@ void DeviceAllocator::EraseFree(Block* b) {
 // ---------------------------------------------------------------- allocate
 
 absl::Status DeviceAllocator::TooLarge(std::size_t bytes) const {
-  const std::size_t host = host_budget_.load();
+  return TooLarge(bytes, host_budget_.load());
+}
+
+absl::Status DeviceAllocator::TooLarge(std::size_t bytes, std::size_t host) const {
   return absl::InvalidArgumentError(absl::StrFormat(
       "cma: request of %d bytes (%s) exceeds the total memory of device %d (%s)%s", bytes,
       FormatBytes(bytes), device_, FormatBytes(device_total_),
@@ -159,20 +162,27 @@ absl::Status DeviceAllocator::TooLarge(std::size_t bytes) const {
 
 absl::Status DeviceAllocator::PlanBudget() {
   if (budget_planned_) return absl::OkStatus();
+  absl::StatusOr<TierBudgets> planned = PlannedBudgets();
+  if (!planned.ok()) return planned.status();
+  CommitBudget(*planned);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TierBudgets> DeviceAllocator::PlannedBudgets() {
   absl::StatusOr<MemInfo> mem = backend_->GetMemInfo(device_);
   if (!mem.ok()) return mem.status();
   // Default budget: never more managed memory than the device has free now,
   // because oversubscribing managed memory can hang a shared GPU; beyond it
   // only as the oversubscription mode places it (on the host).
-  absl::StatusOr<TierBudgets> planned =
-      PlanTierBudgets(*config_, device_, mem->free_bytes, host_share_);
-  if (!planned.ok()) return planned.status();
-  if (!budget_set_) budget_ = planned->device;
-  host_budget_.store(planned->host);
+  return PlanTierBudgets(*config_, device_, mem->free_bytes, host_share_);
+}
+
+void DeviceAllocator::CommitBudget(const TierBudgets& planned) {
+  if (!budget_set_) budget_ = planned.device;
+  host_budget_.store(planned.host);
   stats_.managed_budget_bytes = static_cast<std::int64_t>(budget_);
-  stats_.host_budget_bytes = static_cast<std::int64_t>(planned->host);
+  stats_.host_budget_bytes = static_cast<std::int64_t>(planned.host);
   budget_planned_ = true;
-  return absl::OkStatus();
 }
 
 absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream,
@@ -189,8 +199,14 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   const bool quiet = ABSL_PREDICT_FALSE(this->quiet());
   if (quiet && hints != nullptr) return RefuseWhileQuiet("advice for an allocation");
   if (ABSL_PREDICT_FALSE(!budget_planned_)) {
-    if (absl::Status s = PlanBudget(); !s.ok()) return s;
-    if (bytes > device_total_ + host_budget_) return TooLarge(bytes);
+    // Planned first, committed only for a request that may be served: bad
+    // input leaves the state unchanged.
+    absl::StatusOr<TierBudgets> planned = PlannedBudgets();
+    if (!planned.ok()) return planned.status();
+    if (bytes > device_total_ + planned->host) return TooLarge(bytes, planned->host);
+    CommitBudget(*planned);
+  } else if (ABSL_PREDICT_FALSE(bytes > device_total_ + host_budget_.load())) {
+    return TooLarge(bytes);  // (the check before the lock bounds it by the host share)
   }
   const std::uint32_t mempool = ABSL_PREDICT_FALSE(!contexts_.empty()) ? RouteToPool(stream) : 0;
   if (ABSL_PREDICT_FALSE(!capture_frees_.empty()) && mempool != 0) ReclaimJoinedFrees(stream, mempool);

@@ -32,6 +32,7 @@
 #include "backends/backend.h"
 #include "policy/config.h"
 #include "policy/host_plan.h"
+#include "policy/oversubscription.h"
 #include "policy/placement_policy.h"
 #include "policy/size_policy.h"
 
@@ -332,6 +333,10 @@ class DeviceAllocator {
   absl::Status PlanBudget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The error for a request larger than the device and its host part.
   absl::Status TooLarge(std::size_t bytes) const;
+  absl::Status TooLarge(std::size_t bytes, std::size_t host) const;
+  // The budgets PlanBudget would commit (reads the device's free memory).
+  absl::StatusOr<TierBudgets> PlannedBudgets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CommitBudget(const TierBudgets& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // idle_through_[s] advanced past every mark of `s` that has completed
   // (returned); the completed marks' events become spare.
   std::uint64_t PollIdleMarks(Stream s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

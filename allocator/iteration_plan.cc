@@ -19,7 +19,12 @@ constexpr std::size_t kMaxRecorded = std::size_t{1} << 20;
 void DeviceAllocator::MarkIteration() {
   MutexLock l(&mu_);
   if (learn_ != nullptr && !quiet()) EndLearnedStep();
-  if (host_budget_ == 0 || !config_->host_plan) return;
+  if (!config_->host_plan) return;
+  // A mark before the device's first allocation (a loop marking each step
+  // from step 0) plans the budget: recording starts now, as it did when the
+  // budget was planned at Create.
+  if (config_->oversubscribe && !PlanBudget().ok()) return;
+  if (host_budget_ == 0) return;
   iteration_.plan_host.clear();
   iteration_.plan_sizes.clear();
   if (iteration_.recording && !iteration_.own.empty()) {

@@ -187,9 +187,18 @@ bool DeviceAllocator::AdoptIdleStreams(std::size_t rounded, PoolKind pool, Strea
       asked = true;
       idle_through = PollIdleMarks(s);
       if (b->free_seq <= idle_through) return true;
-      if (!StreamIsIdle(s, synchronize)) {
-        MarkIdleLater(s);
-        return false;
+      if (synchronize) {
+        if (!StreamIsIdle(s, /*synchronize=*/true)) return false;
+      } else {
+        // Marked only when the stream answered "busy": a failed query (a
+        // stream capturing behind the allocator's back) gets no event, which
+        // would join that capture.
+        absl::StatusOr<bool> q = backend_->QueryStream(s);
+        if (!q.ok()) return false;
+        if (!*q) {
+          MarkIdleLater(s);
+          return false;
+        }
       }
       idle_through = idle_through_[s] = free_seq_;
       return true;
