@@ -232,8 +232,20 @@ def parent(a, argv):
 
     def job(route, mode, model, conf=None, extra=None):
         name = "coll_" + route if a.collectives else "%s_%s_%s" % (mode, model, route)
-        j = run_job(job_argv(a, route, mode, model, a.collectives), job_env(route, a.nproc, conf),
-                    a.timeout, os.path.join(a.log_dir, name + ".log") if a.log_dir else "")
+        # The job's whole footprint on each GPU, from before torchrun starts:
+        # every process's CUDA contexts (also one a rank makes on another
+        # rank's GPU), NCCL's buffers and the allocator's memory. The ranks'
+        # own samplers start at their loop, after their contexts.
+        gpus = [torch_routes.PeakSampler("", index=d) for d in range(a.nproc)]
+        for g in gpus:
+            g.start()
+        try:
+            j = run_job(job_argv(a, route, mode, model, a.collectives),
+                        job_env(route, a.nproc, conf), a.timeout,
+                        os.path.join(a.log_dir, name + ".log") if a.log_dir else "")
+        finally:
+            peaks = [g.stop() for g in gpus]
+        j["gpu_peak_MiB"] = [p["peak"] / MiB if "peak" in p else None for p in peaks]
         j.update(route=route, mode=mode, model=model, world=a.nproc, **(extra or {}))
         doc["jobs"].append(j)
         if j["status"] != "ok":

@@ -94,9 +94,19 @@ class ReportTest(unittest.TestCase):
         self.assertTrue(exp["same_losses"]["identical"])
         self.assertEqual(cma["same_losses"]["first_diff"], 2)
         text = rep.train_table(rows)
-        self.assertIn("| gpt2 | ddp | cma | 4.0000 | 2.000 | 150 | 0.750 |", text)
+        self.assertIn("| gpt2 | ddp | cma | 4.0000 | 2.000 | 150 | 0.750 | - | - |", text)
         self.assertIn("no (step 2)", text)
         self.assertIn("(base)", text)
+
+    def test_the_jobs_gpu_peak_sampled_from_before_it_started(self):
+        jobs = [_job("expandable", [1.0, 1.0], [100, 100], []),
+                _job("cma", [1.0, 1.0], [100, 100], [])]
+        jobs[0]["gpu_peak_MiB"] = [400.0, 380.0]
+        jobs[1]["gpu_peak_MiB"] = [500.0, None]  # one GPU's sampler failed
+        rows = rep.compare_rows([rep.summarize_train(j) for j in jobs])
+        self.assertEqual(rows[1]["gpu_peak_MiB"], 500.0)
+        self.assertAlmostEqual(rows[1]["gpu_peak_vs_expandable"], 1.25)
+        self.assertIn("| 500 | 1.250 |", rep.train_table(rows))
 
     def test_missing_rank_and_failed_job(self):
         row = rep.summarize_train(_job("cma", [1.0], [5], []))

@@ -69,6 +69,8 @@ def summarize_train(job):
     row["losses"] = r0.get("loss_hex", [])
     row["peak_MiB_per_rank"] = [r.get("peak_sampled_MiB") for r in res]
     row["peak_MiB"] = _max(row["peak_MiB_per_rank"])
+    # Sampled by the parent from before the job started (torch_dist_bench's job()).
+    row["gpu_peak_MiB"] = _max(job.get("gpu_peak_MiB") or [])
     row["max_reserved_MiB"] = _max([r.get("max_reserved_MiB") for r in res])
     row["max_allocated_MiB"] = _max([r.get("max_allocated_MiB") for r in res])
     row["params"] = r0.get("params")
@@ -90,6 +92,9 @@ def compare_rows(rows):
         r["peak_vs_expandable"] = (r["peak_MiB"] / exp["peak_MiB"]
                                    if exp and exp["peak_MiB"] and r["peak_MiB"] is not None
                                    else None)
+        r["gpu_peak_vs_expandable"] = (
+            r["gpu_peak_MiB"] / exp["gpu_peak_MiB"]
+            if exp and exp.get("gpu_peak_MiB") and r.get("gpu_peak_MiB") is not None else None)
         r["same_losses"] = compare_losses(nat["losses"], r["losses"]) if nat else None
     return rows
 
@@ -120,13 +125,15 @@ def _same(s):
 
 def train_table(rows):
     head = ("| model | mode | route | median step s | x native | peak MiB (max rank) | "
-            "x expandable | max reserved MiB | losses = native | status |")
-    lines = [head, "|" + "---|" * 10]
+            "x expandable | job's GPU peak MiB | x expandable | max reserved MiB | "
+            "losses = native | status |")
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
-        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             r["model"], r["mode"], r["route"], _f(r["step_s"], "%.4f"),
             _f(r.get("step_vs_native")), _f(r["peak_MiB"], "%.0f"),
-            _f(r.get("peak_vs_expandable")), _f(r["max_reserved_MiB"], "%.0f"),
+            _f(r.get("peak_vs_expandable")), _f(r.get("gpu_peak_MiB"), "%.0f"),
+            _f(r.get("gpu_peak_vs_expandable")), _f(r["max_reserved_MiB"], "%.0f"),
             "(base)" if r["route"] == "native" and r.get("same_losses") else
             _same(r.get("same_losses")), r["status"]))
     return "\n".join(lines)
