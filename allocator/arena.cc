@@ -272,13 +272,13 @@ std::size_t DeviceAllocator::DiscardIdlePages(std::size_t pages, std::uintptr_t 
   }
   absl::flat_hash_map<Stream, bool> discarded;
   for (auto& [stream, ranges] : by_stream) {
-    absl::Status d = DiscardDead(ranges, stream);
-    const bool ok = d.ok();
-    discarded[stream] = ok;
-    if (!ok) {
-      NotePlacementError(std::move(d));  // the pages stay populated and valid
+    absl::StatusOr<bool> d = DiscardDead(ranges, stream);
+    discarded[stream] = d.ok();
+    if (!d.ok()) {
+      NotePlacementError(d.status());  // the pages stay populated and valid
       continue;
     }
+    if (!*d) continue;  // kept (learn_step): booked as given back, nothing queued to wait for
     ++stats_.discard_calls;
     if (queued_on != nullptr) queued_on->insert(stream);
     // The driver reuses discarded memory for the next population only once
@@ -376,12 +376,13 @@ void DeviceAllocator::DiscardPagesInside(Block* b, bool already_discarded, bool 
     }
     return;
   }
-  if (absl::Status d = DiscardDead(ranges, b->stream); !d.ok()) {
-    NotePlacementError(std::move(d));
+  absl::StatusOr<bool> d = DiscardDead(ranges, b->stream);
+  if (!d.ok()) {
+    NotePlacementError(d.status());
     return;
   }
   for (std::size_t p : idle) ForgetIdlePage(seg, p);
-  ++stats_.discard_calls;
+  if (*d) ++stats_.discard_calls;
 }
 
 void DeviceAllocator::DiscardKeptPages(absl::flat_hash_set<Stream>* queued_on) {

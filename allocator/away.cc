@@ -261,11 +261,11 @@ void DeviceAllocator::ForgetAway(Block* b) {
   // its stream (other streams' uses have completed by now). A failed
   // discard costs a migration later, never a wrong result.
   const Range r = InnerRange(*b);
-  if (absl::Status d = DiscardDead({&r, 1}, b->stream); d.ok()) {
+  if (absl::StatusOr<bool> d = DiscardDead({&r, 1}, b->stream); !d.ok()) {
+    NotePlacementError(d.status());
+  } else if (*d) {
     ++stats_.discard_calls;
     stats_.discarded_bytes += bytes;
-  } else {
-    NotePlacementError(std::move(d));
   }
 }
 

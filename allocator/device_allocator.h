@@ -438,7 +438,9 @@ class DeviceAllocator {
   // the user asked for the release (ReleaseAsAsked): on the H200 the learned
   // step's transfers beside discards changed a training's results, and
   // without discards they did not (bench/results/README.md, session 5).
-  absl::Status DiscardDead(absl::Span<const Range> ranges, Stream stream)
+  // Returns whether the discard was made (false: kept, counted in
+  // kept_dead_bytes).
+  absl::StatusOr<bool> DiscardDead(absl::Span<const Range> ranges, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Under learn_step no discard may run beside a learned transfer: every
   // call the transfer thread holds is made and both streams are waited for

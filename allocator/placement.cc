@@ -29,9 +29,14 @@ void SplitAtPages(const Range& r, std::vector<Range>* whole, std::vector<Range>*
   if (last < hi) partial->push_back({reinterpret_cast<void*>(last), hi - last});
 }
 
-absl::Status DeviceAllocator::DiscardDead(absl::Span<const Range> ranges, Stream stream) {
-  if (learn_ != nullptr && !release_asked_) return absl::OkStatus();
-  return backend_->DiscardBatch(ranges, stream);
+absl::StatusOr<bool> DeviceAllocator::DiscardDead(absl::Span<const Range> ranges,
+                                                  Stream stream) {
+  if (learn_ != nullptr && !release_asked_) {
+    for (const Range& r : ranges) stats_.kept_dead_bytes += static_cast<std::int64_t>(r.bytes);
+    return false;
+  }
+  if (absl::Status s = backend_->DiscardBatch(ranges, stream); !s.ok()) return s;
+  return true;
 }
 
 absl::Status DeviceAllocator::Execute(PlacementAction action, absl::Span<const Range> ranges,
@@ -147,8 +152,8 @@ void DeviceAllocator::OnFreed(Block* b) {
   // Ordered on the block's stream after its last use; other streams' uses
   // have completed (their events) by the time we get here.
   const Range r{b->ptr(), b->size};
-  if (absl::Status d = DiscardDead({&r, 1}, b->stream); d.ok()) {
-    stats_.discarded_bytes += static_cast<std::int64_t>(b->size);
+  if (absl::StatusOr<bool> d = DiscardDead({&r, 1}, b->stream); d.ok()) {
+    if (*d) stats_.discarded_bytes += static_cast<std::int64_t>(b->size);
     b->placed = false;  // nothing resident to speak of: the next use populates
     // A Wake must not populate these pages again on its own stream ahead of
     // this discard, queued on the block's: whoever reuses them populates
@@ -164,7 +169,7 @@ void DeviceAllocator::OnFreed(Block* b) {
       }
     }
   } else {
-    NotePlacementError(std::move(d));
+    NotePlacementError(d.status());
   }
 }
 

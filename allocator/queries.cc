@@ -85,6 +85,7 @@ void DeviceAllocator::ResetAccumulatedStats() {
   stats_.num_alloc_retries = stats_.num_ooms = stats_.num_device_alloc = stats_.num_device_free = 0;
   stats_.num_sync_all_streams = stats_.num_cross_stream_reuse = 0;
   stats_.num_pages_populated = stats_.num_pages_discarded = stats_.discard_calls = 0;
+  stats_.kept_dead_bytes = 0;
   stats_.num_discard_waits = 0;
   stats_.sleep_staged_bytes = stats_.sleep_restored_bytes = 0;
   stats_.num_wake_fences = 0;

@@ -38,7 +38,7 @@ void AddArray(StatArray& a, const StatArray& b) {
   X(prefetched_bytes_to_device) X(prefetched_bytes_to_host) X(advise_calls)               \
   X(discarded_bytes) X(moves) X(num_placement_errors) X(managed_budget_bytes)            \
   X(virtual_bytes) X(idle_populated_bytes) X(peak_live_device_bytes) X(num_pages_populated) X(num_pages_discarded)  \
-  X(discard_calls) X(num_discard_waits) X(sleep_staged_bytes) X(sleep_restored_bytes)  \
+  X(discard_calls) X(kept_dead_bytes) X(num_discard_waits) X(sleep_staged_bytes) X(sleep_restored_bytes)  \
   X(num_wake_fences) X(host_budget_bytes) X(num_host_placements)    \
   X(host_overflow_bytes) X(sent_away_bytes) X(brought_back_bytes) \
   X(learned_steps) X(learned_plans) X(learned_divergences) X(learned_misses) \

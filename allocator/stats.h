@@ -86,6 +86,11 @@ struct DeviceStats {
   std::int64_t num_pages_populated = 0;
   std::int64_t num_pages_discarded = 0;
   std::int64_t discard_calls = 0;
+  // learn_step:1: bytes booked as given back (in num_pages_discarded and
+  // discarded_bytes) whose discard was not made: their pages stay
+  // physically held until the driver evicts them or a release the user asks
+  // for discards them (DeviceAllocator::DiscardDead).
+  std::int64_t kept_dead_bytes = 0;
   std::int64_t num_discard_waits = 0;  // populations ordered after another stream's discard
   // Bytes Sleep copied into staging, and Wake or Move copied back.
   std::int64_t sleep_staged_bytes = 0;
