@@ -190,8 +190,8 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(std::size_t bytes, Stream stream
   if (bytes == 0) {
     return absl::InvalidArgumentError("cma: cannot allocate 0 bytes");
   }
-  // (Before the budget is planned, the host's share bounds its host part.)
-  if (bytes > device_total_ + std::max(host_budget_.load(), host_share_)) {
+  // (The host's share bounds the host part, planned or not: checked exactly below.)
+  if (bytes > device_total_ + host_share_) {
     return TooLarge(bytes);
   }
   MutexLock l(&mu_);
