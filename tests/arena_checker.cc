@@ -35,7 +35,8 @@ std::uint32_t ByteSource::Next(std::uint32_t bound) {
 absl::StatusOr<std::unique_ptr<ArenaChecker>> ArenaChecker::Create(absl::string_view config,
                                                                    std::size_t capacity,
                                                                    bool pool_checkpoints,
-                                                                   bool away_steps) {
+                                                                   bool away_steps,
+                                                                   int busy_query_percent) {
   std::unique_ptr<ArenaChecker> c(new ArenaChecker);
   c->pool_checkpoints_ = pool_checkpoints;
   c->away_steps_ = away_steps;
@@ -46,7 +47,8 @@ absl::StatusOr<std::unique_ptr<ArenaChecker>> ArenaChecker::Create(absl::string_
       HostBackendOptions{.device_count = 1,
                          .device_capacity = capacity,
                          .manual_completion = true,
-                         .pinned_capacity = capacity / 4});
+                         .pinned_capacity = capacity / 4,
+                         .busy_query_percent = busy_query_percent});
   auto a = CachingManagedAllocator::Create(*c->backend_, config);
   if (!a.ok()) return a.status();
   c->alloc_ = std::move(*a);

@@ -101,7 +101,8 @@ class ArenaChecker {
   static absl::StatusOr<std::unique_ptr<ArenaChecker>> Create(absl::string_view config,
                                                               std::size_t capacity,
                                                               bool pool_checkpoints = false,
-                                                              bool away_steps = false);
+                                                              bool away_steps = false,
+                                                              int busy_query_percent = 0);
   ~ArenaChecker();
 
   // One random step and every check after it.
